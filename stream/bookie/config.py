@@ -1,0 +1,213 @@
+"""bookie.toml: every key, its default and its check. An unknown key or a bad value stops the
+bookie with a `ConfigError` that names the key."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stream.errors import ConfigError
+
+_BOOKIE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_MiB = 1 << 20
+_GiB = 1 << 30
+
+
+def _check_address(key: str, value: str, *, allow_empty: bool = False) -> None:
+    if allow_empty and value == "":
+        return
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{key} must be HOST:PORT", key=key, value=value)
+
+
+@dataclass(frozen=True)
+class BookieConfig:
+    """One bookie's configuration. Defaults are documented beside each field (and in the
+    README); sizes are bytes, durations milliseconds, ratios in [0, 1]."""
+
+    # Required: who the bookie is, where it listens, where the metadata lives.
+    bookie_id: str
+    listen: str  # HOST:PORT of the gRPC service
+    metadata: str  # ZooKeeper HOSTS/ROOT, e.g. "127.0.0.1:2181/streamkeeper"
+
+    # Directories. journal/, ledgers/ and index/ sit inside data_dir unless set apart.
+    data_dir: str = ""  # default: /var/lib/streamkeeper/<bookie_id>
+    journal_dir: str = ""  # default: <data_dir>/journal
+    ledger_dir: str = ""  # default: <data_dir>/ledgers (entry logs)
+    index_dir: str = ""  # default: <data_dir>/index (LMDB)
+
+    # Journal. With journal_write_data = false entries skip the journal (BP-46); term changes,
+    # truncations, trims and limbo always go through it with fsync.
+    journal_write_data: bool = True
+    journal_max_group_wait_ms: float = 1.0  # extra wait to grow a group commit
+    journal_max_file_bytes: int = 256 * _MiB  # journal files rotate at this size
+
+    # Write cache and entry logs.
+    write_cache_max_bytes: int = 256 * _MiB  # a flush starts at half of this
+    flush_interval_ms: int = 1000
+    entry_log_size_limit_bytes: int = _GiB
+    max_entry_bytes: int = 5 * _MiB  # larger entries are refused with BAD_REQUEST
+
+    # Garbage collection and compaction (BookKeeper's minor/major compaction).
+    gc_interval_ms: int = 60_000  # delete entry logs with no live entry
+    compaction_interval_ms: int = 3_600_000  # minor compaction round
+    major_compaction_interval_ms: int = 86_400_000  # major compaction round
+    minor_compaction_threshold: float = 0.2  # rewrite logs whose live ratio is below; 0 = off
+    major_compaction_threshold: float = 0.8  # rewrite logs whose live ratio is below; 0 = off
+
+    # Disk space: above this used fraction of a data disk the bookie turns read-only.
+    disk_usage_threshold: float = 0.95
+    disk_check_interval_ms: int = 10_000
+
+    # Cookies (BP-46): repair a cookie mismatch automatically by running phase one.
+    auto_fix_cookie: bool = False
+
+    # Serving.
+    metrics_listen: str = "127.0.0.1:9181"  # Prometheus; "" turns the endpoint off
+    grpc_max_message_bytes: int = 64 * _MiB
+    read_range_batch_bytes: int = _MiB
+    read_lac_max_wait_ms: int = 60_000  # cap on a ReadLac long poll
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if not _BOOKIE_ID.match(self.bookie_id):
+            raise ConfigError(
+                "bookie_id must be 1-128 characters of letters, digits, '.', '_', '-'",
+                key="bookie_id",
+                value=self.bookie_id,
+            )
+        _check_address("listen", self.listen)
+        _check_address("metrics_listen", self.metrics_listen, allow_empty=True)
+        if ":" not in self.metadata.split("/", 1)[0]:
+            raise ConfigError("metadata must be HOSTS[/ROOT]", key="metadata", value=self.metadata)
+        positive = (
+            "journal_max_file_bytes",
+            "write_cache_max_bytes",
+            "flush_interval_ms",
+            "entry_log_size_limit_bytes",
+            "max_entry_bytes",
+            "gc_interval_ms",
+            "compaction_interval_ms",
+            "major_compaction_interval_ms",
+            "disk_check_interval_ms",
+            "grpc_max_message_bytes",
+            "read_range_batch_bytes",
+            "read_lac_max_wait_ms",
+        )
+        for key in positive:
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"{key} must be > 0", key=key, value=getattr(self, key))
+        if self.journal_max_group_wait_ms < 0:
+            raise ConfigError("must be >= 0", key="journal_max_group_wait_ms")
+        for key in ("minor_compaction_threshold", "major_compaction_threshold"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                raise ConfigError(f"{key} must be in [0, 1)", key=key, value=getattr(self, key))
+        if not 0.0 < self.disk_usage_threshold <= 1.0:
+            raise ConfigError("must be in (0, 1]", key="disk_usage_threshold")
+        if self.max_entry_bytes + 4096 > self.grpc_max_message_bytes:
+            raise ConfigError(
+                "max_entry_bytes must leave room in grpc_max_message_bytes",
+                key="max_entry_bytes",
+                value=self.max_entry_bytes,
+            )
+        if self.entry_log_size_limit_bytes < self.max_entry_bytes + 64:
+            raise ConfigError(
+                "entry_log_size_limit_bytes must hold at least one entry",
+                key="entry_log_size_limit_bytes",
+            )
+        if self.log_level.lower() not in {"debug", "info", "warning", "error"}:
+            raise ConfigError("log_level must be debug|info|warning|error", key="log_level")
+
+    # Resolved directories.
+    @property
+    def data_path(self) -> Path:
+        return Path(self.data_dir or f"/var/lib/streamkeeper/{self.bookie_id}")
+
+    @property
+    def journal_path(self) -> Path:
+        return Path(self.journal_dir) if self.journal_dir else self.data_path / "journal"
+
+    @property
+    def ledger_path(self) -> Path:
+        return Path(self.ledger_dir) if self.ledger_dir else self.data_path / "ledgers"
+
+    @property
+    def index_path(self) -> Path:
+        return Path(self.index_dir) if self.index_dir else self.data_path / "index"
+
+    @property
+    def directories(self) -> dict[str, Path]:
+        return {
+            "journal": self.journal_path,
+            "ledgers": self.ledger_path,
+            "index": self.index_path,
+        }
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> BookieConfig:
+        """Returns the config for `raw` (a parsed TOML table), checking names and types."""
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        for key in raw:
+            if key not in fields:
+                raise ConfigError(f"unknown key {key!r} in bookie config", key=key)
+        for key in ("bookie_id", "listen", "metadata"):
+            if key not in raw:
+                raise ConfigError(f"missing required key {key!r}", key=key)
+        values: dict[str, Any] = {}
+        for key, value in raw.items():
+            want = fields[key].type
+            if want in ("bool", bool):
+                ok = isinstance(value, bool)
+            elif want in ("int", int):
+                ok = isinstance(value, int) and not isinstance(value, bool)
+            elif want in ("float", float):
+                ok = isinstance(value, int | float) and not isinstance(value, bool)
+                value = float(value) if ok else value
+            else:
+                ok = isinstance(value, str)
+            if not ok:
+                raise ConfigError(
+                    f"{key} must be of type {want}, got {type(value).__name__}",
+                    key=key,
+                    value=value,
+                )
+            values[key] = value
+        return cls(**values)
+
+    @classmethod
+    def load(cls, path: str | Path) -> BookieConfig:
+        """Returns the config read from the TOML file at `path`."""
+        try:
+            with open(path, "rb") as f:
+                raw = tomllib.load(f)
+        except FileNotFoundError as e:
+            raise ConfigError("config file not found", path=str(path)) from e
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"config file is not valid TOML: {e}", path=str(path)) from e
+        return cls.from_dict(raw)
+
+    def to_toml(self) -> str:
+        """Returns this config as TOML text (every key, for the sandbox and docs)."""
+        lines = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool):
+                text = "true" if value else "false"
+            elif isinstance(value, int | float):
+                text = repr(value)
+            else:
+                text = '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+            lines.append(f"{f.name} = {text}")
+        return "\n".join(lines) + "\n"
+
+
+DEFAULTS = {
+    f.name: f.default
+    for f in dataclasses.fields(BookieConfig)
+    if f.default is not dataclasses.MISSING
+}

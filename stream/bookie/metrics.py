@@ -1,0 +1,36 @@
+"""Prometheus metrics of a bookie (served on `metrics_listen`)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+ADD_ENTRIES = Counter("streamkeeper_bookie_add_entries_total", "Entries added", ["code"])
+ADD_BATCHES = Counter("streamkeeper_bookie_add_batches_total", "Add batches received")
+READ_ENTRIES = Counter(
+    "streamkeeper_bookie_read_entries_total", "Entries read (Read and ReadRange)", ["code"]
+)
+REQUESTS = Counter("streamkeeper_bookie_requests_total", "Requests by RPC and code", ["rpc", "code"])
+JOURNAL_SYNC_SECONDS = Histogram(
+    "streamkeeper_bookie_journal_sync_seconds",
+    "Latency of one journal group commit (write + fdatasync)",
+    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0),
+)
+JOURNAL_GROUP_RECORDS = Histogram(
+    "streamkeeper_bookie_journal_group_records",
+    "Records per journal group commit",
+    buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000),
+)
+BYTES_WRITTEN = Counter(
+    "streamkeeper_bookie_bytes_written_total", "Bytes written to disk", ["kind"]
+)  # kind: journal | entrylog | compaction
+WRITE_CACHE_BYTES = Gauge("streamkeeper_bookie_write_cache_bytes", "Bytes held in the write cache")
+FLUSH_SECONDS = Histogram(
+    "streamkeeper_bookie_flush_seconds", "Duration of one write-cache flush to entry logs"
+)
+ENTRY_LOGS = Gauge("streamkeeper_bookie_entry_logs", "Entry-log files on disk")
+GC_DELETED_LOGS = Counter("streamkeeper_bookie_gc_deleted_logs_total", "Entry logs deleted by GC")
+COMPACTED_LOGS = Counter(
+    "streamkeeper_bookie_compacted_logs_total", "Entry logs rewritten by compaction", ["kind"]
+)
+READ_ONLY = Gauge("streamkeeper_bookie_read_only", "1 while the bookie is read-only")
+LIMBO_STREAMS = Gauge("streamkeeper_bookie_limbo_streams", "Streams in limbo on this bookie")

@@ -1,0 +1,74 @@
+"""Every error Streamkeeper raises sits under `StreamError` and carries its context."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class StreamError(Exception):
+    """Base of all Streamkeeper errors; keyword context (stream, entry_id, bookie, term...)
+    is kept in `context` and shown in the message."""
+
+    def __init__(self, message: str, **context: Any) -> None:
+        self.message = message
+        self.context = {k: v for k, v in context.items() if v is not None}
+        for key, value in self.context.items():
+            setattr(self, key, value)
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        if not self.context:
+            return self.message
+        ctx = ", ".join(f"{k}={v!r}" for k, v in sorted(self.context.items()))
+        return f"{self.message} ({ctx})"
+
+
+class InvalidArgumentError(StreamError, ValueError):
+    """A name, quorum, option or request that makes no sense; nothing was changed."""
+
+
+class ConfigError(StreamError):
+    """A configuration file or value is invalid; names the key."""
+
+
+class StreamNotFoundError(StreamError):
+    pass
+
+
+class StreamExistsError(StreamError):
+    pass
+
+
+class InvalidTermError(StreamError):
+    """Another writer took over: `term` is ours, `current_term` the newer one we saw."""
+
+    def __init__(self, message: str, *, term: int, current_term: int, **context: Any) -> None:
+        super().__init__(message, term=term, current_term=current_term, **context)
+
+
+class EntryTrimmedError(StreamError):
+    """The entry lies below the stream's first retained entry (`first_entry_id`)."""
+
+
+class NotEnoughBookiesError(StreamError):
+    pass
+
+
+class BookieError(StreamError):
+    """A bookie answered with a non-OK code (`code`, a name from the wire protocol)."""
+
+
+class ChecksumError(StreamError):
+    pass
+
+
+class MetadataError(StreamError):
+    """ZooKeeper metadata is missing, malformed, or a CAS kept failing."""
+
+
+class CookieMismatchError(StreamError):
+    """A bookie's directories and its registered cookie disagree; it must not serve."""
+
+
+class StorageError(StreamError):
+    """A bookie's local storage is corrupt or unusable."""
