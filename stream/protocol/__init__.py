@@ -1,0 +1,74 @@
+"""The pure, I/O-free protocol core: quorum math, response classification, recovery decisions,
+term rules, placement and checksums. No asyncio, grpc, kazoo, clock or global randomness."""
+
+from stream.protocol.acks import PendingAdds
+from stream.protocol.checksum import ENTRY_HEADER, entry_checksum
+from stream.protocol.codes import (
+    TRANSPORT_ERROR,
+    Code,
+    EntryFlag,
+    ResponseClass,
+    classify,
+    limbo_code,
+)
+from stream.protocol.coverage import cohort_covered, coverage_threshold, is_covered
+from stream.protocol.ensemble_change import EnsembleChange, pinned_bookies, plan_ensemble_change
+from stream.protocol.fragments import (
+    FragmentEnsemble,
+    check_fragments,
+    ensemble_for,
+    fragment_index_for,
+)
+from stream.protocol.invariant import InvariantViolation, invariant
+from stream.protocol.placement import BookieCandidate, choose_ensemble, choose_replacement
+from stream.protocol.quorum import MAX_ENSEMBLE_SIZE, QuorumConfig
+from stream.protocol.recovery import (
+    FenceOutcome,
+    FenceTally,
+    ReadOutcome,
+    RecoveryReadTally,
+    RecoveryScan,
+    RecoveryStatus,
+    read_outcome,
+    scan_recovery_reads,
+)
+from stream.protocol.terms import TermDecision, term_decision
+
+__all__ = [
+    "ENTRY_HEADER",
+    "MAX_ENSEMBLE_SIZE",
+    "TRANSPORT_ERROR",
+    "BookieCandidate",
+    "Code",
+    "EnsembleChange",
+    "EntryFlag",
+    "FenceOutcome",
+    "FenceTally",
+    "FragmentEnsemble",
+    "InvariantViolation",
+    "PendingAdds",
+    "QuorumConfig",
+    "ReadOutcome",
+    "RecoveryReadTally",
+    "RecoveryScan",
+    "RecoveryStatus",
+    "ResponseClass",
+    "TermDecision",
+    "check_fragments",
+    "choose_ensemble",
+    "choose_replacement",
+    "classify",
+    "cohort_covered",
+    "coverage_threshold",
+    "ensemble_for",
+    "entry_checksum",
+    "fragment_index_for",
+    "invariant",
+    "is_covered",
+    "limbo_code",
+    "pinned_bookies",
+    "plan_ensemble_change",
+    "read_outcome",
+    "scan_recovery_reads",
+    "term_decision",
+]

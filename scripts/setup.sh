@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Installs what Streamkeeper needs and is missing, idempotently: Debian's zookeeper package and a
+# JRE (ZooKeeper runs from its jars), python3-venv, and a virtualenv .venv with the package
+# (editable, with dev tools; the build generates stream/wire/ from proto/).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+apt_updated=""
+apt_install() {
+  if [ -z "$apt_updated" ]; then as_root apt-get update -q >/dev/null; apt_updated=1; fi
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -q --no-install-recommends "$@" >/dev/null
+}
+
+PY=${PYTHON:-}
+if [ -z "$PY" ]; then
+  for candidate in python3.11 python3.12 python3.13 python3; do
+    if command -v "$candidate" >/dev/null && "$candidate" -c \
+        'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+      PY=$candidate; break
+    fi
+  done
+fi
+[ -n "$PY" ] || { echo "setup: Python 3.11 or newer is needed" >&2; exit 1; }
+
+missing=()
+[ -f /usr/share/java/zookeeper.jar ] || missing+=(zookeeper)
+command -v java >/dev/null || missing+=(default-jre-headless)
+"$PY" -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]} (apt)" >&2
+  apt_install "${missing[@]}"
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv" >&2
+  "$PY" -m venv .venv
+fi
+
+# Reinstall only when the packaging inputs changed (or the generated code is missing).
+stamp=$(cat pyproject.toml setup.py proto/streamkeeper/v1/*.proto | sha256sum | cut -d' ' -f1)
+if [ "$(cat .venv/.setup-stamp 2>/dev/null)" != "$stamp" ] || [ ! -f stream/wire/bookie_pb2.py ]; then
+  echo "setup: installing the package into .venv" >&2
+  .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+  .venv/bin/python -m pip install -q -e '.[dev]'
+  echo "$stamp" > .venv/.setup-stamp
+fi

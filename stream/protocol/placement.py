@@ -1,0 +1,79 @@
+"""Choosing bookies for a new ensemble or to replace a failed member (DESIGN §5, placement).
+
+Randomness comes from the `random.Random` passed in, so a seed reproduces every choice.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from stream.errors import InvalidArgumentError, NotEnoughBookiesError
+
+
+@dataclass(frozen=True, slots=True)
+class BookieCandidate:
+    """An available bookie as placement sees it; a lower `load` is preferred."""
+
+    bookie_id: str
+    writable: bool = True
+    load: int = 0
+
+
+def choose_ensemble(
+    available: Sequence[BookieCandidate],
+    size: int,
+    rng: random.Random,
+    exclude: Collection[str] = (),
+) -> tuple[str, ...]:
+    """Return `size` distinct ids of writable, non-excluded bookies, least loaded first chosen,
+    ties broken with `rng`, in an `rng`-shuffled order (so no bookie is always index 0).
+
+    The result depends only on the candidates (not their order) and on `rng`'s state. Raises
+    `NotEnoughBookiesError` (needed, available) when fewer than `size` bookies qualify and
+    `InvalidArgumentError` for a size below 1 or a duplicate bookie id.
+    """
+    if type(size) is not int or size < 1:
+        raise InvalidArgumentError("ensemble size must be an int >= 1", size=size)
+    ids = [c.bookie_id for c in available]
+    if len(set(ids)) != len(ids):
+        raise InvalidArgumentError("duplicate bookie ids among candidates", bookie_ids=ids)
+    excluded = set(exclude)
+    # Sorting by id first makes the tie-break draws independent of the registry's order.
+    eligible = sorted(
+        (c for c in available if c.writable and c.bookie_id not in excluded),
+        key=lambda c: c.bookie_id,
+    )
+    if len(eligible) < size:
+        raise NotEnoughBookiesError(
+            "not enough writable bookies", needed=size, available=len(eligible)
+        )
+    keyed = [(c.load, rng.random(), c.bookie_id) for c in eligible]
+    keyed.sort()
+    chosen = [bookie_id for _, _, bookie_id in keyed[:size]]
+    rng.shuffle(chosen)
+    return tuple(chosen)
+
+
+def choose_replacement(
+    ensemble: Sequence[str],
+    failed_index: int,
+    available: Sequence[BookieCandidate],
+    rng: random.Random,
+    exclude: Collection[str] = (),
+) -> str:
+    """Return the id of one writable bookie, not in `ensemble` (the failed member included)
+    nor in `exclude`, to take the place of `ensemble[failed_index]`.
+
+    Raises `NotEnoughBookiesError` when none qualifies and `InvalidArgumentError` for an
+    index outside the ensemble.
+    """
+    if not 0 <= failed_index < len(ensemble):
+        raise InvalidArgumentError(
+            "failed_index must lie in [0, len(ensemble))",
+            failed_index=failed_index,
+            ensemble=tuple(ensemble),
+        )
+    (replacement,) = choose_ensemble(available, 1, rng, exclude={*ensemble, *exclude})
+    return replacement

@@ -1,0 +1,53 @@
+"""The bookie's term rule for every term-bearing request (DESIGN §4), as a pure decision."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from stream.protocol.codes import Code
+from stream.protocol.invariant import invariant
+
+
+class TermDecision(Enum):
+    """What a bookie does with a term-bearing request, given its own term for the stream."""
+
+    ACCEPT = "accept"  # same term: serve it
+    ACCEPT_NEW = "accept_new"  # higher term: record it durably (fsync) first, then serve
+    REJECT = "reject"  # lower term: answer INVALID_TERM with the bookie's term
+    BAD = "bad"  # a term below 1 on a request that needs one: BAD_REQUEST
+
+    @property
+    def serves(self) -> bool:
+        """Return whether the request is served."""
+        return self is TermDecision.ACCEPT or self is TermDecision.ACCEPT_NEW
+
+    @property
+    def records_new_term(self) -> bool:
+        """Return whether the request's term must be recorded durably before answering."""
+        return self is TermDecision.ACCEPT_NEW
+
+    @property
+    def code(self) -> Code:
+        """Return the response code: OK when served, else INVALID_TERM or BAD_REQUEST."""
+        return _CODE_BY_DECISION[self]
+
+
+_CODE_BY_DECISION = {
+    TermDecision.ACCEPT: Code.OK,
+    TermDecision.ACCEPT_NEW: Code.OK,
+    TermDecision.REJECT: Code.INVALID_TERM,
+    TermDecision.BAD: Code.BAD_REQUEST,
+}
+
+
+def term_decision(local_term: int, request_term: int) -> TermDecision:
+    """Return how a bookie whose term for the stream is `local_term` (0: it never saw the
+    stream) treats a request carrying `request_term`."""
+    invariant(local_term >= 0, "a bookie's term is never negative", local_term=local_term)
+    if request_term < 1:
+        return TermDecision.BAD
+    if request_term == local_term:
+        return TermDecision.ACCEPT
+    if request_term > local_term:
+        return TermDecision.ACCEPT_NEW
+    return TermDecision.REJECT

@@ -1,0 +1,60 @@
+"""The bookie's term rule, exhaustively for small terms and by property for large ones."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from stream.protocol.codes import Code
+from stream.protocol.invariant import InvariantViolation
+from stream.protocol.terms import TermDecision, term_decision
+
+
+def oracle(local: int, request: int) -> TermDecision:
+    if request <= 0:
+        return TermDecision.BAD
+    if local > request:
+        return TermDecision.REJECT
+    return TermDecision.ACCEPT if local == request else TermDecision.ACCEPT_NEW
+
+
+def test_exhaustive_small_terms() -> None:
+    for local in range(0, 8):
+        for request in range(-3, 10):
+            assert term_decision(local, request) is oracle(local, request), (local, request)
+
+
+@given(st.integers(0, 2**64 - 1), st.integers(-(2**63), 2**64 - 1))
+def test_large_terms(local: int, request: int) -> None:
+    decision = term_decision(local, request)
+    assert decision is oracle(local, request)
+    assert decision.serves == (decision.code is Code.OK)
+    # A served request leaves the bookie at the request's term: never lower than before.
+    if decision.serves:
+        assert request >= local
+
+
+def test_never_seen_stream_accepts_any_valid_term_as_new() -> None:
+    assert term_decision(0, 1) is TermDecision.ACCEPT_NEW
+    assert term_decision(0, 0) is TermDecision.BAD
+
+
+def test_decision_properties() -> None:
+    table = {
+        TermDecision.ACCEPT: (True, False, Code.OK),
+        TermDecision.ACCEPT_NEW: (True, True, Code.OK),
+        TermDecision.REJECT: (False, False, Code.INVALID_TERM),
+        TermDecision.BAD: (False, False, Code.BAD_REQUEST),
+    }
+    for decision, (serves, records, code) in table.items():
+        assert (decision.serves, decision.records_new_term, decision.code) == (
+            serves,
+            records,
+            code,
+        )
+
+
+def test_negative_local_term_is_a_bug() -> None:
+    with pytest.raises(InvariantViolation):
+        term_decision(-1, 3)
