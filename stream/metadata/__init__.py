@@ -1,0 +1,53 @@
+"""The ZooKeeper metadata layer (DESIGN §3): sessions, the stream layout and its term-atomic
+CAS operations, and the bookie registry. Pure data and kazoo calls, no bookie I/O."""
+
+from stream.metadata.bookies import BookieRegistration, BookieRegistry
+from stream.metadata.connection import (
+    DEFAULT_ROOT,
+    MetadataSession,
+    MetadataSessionExpiredError,
+    SessionState,
+    connect,
+    parse_connect_string,
+)
+from stream.metadata.model import (
+    Fragment,
+    RetentionPolicy,
+    StreamMeta,
+    StreamState,
+    WriterInfo,
+    validate_bookie_id,
+    validate_stream_name,
+)
+from stream.metadata.streams import (
+    MAX_OPS_PER_MULTI,
+    BadVersionError,
+    MetadataVersionError,
+    StreamSealedError,
+    StreamStore,
+    WatchHandle,
+)
+
+__all__ = [
+    "DEFAULT_ROOT",
+    "MAX_OPS_PER_MULTI",
+    "BadVersionError",
+    "BookieRegistration",
+    "BookieRegistry",
+    "Fragment",
+    "MetadataSession",
+    "MetadataSessionExpiredError",
+    "MetadataVersionError",
+    "RetentionPolicy",
+    "SessionState",
+    "StreamMeta",
+    "StreamSealedError",
+    "StreamState",
+    "StreamStore",
+    "WatchHandle",
+    "WriterInfo",
+    "connect",
+    "parse_connect_string",
+    "validate_bookie_id",
+    "validate_stream_name",
+]

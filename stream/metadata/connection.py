@@ -1,0 +1,405 @@
+"""ZooKeeper sessions for the metadata layer: connect-string parsing, a kazoo client chrooted at
+the metadata root with its base layout, session-loss signals, and retries under a deadline that
+never hide a session expiry."""
+
+from __future__ import annotations
+
+import enum
+import ipaddress
+import queue
+import re
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import structlog
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import (
+    ConnectionClosedError,
+    NodeExistsError,
+    NoNodeError,
+    SessionExpiredError,
+)
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.retry import KazooRetry, RetryFailedError
+
+from stream.errors import InvalidArgumentError, MetadataError
+from stream.metadata import paths
+
+log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+
+DEFAULT_ROOT = "/streamkeeper"
+
+_HOST_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+_HOSTNAME = re.compile(rf"^{_HOST_LABEL}(?:\.{_HOST_LABEL})*$")
+_PORT = re.compile(r"^[0-9]{1,5}$")
+_ROOT_SEGMENT = re.compile(r"^[A-Za-z0-9._-]{1,255}$")
+_ROOT_MAX_CHARS = 1024
+
+
+class MetadataSessionExpiredError(MetadataError):
+    """The ZooKeeper session expired while (or before) a call ran: its ephemeral znodes are gone
+    and the outcome of a write in flight is unknown. Never retried silently: a writer must stop
+    and re-check its term before it writes again."""
+
+
+class SessionState(enum.StrEnum):
+    """What happened to the ZooKeeper session, as given to session listeners."""
+
+    CONNECTED = "CONNECTED"  # connected: a new session when `session_generation` moved
+    SUSPENDED = "SUSPENDED"  # connection lost; the session (and its ephemerals) may live on
+    LOST = "LOST"  # the session expired or was closed: its ephemeral znodes are gone
+
+
+SessionListener = Callable[[SessionState], None]
+
+
+def _check_host_port(entry: str, connect_string: str) -> None:
+    """Returns None when `entry` is HOST[:PORT] (HOST a name, IPv4 or [IPv6]); else raises."""
+    if entry.startswith("["):
+        end = entry.find("]")
+        host, rest = entry[1:end], entry[end + 1 :]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            host = ""
+        if end < 0 or not host or (rest and not rest.startswith(":")):
+            raise InvalidArgumentError(
+                "bad ZooKeeper host", connect_string=connect_string, host=entry
+            )
+        port = rest[1:] if rest else None
+    else:
+        host, sep, port_text = entry.partition(":")
+        if len(host) > 253 or not _HOSTNAME.match(host):
+            raise InvalidArgumentError(
+                "bad ZooKeeper host", connect_string=connect_string, host=entry
+            )
+        port = port_text if sep else None
+    if port is not None and not (_PORT.match(port) and 0 < int(port) < 65536):
+        raise InvalidArgumentError(
+            "bad ZooKeeper port (1-65535)", connect_string=connect_string, host=entry
+        )
+
+
+def _check_root(root: str, connect_string: str) -> None:
+    """Returns None when `root` is an absolute znode path we accept as a chroot; else raises."""
+    segments = root[1:].split("/")
+    if (
+        len(root) > _ROOT_MAX_CHARS
+        or not root.startswith("/")
+        or any(not _ROOT_SEGMENT.match(s) or s in (".", "..") for s in segments)
+        # /zookeeper is ZooKeeper's own subtree.
+        or segments[0] == "zookeeper"
+    ):
+        raise InvalidArgumentError(
+            "bad metadata root: an absolute path of segments of [A-Za-z0-9._-], not /zookeeper",
+            connect_string=connect_string,
+            root=root,
+        )
+
+
+def parse_connect_string(connect_string: str) -> tuple[str, str]:
+    """Returns `(hosts, root)` for a `HOST[:PORT][,HOST[:PORT]...][/ROOT]` connect string;
+    the root defaults to `/streamkeeper`. Raises `InvalidArgumentError` on anything else."""
+    if not isinstance(connect_string, str):
+        raise InvalidArgumentError("connect string must be a str", connect_string=connect_string)
+    text = connect_string.strip()
+    hosts, slash, path = text.partition("/")
+    if not hosts:
+        raise InvalidArgumentError(
+            "connect string needs HOST:PORT[/ROOT]", connect_string=connect_string
+        )
+    for entry in hosts.split(","):
+        _check_host_port(entry, connect_string)
+    root = "/" + path if slash else DEFAULT_ROOT
+    _check_root(root, connect_string)
+    return hosts, root
+
+
+class MetadataSession:
+    """A ZooKeeper session chrooted at the metadata root (`zk`), with retries (`retry`) and
+    session-loss signals (`session_generation`, `add_session_listener`). Build it with
+    `MetadataSession.connect(...)`; close it with `close()` (or use it as a context manager).
+    """
+
+    def __init__(
+        self,
+        zk: KazooClient,
+        *,
+        hosts: str,
+        root: str,
+        session_timeout_s: float,
+        retry_deadline_s: float,
+    ) -> None:
+        """Wraps a kazoo client that is not started yet; prefer `MetadataSession.connect`."""
+        self._zk = zk
+        self.hosts = hosts
+        self.root = root
+        self.session_timeout_s = session_timeout_s
+        self.retry_deadline_s = retry_deadline_s
+        self._lock = threading.Lock()
+        self._session_id: int | None = None
+        self._generation = 0
+        self._closed = False
+        self._listeners: list[SessionListener] = []
+        # Listeners run on our own thread, in order: kazoo calls state listeners on its
+        # connection thread, where blocking (e.g. a ZooKeeper call) would stall the session.
+        self._events: queue.Queue[SessionState | None] = queue.Queue()
+        self._notifier = threading.Thread(
+            target=self._notify_loop, name="streamkeeper-zk-session", daemon=True
+        )
+        self._notifier.start()
+        zk.add_listener(self._on_kazoo_state)
+
+    @classmethod
+    def connect(
+        cls,
+        connect_string: str,
+        timeout_s: float = 10.0,
+        session_timeout_s: float = 10.0,
+        *,
+        retry_deadline_s: float | None = None,
+    ) -> MetadataSession:
+        """Returns a connected session chrooted at the connect string's root, having created
+        the root and the base layout (`/streams/by-name`, `/bookies/available`,
+        `/bookies/cookies`, `/underreplicated`, the stream id counter) when missing.
+
+        `timeout_s` bounds each connection attempt; `session_timeout_s` is the ZooKeeper session
+        timeout asked for; `retry_deadline_s` (default: the session timeout) bounds the retries of
+        one call on connection loss. Raises `InvalidArgumentError` for a bad connect string and
+        `MetadataError` when ZooKeeper cannot be reached in time."""
+        hosts, root = parse_connect_string(connect_string)
+        if not (timeout_s > 0 and session_timeout_s > 0):
+            raise InvalidArgumentError(
+                "timeouts must be > 0", timeout_s=timeout_s, session_timeout_s=session_timeout_s
+            )
+        deadline_s = session_timeout_s if retry_deadline_s is None else retry_deadline_s
+        _ensure_root(hosts, root, timeout_s=timeout_s, session_timeout_s=session_timeout_s)
+        zk = KazooClient(
+            hosts=hosts + root,
+            timeout=session_timeout_s,
+            # Reconnect forever: a bookie keeps serving through ZooKeeper outages and must get
+            # its session back (a new one after expiry) without a restart.
+            connection_retry={"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 2.0},
+        )
+        session = cls(
+            zk,
+            hosts=hosts,
+            root=root,
+            session_timeout_s=session_timeout_s,
+            retry_deadline_s=deadline_s,
+        )
+        try:
+            zk.start(timeout=timeout_s)
+        except KazooTimeoutError as exc:
+            session.close()
+            raise MetadataError(
+                "cannot connect to ZooKeeper", hosts=hosts, timeout_s=timeout_s
+            ) from exc
+        try:
+            session._create_base_layout()
+        except BaseException:
+            session.close()
+            raise
+        log.info("metadata.connected", hosts=hosts, root=root, session=session.session_id_hex)
+        return session
+
+    def _create_base_layout(self) -> None:
+        for path in paths.BASE_LAYOUT:
+            self.retry(self._zk.ensure_path, path)
+        try:
+            # Stream ids start at 1; 0 is left free as a sentinel.
+            self.retry(self._zk.create, paths.STREAMS_NEXT_ID, b"1")
+        except NodeExistsError:
+            pass
+
+    @property
+    def zk(self) -> KazooClient:
+        """Returns the kazoo client, chrooted at the metadata root."""
+        return self._zk
+
+    @property
+    def connect_string(self) -> str:
+        """Returns `hosts + root`, the string this session was connected with (normalised)."""
+        return self.hosts + self.root
+
+    @property
+    def session_id(self) -> int | None:
+        """Returns the current ZooKeeper session id, or None while no session is established
+        (after a LOST, until the next CONNECTED)."""
+        with self._lock:
+            return self._session_id
+
+    @property
+    def session_id_hex(self) -> str | None:
+        """Returns `session_id` in ZooKeeper's usual hexadecimal spelling (for logs)."""
+        sid = self.session_id
+        return None if sid is None else f"0x{sid:x}"
+
+    @property
+    def session_generation(self) -> int:
+        """Returns a counter that moves each time a new ZooKeeper session is established
+        (1 after connect). A writer records it when it takes over; when it moved, the session
+        expired meanwhile and the writer must re-check its term before writing again."""
+        with self._lock:
+            return self._generation
+
+    @property
+    def closed(self) -> bool:
+        """Returns whether `close()` was called."""
+        return self._closed
+
+    def add_session_listener(self, callback: SessionListener) -> None:
+        """Calls `callback(state)` for every later session state change (`SessionState`), in
+        order, on the session's notifier thread: it may call ZooKeeper, but a slow callback
+        delays the others."""
+        with self._lock:
+            self._listeners.append(callback)
+
+    def remove_session_listener(self, callback: SessionListener) -> None:
+        """Stops calling `callback`; returns silently when it was not registered."""
+        with self._lock:
+            if callback in self._listeners:
+                self._listeners.remove(callback)
+
+    def _on_kazoo_state(self, state: str) -> None:
+        """Runs on kazoo's connection thread: records the session and queues the event."""
+        if state == KazooState.CONNECTED:
+            client_id = self._zk.client_id
+            sid = client_id[0] if client_id else None
+            with self._lock:
+                new_session = sid != self._session_id
+                if new_session:
+                    self._session_id = sid
+                    self._generation += 1
+                generation = self._generation
+            log.info(
+                "metadata.session_connected",
+                session=None if sid is None else f"0x{sid:x}",
+                generation=generation,
+                new_session=new_session,
+            )
+            event = SessionState.CONNECTED
+        elif state == KazooState.SUSPENDED:
+            log.warning("metadata.session_suspended", session=self.session_id_hex)
+            event = SessionState.SUSPENDED
+        else:
+            with self._lock:
+                lost, self._session_id = self._session_id, None
+            if not self._closed:
+                log.warning(
+                    "metadata.session_lost", session=None if lost is None else f"0x{lost:x}"
+                )
+            event = SessionState.LOST
+        self._events.put(event)
+
+    def _notify_loop(self) -> None:
+        while (event := self._events.get()) is not None:
+            with self._lock:
+                listeners = list(self._listeners)
+            for listener in listeners:
+                try:
+                    listener(event)
+                except Exception:
+                    # One broken listener must not starve the others of session events.
+                    log.exception("metadata.session_listener_failed", state=str(event))
+
+    def retry(self, func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Returns `func(*args, **kwargs)`, retried on connection loss until
+        `retry_deadline_s`. Raises `MetadataError` when the deadline passes or the session is
+        closed, and `MetadataSessionExpiredError` on session expiry, which is never retried.
+        Other kazoo errors (NoNodeError, NodeExistsError, BadVersionError...) pass through.
+
+        A retried create or versioned write may have succeeded before its reply was lost:
+        callers make such calls idempotent (NodeExists -> read and compare)."""
+        retry = KazooRetry(
+            max_tries=-1,
+            delay=0.05,
+            backoff=2,
+            max_delay=1.0,
+            deadline=self.retry_deadline_s,
+            ignore_expire=False,
+        )
+        try:
+            return retry(func, *args, **kwargs)
+        except RetryFailedError as exc:
+            raise MetadataError(
+                "ZooKeeper did not answer in time", deadline_s=self.retry_deadline_s
+            ) from exc
+        except SessionExpiredError as exc:
+            raise MetadataSessionExpiredError("ZooKeeper session expired") from exc
+        except ConnectionClosedError as exc:
+            raise MetadataError("metadata session is closed") from exc
+
+    def instance_id(self) -> str:
+        """Returns the cluster's instance id (a uuid4 in `/instanceid`), creating it on first
+        use; concurrent first uses agree on one value."""
+
+        def get_or_create() -> bytes:
+            try:
+                return bytes(self._zk.get(paths.INSTANCE_ID)[0])
+            except NoNodeError:
+                pass
+            candidate = str(uuid.uuid4()).encode()
+            try:
+                self._zk.create(paths.INSTANCE_ID, candidate)
+                return candidate
+            except NodeExistsError:
+                # Another process won the race, or our create landed and its reply was lost.
+                return bytes(self._zk.get(paths.INSTANCE_ID)[0])
+
+        data = self.retry(get_or_create)
+        try:
+            return str(uuid.UUID(data.decode()))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise MetadataError("malformed instance id", path=paths.INSTANCE_ID) from exc
+
+    def close(self) -> None:
+        """Closes the ZooKeeper session (its ephemeral znodes go at once) and stops the
+        notifier thread; idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._zk.remove_listener(self._on_kazoo_state)
+        try:
+            self._zk.stop()
+            self._zk.close()
+        finally:
+            self._events.put(None)
+            if threading.current_thread() is not self._notifier:
+                self._notifier.join(timeout=5)
+        log.info("metadata.closed", root=self.root)
+
+    def __enter__(self) -> MetadataSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _ensure_root(hosts: str, root: str, *, timeout_s: float, session_timeout_s: float) -> None:
+    """Creates the chroot path with a short-lived unchrooted client: kazoo does not create a
+    missing chroot, and every call of a client chrooted at a missing path fails."""
+    zk = KazooClient(hosts=hosts, timeout=session_timeout_s)
+    try:
+        zk.start(timeout=timeout_s)
+    except KazooTimeoutError as exc:
+        zk.close()
+        raise MetadataError(
+            "cannot connect to ZooKeeper", hosts=hosts, timeout_s=timeout_s
+        ) from exc
+    try:
+        retry = KazooRetry(max_tries=-1, deadline=session_timeout_s, ignore_expire=False)
+        retry(zk.ensure_path, root)
+    except (RetryFailedError, SessionExpiredError) as exc:
+        raise MetadataError("cannot create the metadata root", hosts=hosts, root=root) from exc
+    finally:
+        zk.stop()
+        zk.close()
+
+
+connect = MetadataSession.connect

@@ -1,0 +1,67 @@
+"""The ZooKeeper layout of DESIGN §3: every znode path, relative to the metadata root (the
+session's chroot). Only this module spells paths; the rest call these functions."""
+
+from __future__ import annotations
+
+STREAMS = "/streams"
+STREAMS_BY_NAME = "/streams/by-name"
+# A CAS counter: the next stream id to hand out (decimal text). Ids are never reused, because
+# bookies may still hold data of a deleted stream and key it by id.
+STREAMS_NEXT_ID = "/streams/next-id"
+BOOKIES = "/bookies"
+BOOKIES_AVAILABLE = "/bookies/available"
+BOOKIES_COOKIES = "/bookies/cookies"
+UNDERREPLICATED = "/underreplicated"
+INSTANCE_ID = "/instanceid"
+
+# Persistent parents that `MetadataSession.connect` creates when missing.
+BASE_LAYOUT = (STREAMS_BY_NAME, BOOKIES_AVAILABLE, BOOKIES_COOKIES, UNDERREPLICATED)
+
+# Fragment znode names are zero-padded so that ZooKeeper's lexical order is entry order.
+FRAGMENT_NAME_DIGITS = 20
+
+
+def stream_by_name(name: str) -> str:
+    """Returns the znode holding the id of stream `name` (validated by the caller)."""
+    return f"{STREAMS_BY_NAME}/{name}"
+
+
+def stream(stream_id: int) -> str:
+    """Returns the parent znode of everything about stream `stream_id`."""
+    return f"{STREAMS}/{stream_id}"
+
+
+def stream_meta(stream_id: int) -> str:
+    """Returns the znode holding the stream's JSON `StreamMeta`, whose version guards every
+    term-atomic change."""
+    return f"{STREAMS}/{stream_id}/meta"
+
+
+def stream_fragments(stream_id: int) -> str:
+    """Returns the parent znode of the stream's fragment znodes."""
+    return f"{STREAMS}/{stream_id}/fragments"
+
+
+def fragment_name(first_entry_id: int) -> str:
+    """Returns the znode name of the fragment starting at `first_entry_id`."""
+    return f"{first_entry_id:0{FRAGMENT_NAME_DIGITS}d}"
+
+
+def stream_fragment(stream_id: int, first_entry_id: int) -> str:
+    """Returns the znode of the fragment of `stream_id` starting at `first_entry_id`."""
+    return f"{STREAMS}/{stream_id}/fragments/{fragment_name(first_entry_id)}"
+
+
+def stream_writer(stream_id: int) -> str:
+    """Returns the ephemeral znode naming the stream's current writer."""
+    return f"{STREAMS}/{stream_id}/writer"
+
+
+def bookie_available(bookie_id: str) -> str:
+    """Returns the ephemeral registration znode of `bookie_id`."""
+    return f"{BOOKIES_AVAILABLE}/{bookie_id}"
+
+
+def bookie_cookie(bookie_id: str) -> str:
+    """Returns the cookie znode of `bookie_id`."""
+    return f"{BOOKIES_COOKIES}/{bookie_id}"

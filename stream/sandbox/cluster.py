@@ -1,0 +1,137 @@
+"""A local cluster on 127.0.0.1: one ZooKeeper and N bookie processes (later also the
+background services). Used by `streamctl sandbox`, the integration tests and the benchmarks."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import structlog
+from kazoo.client import KazooClient
+
+from stream.errors import StreamError
+from stream.sandbox.bookies import BookieProcess, stop_all
+from stream.sandbox.zookeeper import ZooKeeperServer
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_ROOT = "/streamkeeper"
+
+
+class SandboxCluster:
+    """ZooKeeper and `bookies` bookie processes under `data_dir`. `start()` returns once every
+    bookie serves and is registered in ZooKeeper; `stop()` stops them all.
+
+    With `zookeeper` given, the cluster uses that server (and a root of its own) instead of
+    starting one, so tests can share one ZooKeeper."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        bookies: int = 3,
+        zk_port: int | None = None,
+        root: str = DEFAULT_ROOT,
+        bookie_settings: dict[str, Any] | None = None,
+        zookeeper: ZooKeeperServer | None = None,
+    ) -> None:
+        if bookies < 1:
+            raise StreamError("a sandbox needs at least one bookie", bookies=bookies)
+        self.data_dir = Path(data_dir)
+        self.root = root
+        self._own_zookeeper = zookeeper is None
+        self.zookeeper = zookeeper or ZooKeeperServer(self.data_dir / "zookeeper", port=zk_port)
+        self.bookie_settings = dict(bookie_settings or {})
+        self.bookies: list[BookieProcess] = []
+        self._bookie_count = bookies
+
+    @property
+    def metadata(self) -> str:
+        """The connect string `HOST:PORT/ROOT` clients and `streamctl --metadata` use."""
+        return self.zookeeper.connect_string(self.root)
+
+    def start(self, timeout_s: float = 60.0) -> SandboxCluster:
+        try:
+            if self._own_zookeeper:
+                self.zookeeper.start()
+            self._ensure_root()
+            for i in range(1, self._bookie_count + 1):
+                self.add_bookie(f"bookie-{i}", wait=False)
+            for bookie in self.bookies:
+                bookie.wait_ready(timeout_s)
+            self.wait_registered(len(self.bookies), timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        log.info("sandbox.started", metadata=self.metadata, bookies=len(self.bookies))
+        return self
+
+    def add_bookie(
+        self, bookie_id: str, *, wait: bool = True, settings: dict[str, Any] | None = None
+    ) -> BookieProcess:
+        """Starts one more bookie process and returns it (serving, when `wait`)."""
+        bookie = BookieProcess(
+            bookie_id,
+            self.data_dir / bookie_id,
+            self.metadata,
+            settings={**self.bookie_settings, **(settings or {})},
+        )
+        self.bookies.append(bookie)
+        bookie.start()
+        if wait:
+            bookie.wait_ready()
+        return bookie
+
+    def bookie(self, bookie_id: str) -> BookieProcess:
+        for bookie in self.bookies:
+            if bookie.bookie_id == bookie_id:
+                return bookie
+        raise StreamError("no such sandbox bookie", bookie=bookie_id)
+
+    def registered_bookies(self) -> list[str]:
+        """Returns the ids under /bookies/available right now."""
+        zk = KazooClient(hosts=self.zookeeper.hosts)
+        zk.start(timeout=10)
+        try:
+            path = f"{self.root}/bookies/available"
+            return sorted(zk.get_children(path)) if zk.exists(path) else []
+        finally:
+            zk.stop()
+            zk.close()
+
+    def wait_registered(self, count: int, timeout_s: float = 30.0) -> list[str]:
+        """Returns the registered bookie ids once there are exactly `count` of them."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            ids = self.registered_bookies()
+            if len(ids) == count:
+                return ids
+            if time.monotonic() > deadline:
+                raise StreamError(
+                    "bookies did not register in time", want=count, registered=ids
+                )
+            time.sleep(0.05)
+
+    def _ensure_root(self) -> None:
+        zk = KazooClient(hosts=self.zookeeper.hosts)
+        zk.start(timeout=10)
+        try:
+            zk.ensure_path(self.root)
+        finally:
+            zk.stop()
+            zk.close()
+
+    def stop(self) -> None:
+        try:
+            stop_all(self.bookies)
+        finally:
+            if self._own_zookeeper:
+                self.zookeeper.stop()
+        log.info("sandbox.stopped", metadata=self.metadata)
+
+    def __enter__(self) -> SandboxCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,46 @@
+"""Fixtures of the integration tests: whole sandbox clusters (bookie processes) on the shared
+ZooKeeper of tests/conftest.py, each under its own metadata root."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stream.sandbox.cluster import SandboxCluster
+from stream.sandbox.zookeeper import ZooKeeperServer
+
+ClusterFactory = Callable[..., SandboxCluster]
+
+
+@pytest.fixture
+def cluster_factory(zookeeper: ZooKeeperServer, tmp_path: Path) -> Iterator[ClusterFactory]:
+    """Returns `make(bookies=3, **bookie_settings) -> SandboxCluster` (started); every cluster
+    made is stopped at the end of the test."""
+    made: list[SandboxCluster] = []
+
+    def make(bookies: int = 3, **bookie_settings: Any) -> SandboxCluster:
+        cluster = SandboxCluster(
+            tmp_path / f"cluster-{len(made)}",
+            bookies=bookies,
+            root=f"/streamkeeper-{uuid.uuid4().hex[:12]}",
+            zookeeper=zookeeper,
+            bookie_settings=bookie_settings,
+        )
+        made.append(cluster)
+        return cluster.start()
+
+    try:
+        yield make
+    finally:
+        for cluster in made:
+            cluster.stop()
+
+
+@pytest.fixture
+def cluster(cluster_factory: ClusterFactory) -> SandboxCluster:
+    """Three bookies with default settings."""
+    return cluster_factory(3)
