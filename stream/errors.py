@@ -72,3 +72,7 @@ class CookieMismatchError(StreamError):
 
 class StorageError(StreamError):
     """A bookie's local storage is corrupt or unusable."""
+
+
+class EntryNotWrittenError(StreamError):
+    """The entry is above the stream's last add confirmed (`lac`): not (yet) written."""

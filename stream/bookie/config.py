@@ -67,11 +67,17 @@ class BookieConfig:
     # Cookies (BP-46): repair a cookie mismatch automatically by running phase one.
     auto_fix_cookie: bool = False
 
+    # Metadata session: a killed bookie's registration disappears after this timeout.
+    metadata_session_timeout_ms: int = 10_000
+    metadata_connect_timeout_ms: int = 30_000  # give up starting when ZooKeeper stays away
+
     # Serving.
     metrics_listen: str = "127.0.0.1:9181"  # Prometheus; "" turns the endpoint off
     grpc_max_message_bytes: int = 64 * _MiB
     read_range_batch_bytes: int = _MiB
     read_lac_max_wait_ms: int = 60_000  # cap on a ReadLac long poll
+    add_max_inflight_batches: int = 256  # per Add stream; the reader stops reading beyond it
+    shutdown_grace_ms: int = 2_000  # on SIGTERM: time for in-flight requests to finish
     log_level: str = "info"
 
     def __post_init__(self) -> None:
@@ -98,17 +104,30 @@ class BookieConfig:
             "grpc_max_message_bytes",
             "read_range_batch_bytes",
             "read_lac_max_wait_ms",
+            "metadata_session_timeout_ms",
+            "metadata_connect_timeout_ms",
+            "add_max_inflight_batches",
         )
         for key in positive:
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{key} must be > 0", key=key, value=getattr(self, key))
         if self.journal_max_group_wait_ms < 0:
-            raise ConfigError("must be >= 0", key="journal_max_group_wait_ms")
+            raise ConfigError(
+                "journal_max_group_wait_ms must be >= 0",
+                key="journal_max_group_wait_ms",
+                value=self.journal_max_group_wait_ms,
+            )
+        if self.shutdown_grace_ms < 0:
+            raise ConfigError("shutdown_grace_ms must be >= 0", key="shutdown_grace_ms")
         for key in ("minor_compaction_threshold", "major_compaction_threshold"):
             if not 0.0 <= getattr(self, key) < 1.0:
                 raise ConfigError(f"{key} must be in [0, 1)", key=key, value=getattr(self, key))
         if not 0.0 < self.disk_usage_threshold <= 1.0:
-            raise ConfigError("must be in (0, 1]", key="disk_usage_threshold")
+            raise ConfigError(
+                "disk_usage_threshold must be in (0, 1]",
+                key="disk_usage_threshold",
+                value=self.disk_usage_threshold,
+            )
         if self.max_entry_bytes + 4096 > self.grpc_max_message_bytes:
             raise ConfigError(
                 "max_entry_bytes must leave room in grpc_max_message_bytes",
@@ -121,7 +140,9 @@ class BookieConfig:
                 key="entry_log_size_limit_bytes",
             )
         if self.log_level.lower() not in {"debug", "info", "warning", "error"}:
-            raise ConfigError("log_level must be debug|info|warning|error", key="log_level")
+            raise ConfigError(
+                "log_level must be debug|info|warning|error", key="log_level", value=self.log_level
+            )
 
     # Resolved directories.
     @property

@@ -9,7 +9,9 @@ ADD_BATCHES = Counter("streamkeeper_bookie_add_batches_total", "Add batches rece
 READ_ENTRIES = Counter(
     "streamkeeper_bookie_read_entries_total", "Entries read (Read and ReadRange)", ["code"]
 )
-REQUESTS = Counter("streamkeeper_bookie_requests_total", "Requests by RPC and code", ["rpc", "code"])
+REQUESTS = Counter(
+    "streamkeeper_bookie_requests_total", "Requests by RPC and code", ["rpc", "code"]
+)
 JOURNAL_SYNC_SECONDS = Histogram(
     "streamkeeper_bookie_journal_sync_seconds",
     "Latency of one journal group commit (write + fdatasync)",
@@ -34,3 +36,15 @@ COMPACTED_LOGS = Counter(
 )
 READ_ONLY = Gauge("streamkeeper_bookie_read_only", "1 while the bookie is read-only")
 LIMBO_STREAMS = Gauge("streamkeeper_bookie_limbo_streams", "Streams in limbo on this bookie")
+START_UNCLEAN = Gauge(
+    "streamkeeper_bookie_start_unclean",
+    "1 when this start found the unclean-shutdown bit set (the previous run crashed)",
+)
+START_REPLAYED_RECORDS = Gauge(
+    "streamkeeper_bookie_start_replayed_records", "Journal records replayed into the index at start"
+)
+START_REPLAYED_ENTRIES = Gauge(
+    "streamkeeper_bookie_start_replayed_entries", "Journal entries replayed into the index at start"
+)
+FREE_BYTES = Gauge("streamkeeper_bookie_free_bytes", "Least free space among the bookie's disks")
+ADD_STREAMS = Gauge("streamkeeper_bookie_add_streams", "Open Add streams (writer connections)")

@@ -1,0 +1,20 @@
+"""The Streamkeeper client: `StreamClient` (the synchronous API of DESIGN §5) and its asyncio
+core (writer, reader, recovery) behind the ports of `stream.client.ports`."""
+
+from stream.client.client import StreamClient, StreamReader, StreamWriter
+from stream.client.entries import Entry, Fragment, StreamInfo
+from stream.client.options import Protections, ReaderOptions, WriterOptions
+from stream.metadata.model import RetentionPolicy
+
+__all__ = [
+    "Entry",
+    "Fragment",
+    "Protections",
+    "ReaderOptions",
+    "RetentionPolicy",
+    "StreamClient",
+    "StreamInfo",
+    "StreamReader",
+    "StreamWriter",
+    "WriterOptions",
+]

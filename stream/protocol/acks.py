@@ -19,6 +19,9 @@ from stream.protocol.quorum import QuorumConfig
 
 B = TypeVar("B", bound=Hashable)
 
+# Bound on the cache of checked write sets (ensemble changes and rolls bring new ones).
+_MAX_CHECKED_WRITE_SETS = 1024
+
 
 @dataclass(slots=True)
 class _PendingEntry(Generic[B]):
@@ -55,6 +58,8 @@ class PendingAdds(Generic[B]):
         self._next_entry_id = last_entry_id + 1
         # Holds exactly the ids lafr+1 .. next_entry_id-1.
         self._pending: dict[int, _PendingEntry[B]] = {}
+        # Write sets already found to hold WQ distinct bookies (a writer reuses E of them).
+        self._checked_write_sets: set[tuple[B, ...]] = set()
 
     @property
     def lac(self) -> int:
@@ -84,20 +89,27 @@ class PendingAdds(Generic[B]):
     def add(self, entry_id: int, write_set: Sequence[B]) -> None:
         """Start tracking `entry_id`, which will be sent to the WQ distinct bookies of
         `write_set`. The id must be `next_entry_id` and `has_room()` must hold."""
-        invariant(
-            entry_id == self._next_entry_id,
-            "entries are added in id order without gaps",
-            entry_id=entry_id,
-            expected=self._next_entry_id,
-        )
-        invariant(self.has_room(), "add beyond max_in_flight", limit=self._max_in_flight)
+        # On every append's path: the invariants are evaluated (with their context dicts)
+        # only when the cheap test already failed.
+        if entry_id != self._next_entry_id:
+            invariant(
+                False,
+                "entries are added in id order without gaps",
+                entry_id=entry_id,
+                expected=self._next_entry_id,
+            )
+        if self._next_entry_id - 1 - self._lafr >= self._max_in_flight:
+            invariant(False, "add beyond max_in_flight", limit=self._max_in_flight)
         members = tuple(write_set)
-        invariant(
-            len(members) == self._config.write_quorum and len(set(members)) == len(members),
-            "a write set holds WQ distinct bookies",
-            entry_id=entry_id,
-            write_set=members,
-        )
+        if members not in self._checked_write_sets:
+            invariant(
+                len(members) == self._config.write_quorum and len(set(members)) == len(members),
+                "a write set holds WQ distinct bookies",
+                entry_id=entry_id,
+                write_set=members,
+            )
+            if len(self._checked_write_sets) < _MAX_CHECKED_WRITE_SETS:
+                self._checked_write_sets.add(members)
         self._pending[entry_id] = _PendingEntry(members, set())
         self._next_entry_id = entry_id + 1
 

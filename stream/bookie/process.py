@@ -1,0 +1,332 @@
+"""One bookie process, start to finish (DESIGN §4, §9).
+
+Start: logging, metadata session, cookie check, storage open (sets the unclean-shutdown bit and
+replays the journal), gRPC on `listen`, Prometheus on `metrics_listen`, and only once serving:
+the ephemeral registration `/bookies/available/<bookie_id>` and the periodic disk check.
+Stop (SIGTERM/SIGINT): unregister, stop accepting, let in-flight requests finish for
+`shutdown_grace_ms`, close the storage (it clears the unclean-shutdown bit last), close the
+metadata session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import grpc
+import structlog
+from prometheus_client import start_http_server
+
+from stream.bookie import metrics
+from stream.bookie.config import BookieConfig
+from stream.bookie.cookie import check_cookies
+from stream.bookie.disk import DiskStatus, check_disks
+from stream.bookie.server import BookieService, StartReport, add_to_server, server_options
+from stream.errors import ConfigError, StreamError
+from stream.logging import configure_logging
+
+log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+
+# Registration retries while the previous incarnation's ephemeral node lingers (after a
+# kill -9 it lives until its session times out) or ZooKeeper is briefly away.
+_REGISTER_RETRY_S = 0.5
+
+
+def _in_daemon_thread(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+    """Returns a future of `fn(*args)` run on a daemon thread. For the registration, which can
+    block for a whole session timeout: unlike `asyncio.to_thread`, the process does not wait
+    for it at exit."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: T | None, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)  # type: ignore[arg-type]
+
+    def run() -> None:
+        try:
+            outcome: tuple[Any, BaseException | None] = (fn(*args), None)
+        except BaseException as e:
+            outcome = (None, e)
+        # The loop may be closed by now (the bookie stopped meanwhile): nobody waits then.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(settle, *outcome)
+
+    threading.Thread(target=run, name="bookie-register", daemon=True).start()
+    return future
+
+
+def _split_host_port(key: str, address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"{key} must be HOST:PORT", key=key, value=address)
+    return host.strip("[]"), int(port)
+
+
+class Bookie:
+    """A running bookie: `start()` brings every part up in order, `stop()` takes it down in
+    reverse; `serve()` runs until SIGTERM/SIGINT."""
+
+    def __init__(self, config: BookieConfig) -> None:
+        self.config = config
+        self._session: Any = None
+        self._registry: Any = None
+        self._storage: Any = None
+        self._server: grpc.aio.Server | None = None
+        self._service: BookieService | None = None
+        self._metrics_server: Any = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._registered = False
+        self._published: Any = None  # the registration last written to ZooKeeper
+        self._stopping = False
+        self._stopped = False
+
+    # -- start ------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Brings the bookie up; raises ConfigError, CookieMismatchError or another
+        StreamError (with everything already started stopped again) when it cannot."""
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start(self) -> None:
+        # Imported here so that `streamctl` commands that never run a bookie do not load the
+        # storage engine (LMDB) or kazoo.
+        from stream.bookie.storage import StreamStorage
+        from stream.metadata.bookies import BookieRegistry
+        from stream.metadata.connection import MetadataSession
+
+        config = self.config
+        started = time.monotonic()
+        log.info(
+            "bookie.starting",
+            bookie_id=config.bookie_id,
+            listen=config.listen,
+            data_dir=str(config.data_path),
+            journal_write_data=config.journal_write_data,
+        )
+        self._session = await asyncio.to_thread(
+            MetadataSession.connect,
+            config.metadata,
+            timeout_s=config.metadata_connect_timeout_ms / 1000,
+            session_timeout_s=config.metadata_session_timeout_ms / 1000,
+        )
+        instance_id = await asyncio.to_thread(self._session.instance_id)
+        self._registry = BookieRegistry(self._session)
+        await asyncio.to_thread(check_cookies, config, instance_id, self._registry)
+
+        # Bind before opening the storage: a second process started with the same config fails
+        # here, before it touches the directories (or replays a long journal).
+        server = grpc.aio.server(options=server_options(config))
+        self._server = server
+        try:
+            port = server.add_insecure_port(config.listen)
+        except RuntimeError as e:
+            port = 0
+            reason = str(e)
+        else:
+            reason = "address in use or not local"
+        if port == 0:
+            raise ConfigError(f"cannot listen on {config.listen}: {reason}", key="listen")
+
+        # Storage calls belong to this (the event loop's) thread from here on.
+        storage = StreamStorage(config)
+        report = storage.open()
+        self._storage = storage
+        start_report = StartReport(
+            unclean_start=bool(report.unclean),
+            replayed_records=int(report.records_replayed),
+            replayed_entries=int(report.entries_replayed),
+        )
+        metrics.START_UNCLEAN.set(1 if start_report.unclean_start else 0)
+        metrics.START_REPLAYED_RECORDS.set(start_report.replayed_records)
+        metrics.START_REPLAYED_ENTRIES.set(start_report.replayed_entries)
+        log.info(
+            "bookie.storage_opened",
+            unclean_start=start_report.unclean_start,
+            replayed_records=start_report.replayed_records,
+            replayed_entries=start_report.replayed_entries,
+        )
+
+        disk = self._check_disks()
+        self._service = BookieService(
+            config,
+            self._storage,
+            instance_id=instance_id,
+            start_report=start_report,
+            disk_status=disk,
+        )
+        self._service.set_disk_status(disk)
+        add_to_server(self._service, server)
+        await server.start()
+
+        if config.metrics_listen:
+            host, mport = _split_host_port("metrics_listen", config.metrics_listen)
+            try:
+                self._metrics_server, _ = start_http_server(mport, addr=host)
+            except OSError as e:
+                raise ConfigError(
+                    f"cannot serve metrics on {config.metrics_listen}: {e}", key="metrics_listen"
+                ) from e
+
+        self._tasks.append(asyncio.create_task(self._register(), name="register"))
+        self._tasks.append(asyncio.create_task(self._check_disks_forever(), name="disk-check"))
+        log.info(
+            "bookie.serving",
+            bookie_id=config.bookie_id,
+            listen=config.listen,
+            metrics_listen=config.metrics_listen,
+            read_only=disk.read_only,
+            start_s=round(time.monotonic() - started, 3),
+        )
+
+    # -- registration -----------------------------------------------------------------------
+
+    def _registration(self) -> Any:
+        from stream.metadata.bookies import BookieRegistration
+
+        disk = self._service.disk_status if self._service else None
+        return BookieRegistration(
+            address=self.config.listen,
+            read_only=bool(disk and disk.read_only),
+            free_bytes=disk.free_bytes if disk else 0,
+        )
+
+    async def _register(self) -> None:
+        """Registers `/bookies/available/<bookie_id>`, retrying while a previous incarnation's
+        node lingers (after a kill -9, until its session times out) or ZooKeeper is away. The
+        registry itself restores the node after a session expiry."""
+        attempts = 0
+        while not self._stopping:
+            registration = self._registration()
+            try:
+                await _in_daemon_thread(
+                    self._registry.register, self.config.bookie_id, registration
+                )
+                self._published = registration
+                self._registered = True
+                log.info("bookie.registered", bookie_id=self.config.bookie_id)
+                return
+            except Exception as e:
+                attempts += 1
+                if attempts == 1 or attempts % 20 == 0:
+                    log.info("bookie.register_retry", error=str(e), attempts=attempts)
+                await asyncio.sleep(_REGISTER_RETRY_S)
+
+    # -- disk checks ------------------------------------------------------------------------
+
+    def _check_disks(self) -> DiskStatus:
+        status = check_disks(self.config.directories.values(), self.config.disk_usage_threshold)
+        metrics.FREE_BYTES.set(status.free_bytes)
+        return status
+
+    async def _check_disks_forever(self) -> None:
+        """Checks the disks every `disk_check_interval_ms`: switches read-only mode and keeps
+        the registration's read-only flag and free space current."""
+        interval_s = self.config.disk_check_interval_ms / 1000
+        while not self._stopping:
+            await asyncio.sleep(interval_s)
+            try:
+                status = self._check_disks()
+            except OSError as e:
+                log.error("bookie.disk_check_failed", error=repr(e))
+                continue
+            if self._service is None:
+                return
+            self._service.set_disk_status(status)
+            if not self._registered:
+                continue
+            registration = self._registration()
+            published = self._published
+            # Rewrite the znode only when placement would care: read-only flipped, or free
+            # space moved by more than 1% of the disk (not on every check).
+            moved = abs(registration.free_bytes - published.free_bytes)
+            if registration.read_only == published.read_only and moved * 100 <= status.total_bytes:
+                continue
+            try:
+                await asyncio.to_thread(self._registry.update, self.config.bookie_id, registration)
+                self._published = registration
+            except Exception as e:
+                log.warning("bookie.registration_update_failed", error=repr(e))
+
+    # -- stop -------------------------------------------------------------------------------
+
+    async def stop(self) -> None:
+        """Takes the bookie down in reverse order of start; safe to call more than once and
+        after a partial start."""
+        if self._stopped:
+            return
+        self._stopping = True
+        log.info("bookie.stopping", bookie_id=self.config.bookie_id)
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+        if self._registered and self._registry is not None:
+            try:
+                await asyncio.to_thread(self._registry.unregister, self.config.bookie_id)
+            except Exception as e:
+                log.warning("bookie.unregister_failed", error=repr(e))
+            self._registered = False
+        if self._server is not None:
+            # New calls are refused at once; running ones (in-flight adds waiting for the
+            # journal) get the grace period to finish, then are cancelled.
+            await self._server.stop(self.config.shutdown_grace_ms / 1000)
+            self._server = None
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server = None
+        if self._storage is not None:
+            storage, self._storage = self._storage, None
+            try:
+                storage.close()
+            except Exception:
+                log.exception("bookie.storage_close_failed")
+                raise
+        if self._session is not None:
+            session, self._session = self._session, None
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(session.close)
+        self._stopped = True
+        log.info("bookie.stopped", bookie_id=self.config.bookie_id)
+
+    async def serve(self) -> None:
+        """Starts, serves until SIGTERM or SIGINT, then stops cleanly."""
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await self.start()
+        try:
+            await stop.wait()
+            log.info("bookie.signal", action="clean shutdown")
+        finally:
+            await self.stop()
+
+
+def run_bookie(config: BookieConfig) -> int:
+    """Runs one bookie in the foreground until SIGTERM/SIGINT; returns the exit code (0 after a
+    clean shutdown). ConfigError and CookieMismatchError propagate for the CLI to report."""
+    configure_logging(json=True, level=config.log_level)
+    try:
+        asyncio.run(Bookie(config).serve())
+    except StreamError as e:
+        log.error("bookie.failed", error=str(e), kind=type(e).__name__)
+        raise
+    return 0

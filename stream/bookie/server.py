@@ -1,0 +1,661 @@
+"""The bookie's gRPC service (grpc.aio): decodes requests, rejects malformed ones, hands the rest
+to the local storage engine, waits for durability and answers.
+
+Everything here runs on the asyncio event loop thread, the only thread that may call the
+storage engine. Storage durability futures complete on the journal thread; handlers await them
+(`asyncio.wrap_future`) before answering, because an answer is a promise that the change
+survives a crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import functools
+import importlib.metadata
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import grpc
+import structlog
+from google.protobuf.message import DecodeError
+
+from stream.bookie import metrics
+from stream.bookie.config import BookieConfig
+from stream.bookie.disk import DiskStatus
+from stream.protocol.invariant import invariant
+from stream.wire import bookie_pb2 as pb
+from stream.wire import bookie_pb2_grpc
+
+SERVICE_NAME = "streamkeeper.v1.Bookie"
+
+log = structlog.get_logger(__name__)
+
+OK = pb.OK
+BAD_REQUEST = pb.BAD_REQUEST
+INTERNAL = pb.INTERNAL
+READ_ONLY = pb.READ_ONLY
+TOO_BUSY = pb.TOO_BUSY
+NO_SUCH_STREAM = pb.NO_SUCH_STREAM
+TRIMMED = pb.TRIMMED
+
+# Bound on concurrent ReadLac long polls (each holds a future and a gRPC call); beyond it a
+# poll is answered TOO_BUSY at once rather than letting idle tailers exhaust the process.
+MAX_LAC_WAITERS = 10_000
+# Room left in a gRPC message for the ReadRange envelope around its entries.
+_READ_RANGE_ENVELOPE_BYTES = 64 << 10
+
+try:
+    VERSION = importlib.metadata.version("streamkeeper")
+except importlib.metadata.PackageNotFoundError:  # running from a source tree
+    VERSION = "0+unknown"
+
+
+class Storage(Protocol):
+    """The parts of `stream.bookie.storage.StreamStorage` the service uses (see its docs)."""
+
+    on_lac_advanced: Callable[[int, int], None] | None
+
+    def add_batch(self, request: pb.AddRequest, raw: bytes | None = None) -> Any: ...
+    def fence(self, stream_id: int, term: int) -> Any: ...
+    def read(self, stream_id: int, entry_id: int, term: int = 0) -> Any: ...
+    def read_range(
+        self, stream_id: int, first: int, last: int, max_batch_bytes: int
+    ) -> Iterator[tuple[int, list[pb.Entry]]]: ...
+    def lac(self, stream_id: int) -> tuple[int, int] | None: ...
+    def truncate(self, stream_id: int, term: int, after_entry_id: int) -> Any: ...
+    def trim(self, stream_id: int, before_entry_id: int) -> Any: ...
+    def stream_state(self, stream_id: int) -> Any: ...
+    def stream_ids(self) -> Iterable[int]: ...
+
+
+@dataclass(frozen=True)
+class StartReport:
+    """What the bookie found when it started: shown by Info and the start log line."""
+
+    unclean_start: bool
+    replayed_records: int
+    replayed_entries: int
+
+
+_Resp = TypeVar("_Resp")
+# An add batch on its way: the response, the journal future it waits for, its codes.
+_PendingAdd = tuple[pb.AddResponse, "concurrent.futures.Future[Any] | None", list[int]]
+_CODE_NAME = {value: name for name, value in pb.Code.items()}
+
+
+def _code_name(code: int) -> str:
+    return _CODE_NAME.get(code, str(code))
+
+
+async def _await_durable(durable: concurrent.futures.Future[Any] | None) -> None:
+    """Returns once `durable` (a journal fsync future, or None) completed; raises its error."""
+    if durable is None:
+        return
+    if durable.done():
+        durable.result()
+        return
+    await asyncio.wrap_future(durable)
+
+
+@dataclass(frozen=True)
+class Malformed:
+    """A request that did not parse (what the lenient deserializers give the handlers)."""
+
+    error: str
+
+
+def _lenient(request_type: Any) -> Callable[[bytes], Any]:
+    """Returns a deserializer that gives `Malformed` for bytes that do not parse: grpc would
+    otherwise fail the call with a logged traceback per garbage request, and the client would
+    get no BAD_REQUEST."""
+
+    def parse(data: bytes) -> Any:
+        try:
+            return request_type.FromString(data)
+        except DecodeError as e:
+            return Malformed(f"malformed {request_type.DESCRIPTOR.name}: {e}")
+
+    return parse
+
+
+def _guarded(
+    rpc: str, response_type: Callable[..., _Resp]
+) -> Callable[
+    [Callable[[BookieService, Any, Any], Awaitable[_Resp]]],
+    Callable[[BookieService, Any, Any], Awaitable[_Resp]],
+]:
+    """Wraps a unary handler: a request that did not parse answers BAD_REQUEST, an unexpected
+    exception answers INTERNAL (and is logged) instead of failing the call, and every answer is
+    counted by RPC and code."""
+
+    has_code = "code" in response_type.DESCRIPTOR.fields_by_name  # type: ignore[attr-defined]
+
+    def wrap(
+        fn: Callable[[BookieService, Any, Any], Awaitable[_Resp]],
+    ) -> Callable[[BookieService, Any, Any], Awaitable[_Resp]]:
+        @functools.wraps(fn)
+        async def handler(self: BookieService, request: Any, context: Any) -> _Resp:
+            if isinstance(request, Malformed):
+                self._count(rpc, BAD_REQUEST)
+                if not has_code:
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.error)
+                return response_type(code=BAD_REQUEST, message=request.error)
+            try:
+                response = await fn(self, request, context)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log.exception("rpc.internal_error", rpc=rpc)
+                if not has_code:  # Info: no code field; fail the call, keep the server
+                    self._count(rpc, INTERNAL)
+                    await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {e!r}")
+                response = response_type(code=INTERNAL, message=f"internal error: {e!r}")
+            self._count(rpc, response.code if has_code else OK)  # type: ignore[attr-defined]
+            return response
+
+        return handler
+
+    return wrap
+
+
+class BookieService(bookie_pb2_grpc.BookieServicer):
+    """The Bookie gRPC service over one storage engine. `set_disk_status` switches read-only
+    mode; `start_report` is what Info tells about the start."""
+
+    def __init__(
+        self,
+        config: BookieConfig,
+        storage: Storage,
+        *,
+        instance_id: str,
+        start_report: StartReport,
+        disk_status: DiskStatus | None = None,
+    ) -> None:
+        self._config = config
+        self._storage = storage
+        self._instance_id = instance_id
+        self._start_report = start_report
+        self._disk = disk_status
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        # Long polls waiting for a stream's LAC to move: stream id -> their futures.
+        self._lac_waiters: dict[int, set[asyncio.Future[None]]] = {}
+        self._lac_waiter_count = 0
+        self._add_streams = 0
+        storage.on_lac_advanced = self.notify_lac_advanced
+        self._add_entries_ok = metrics.ADD_ENTRIES.labels(code="OK")
+        self._request_counters: dict[tuple[str, int], Any] = {}
+        self._read_counters: dict[int, Any] = {}
+
+    # -- state set by the process ---------------------------------------------------------
+
+    @property
+    def disk_status(self) -> DiskStatus | None:
+        """Returns the latest disk check (None before the first)."""
+        return self._disk
+
+    @property
+    def read_only(self) -> bool:
+        return self._disk is not None and self._disk.read_only
+
+    def set_disk_status(self, status: DiskStatus) -> None:
+        """Records the latest disk check; read-only mode follows it."""
+        if self.read_only != status.read_only:
+            log.warning(
+                "bookie.read_only" if status.read_only else "bookie.writable",
+                fullest_dir=status.fullest_dir,
+                used_fraction=round(status.used_fraction, 4),
+                threshold=self._config.disk_usage_threshold,
+            )
+        self._disk = status
+        metrics.READ_ONLY.set(1 if status.read_only else 0)
+
+    @property
+    def add_streams(self) -> int:
+        """Returns how many Add streams are open now (for draining at shutdown)."""
+        return self._add_streams
+
+    def notify_lac_advanced(self, stream_id: int, lac: int) -> None:
+        """Wakes the long polls of `stream_id` (storage calls this when its LAC moves; any
+        thread may call it)."""
+        if threading.get_ident() != self._loop_thread:
+            self._loop.call_soon_threadsafe(self._wake_lac_waiters, stream_id)
+        else:
+            self._wake_lac_waiters(stream_id)
+
+    def _wake_lac_waiters(self, stream_id: int) -> None:
+        waiters = self._lac_waiters.pop(stream_id, None)
+        if waiters:
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
+
+    def _count(self, rpc: str, code: int) -> None:
+        counter = self._request_counters.get((rpc, code))
+        if counter is None:
+            counter = metrics.REQUESTS.labels(rpc=rpc, code=_code_name(code))
+            self._request_counters[(rpc, code)] = counter
+        counter.inc()
+
+    def _count_read(self, code: int, entries: int) -> None:
+        counter = self._read_counters.get(code)
+        if counter is None:
+            counter = self._read_counters[code] = metrics.READ_ENTRIES.labels(code=_code_name(code))
+        counter.inc(entries)
+
+    def _stream_term(self, stream_id: int) -> int:
+        state = self._storage.stream_state(stream_id) if stream_id else None
+        return int(state.term) if state is not None else 0
+
+    # -- Add --------------------------------------------------------------------------------
+
+    @staticmethod
+    def _malformed_add(request: pb.AddRequest) -> str | None:
+        """Returns why an add batch is malformed as a whole, or None (entries are checked by
+        the storage engine)."""
+        if request.stream_id == 0:
+            return "stream_id 0 is not a stream"
+        if request.term == 0:
+            return "an add needs a term >= 1"
+        if request.lac < -1 or request.lafr < -1:
+            return f"lac {request.lac} / lafr {request.lafr} below -1"
+        return None
+
+    def _add_rejected(self, request: pb.AddRequest, code: int, message: str) -> _PendingAdd:
+        # One code per entry; an empty batch (an explicit LAC) still gets one code.
+        codes = [code] * max(len(request.entries), 1)
+        response = pb.AddResponse(
+            stream_id=request.stream_id,
+            request_id=request.request_id,
+            bookie_term=self._stream_term(request.stream_id),
+            message=message,
+        )
+        response.entry_ids.extend([e.entry_id for e in request.entries])
+        response.codes.extend(codes)
+        return response, None, codes
+
+    def _start_add(self, request: pb.AddRequest, raw: bytes | None) -> _PendingAdd:
+        """Hands one batch to storage; returns its response (to send once `durable` completes),
+        the durability future and the codes. `raw` is the batch as received: the storage
+        journals it as is instead of serializing the batch again."""
+        metrics.ADD_BATCHES.inc()
+        reason = self._malformed_add(request)
+        if reason is not None:
+            return self._add_rejected(request, BAD_REQUEST, reason)
+        if self.read_only and not request.recovery:
+            # Recovery write-backs are still taken, as BookKeeper serves high-priority adds
+            # on a read-only bookie: a takeover must be able to finish.
+            return self._add_rejected(request, READ_ONLY, "bookie is read-only (disk full)")
+        outcome = self._storage.add_batch(request, raw)
+        codes: list[int] = outcome.codes
+        response = pb.AddResponse(
+            stream_id=request.stream_id,
+            request_id=request.request_id,
+            bookie_term=outcome.bookie_term,
+            message=outcome.message,
+        )
+        # Whole-array extends from lists the storage built anyway: no per-entry Python here.
+        if outcome.entry_ids or not request.entries:
+            response.entry_ids.extend(outcome.entry_ids)
+        else:
+            response.entry_ids.extend([e.entry_id for e in request.entries])
+        response.codes.extend(codes)
+        return response, outcome.durable, codes
+
+    def _count_add(self, codes: list[int]) -> None:
+        n = len(codes)
+        if n and codes.count(OK) == n:
+            self._add_entries_ok.inc(n)
+        else:
+            for code, count in collections.Counter(codes).items():
+                metrics.ADD_ENTRIES.labels(code=_code_name(code)).inc(count)
+        self._count("Add", codes[0] if n else OK)
+
+    async def _read_adds(
+        self,
+        requests: AsyncIterator[bytes],
+        pending: asyncio.Queue[_PendingAdd | None],
+    ) -> None:
+        """Reads batches and hands each to storage at once (many batches in flight), queueing
+        its response; stops reading while the queue is full (backpressure to the writer)."""
+        ended_by: Exception | None = None
+        try:
+            async for raw in requests:
+                try:
+                    request = pb.AddRequest.FromString(raw)
+                except DecodeError as e:
+                    metrics.ADD_BATCHES.inc()
+                    response = pb.AddResponse(message=f"malformed AddRequest: {e}")
+                    response.codes.append(BAD_REQUEST)
+                    await pending.put((response, None, [BAD_REQUEST]))
+                    continue
+                try:
+                    item = self._start_add(request, raw)
+                except Exception as e:
+                    log.exception("rpc.internal_error", rpc="Add", stream_id=request.stream_id)
+                    item = self._add_rejected(request, INTERNAL, f"internal error: {e!r}")
+                await pending.put(item)
+        except Exception as e:  # the request stream broke: answer what was taken, then fail
+            ended_by = e
+        # Not in a `finally`: when cancelled, the writer side is gone and nobody reads it.
+        await pending.put(None)
+        if ended_by is not None:
+            raise ended_by
+
+    async def Add(  # noqa: N802 - gRPC method name
+        self, request_iterator: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.AddResponse]:
+        """Streams one AddResponse per AddRequest (received serialized, see `add_to_server`),
+        in request order, each once durable."""
+        pending: asyncio.Queue[_PendingAdd | None] = asyncio.Queue(
+            maxsize=self._config.add_max_inflight_batches
+        )
+        reader = asyncio.create_task(self._read_adds(request_iterator, pending))
+        self._add_streams += 1
+        metrics.ADD_STREAMS.inc()
+        try:
+            while (item := await pending.get()) is not None:
+                response, durable, codes = item
+                try:
+                    await _await_durable(durable)
+                except Exception as e:
+                    # The journal failed to sync: nothing about this batch can be promised.
+                    log.error("add.durability_failed", stream_id=response.stream_id, error=repr(e))
+                    codes = [INTERNAL] * max(len(response.entry_ids), 1)
+                    del response.codes[:]
+                    response.codes.extend(codes)
+                    response.message = f"journal failure: {e!r}"
+                self._count_add(codes)
+                yield response
+            # The reader ended (the writer half-closed); surface its failure, if any.
+            await reader
+        finally:
+            self._add_streams -= 1
+            metrics.ADD_STREAMS.dec()
+            if not reader.done():
+                reader.cancel()
+
+    # -- unary requests ---------------------------------------------------------------------
+
+    @_guarded("Fence", pb.FenceResponse)
+    async def Fence(  # noqa: N802
+        self, request: pb.FenceRequest, context: grpc.aio.ServicerContext
+    ) -> pb.FenceResponse:
+        """Records the term (term rule) and returns what the bookie knows of the stream's end."""
+        if request.stream_id == 0 or request.term == 0:
+            return pb.FenceResponse(
+                code=BAD_REQUEST,
+                bookie_term=self._stream_term(request.stream_id),
+                message="Fence needs a stream_id and a term >= 1",
+            )
+        outcome = self._storage.fence(request.stream_id, request.term)
+        await _await_durable(outcome.durable)
+        return pb.FenceResponse(
+            code=outcome.code,
+            bookie_term=outcome.bookie_term,
+            lac=outcome.lac,
+            lafr=outcome.lafr,
+            last_entry_id=outcome.last_entry_id,
+            limbo=outcome.limbo,
+            message=outcome.message,
+        )
+
+    @_guarded("Read", pb.ReadResponse)
+    async def Read(  # noqa: N802
+        self, request: pb.ReadRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ReadResponse:
+        """Returns one entry (a recovery read when the request carries a term)."""
+        if request.stream_id == 0 or request.entry_id < 0:
+            return pb.ReadResponse(
+                code=BAD_REQUEST, message="Read needs a stream_id and an entry_id >= 0"
+            )
+        outcome = self._storage.read(request.stream_id, request.entry_id, request.term)
+        await _await_durable(outcome.durable)
+        response = pb.ReadResponse(
+            code=outcome.code,
+            lac=outcome.lac,
+            bookie_term=outcome.bookie_term,
+            first_entry_id=outcome.first_entry_id,
+            message=outcome.message,
+        )
+        if outcome.entry is not None:
+            response.entry.CopyFrom(outcome.entry)
+        self._count_read(outcome.code, 1)
+        return response
+
+    @_guarded("ReadLac", pb.ReadLacResponse)
+    async def ReadLac(  # noqa: N802
+        self, request: pb.ReadLacRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ReadLacResponse:
+        """Returns the stream's LAC as soon as it is above `known_lac`, or when the wait
+        (`min(timeout_ms, read_lac_max_wait_ms)`) ends."""
+        stream_id = request.stream_id
+        if stream_id == 0 or request.known_lac < -1:
+            return pb.ReadLacResponse(
+                code=BAD_REQUEST, message="ReadLac needs a stream_id and a known_lac >= -1"
+            )
+        wait_s = min(request.timeout_ms, self._config.read_lac_max_wait_ms) / 1000.0
+        deadline = self._loop.time() + wait_s
+        while True:
+            found = self._storage.lac(stream_id)
+            if found is not None and found[0] > request.known_lac:
+                break
+            remaining = deadline - self._loop.time()
+            if remaining <= 0:
+                break
+            if self._lac_waiter_count >= MAX_LAC_WAITERS:
+                return pb.ReadLacResponse(code=TOO_BUSY, message="too many ReadLac long polls")
+            await self._wait_lac(stream_id, remaining)
+        if found is None:
+            # Never heard of the stream, even after waiting: an explicit negative (a stream in
+            # limbo is known to the storage, so it never lands here).
+            return pb.ReadLacResponse(code=NO_SUCH_STREAM, lac=-1, lafr=-1)
+        return pb.ReadLacResponse(code=OK, lac=found[0], lafr=found[1])
+
+    async def _wait_lac(self, stream_id: int, timeout_s: float) -> None:
+        """Returns when the LAC of `stream_id` may have moved, or after `timeout_s`."""
+        fut: asyncio.Future[None] = self._loop.create_future()
+        waiters = self._lac_waiters.setdefault(stream_id, set())
+        waiters.add(fut)
+        self._lac_waiter_count += 1
+        try:
+            await asyncio.wait_for(fut, timeout_s)
+        except TimeoutError:
+            pass
+        finally:
+            self._lac_waiter_count -= 1
+            # The set may have been popped (and replaced) by a wake-up meanwhile.
+            current = self._lac_waiters.get(stream_id)
+            if current is not None:
+                current.discard(fut)
+                if not current:
+                    del self._lac_waiters[stream_id]
+
+    @_guarded("Truncate", pb.TruncateResponse)
+    async def Truncate(  # noqa: N802
+        self, request: pb.TruncateRequest, context: grpc.aio.ServicerContext
+    ) -> pb.TruncateResponse:
+        """Drops every entry above `after_entry_id` (term rule applies)."""
+        if request.stream_id == 0 or request.term == 0 or request.after_entry_id < -1:
+            return pb.TruncateResponse(
+                code=BAD_REQUEST,
+                bookie_term=self._stream_term(request.stream_id),
+                message="Truncate needs a stream_id, a term >= 1 and an after_entry_id >= -1",
+            )
+        if self.read_only:
+            return pb.TruncateResponse(
+                code=READ_ONLY,
+                bookie_term=self._stream_term(request.stream_id),
+                message="bookie is read-only (disk full)",
+            )
+        outcome = self._storage.truncate(request.stream_id, request.term, request.after_entry_id)
+        await _await_durable(outcome.durable)
+        return pb.TruncateResponse(
+            code=outcome.code,
+            bookie_term=outcome.bookie_term,
+            message=outcome.message,
+        )
+
+    @_guarded("Trim", pb.TrimResponse)
+    async def Trim(  # noqa: N802
+        self, request: pb.TrimRequest, context: grpc.aio.ServicerContext
+    ) -> pb.TrimResponse:
+        """Drops every entry below `before_entry_id` (allowed when read-only: it frees space)."""
+        if request.stream_id == 0 or request.before_entry_id < 0:
+            return pb.TrimResponse(
+                code=BAD_REQUEST, message="Trim needs a stream_id and a before_entry_id >= 0"
+            )
+        outcome = self._storage.trim(request.stream_id, request.before_entry_id)
+        await _await_durable(outcome.durable)
+        return pb.TrimResponse(
+            code=outcome.code,
+            first_entry_id=outcome.first_entry_id,
+            message=outcome.message,
+        )
+
+    @_guarded("StreamState", pb.StreamStateResponse)
+    async def StreamState(  # noqa: N802
+        self, request: pb.StreamStateRequest, context: grpc.aio.ServicerContext
+    ) -> pb.StreamStateResponse:
+        """Returns the bookie's state for one stream (NO_SUCH_STREAM when it has none)."""
+        if request.stream_id == 0:
+            return pb.StreamStateResponse(code=BAD_REQUEST, message="stream_id 0 is not a stream")
+        state = self._storage.stream_state(request.stream_id)
+        if state is None:
+            return pb.StreamStateResponse(
+                code=NO_SUCH_STREAM, lac=-1, lafr=-1, last_entry_id=-1, first_entry_id=0
+            )
+        return pb.StreamStateResponse(
+            code=OK,
+            term=state.term,
+            limbo=state.limbo,
+            lac=state.lac,
+            lafr=state.lafr,
+            last_entry_id=state.last_entry_id,
+            first_entry_id=state.first_entry_id,
+        )
+
+    @_guarded("Info", pb.InfoResponse)
+    async def Info(  # noqa: N802
+        self, request: pb.InfoRequest, context: grpc.aio.ServicerContext
+    ) -> pb.InfoResponse:
+        """Returns who the bookie is, its disk state and what it found at start."""
+        disk = self._disk
+        return pb.InfoResponse(
+            bookie_id=self._config.bookie_id,
+            instance_id=self._instance_id,
+            address=self._config.listen,
+            read_only=self.read_only,
+            free_bytes=disk.free_bytes if disk else 0,
+            total_bytes=disk.total_bytes if disk else 0,
+            journal_write_data=self._config.journal_write_data,
+            stream_count=sum(1 for _ in self._storage.stream_ids()),
+            version=VERSION,
+            unclean_start=self._start_report.unclean_start,
+            replayed_records=self._start_report.replayed_records,
+            replayed_entries=self._start_report.replayed_entries,
+        )
+
+    # -- ReadRange --------------------------------------------------------------------------
+
+    async def ReadRange(  # noqa: N802
+        self, request: pb.ReadRangeRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ReadRangeResponse]:
+        """Streams the entries of [first_entry_id, last_entry_id] in batches of at most
+        `max_batch_bytes`; the last response carries the code that ended the range."""
+        code = OK
+        try:
+            if isinstance(request, Malformed):
+                code = BAD_REQUEST
+                yield pb.ReadRangeResponse(code=code, message=request.error)
+                return
+            if (
+                request.stream_id == 0
+                or request.first_entry_id < 0
+                or request.last_entry_id < request.first_entry_id
+            ):
+                code = BAD_REQUEST
+                yield pb.ReadRangeResponse(
+                    code=code,
+                    message="ReadRange needs a stream_id and 0 <= first_entry_id <= last_entry_id",
+                )
+                return
+            cap = self._config.grpc_max_message_bytes - _READ_RANGE_ENVELOPE_BYTES
+            max_bytes = min(request.max_batch_bytes or self._config.read_range_batch_bytes, cap)
+            found = self._storage.lac(request.stream_id)
+            lac = found[0] if found is not None else -1
+            batches = self._storage.read_range(
+                request.stream_id, request.first_entry_id, request.last_entry_id, max_bytes
+            )
+            for code, entries in batches:
+                response = pb.ReadRangeResponse(code=code, lac=lac)
+                response.entries.extend(entries)
+                if code == TRIMMED:
+                    state = self._storage.stream_state(request.stream_id)
+                    response.first_entry_id = state.first_entry_id if state else 0
+                self._count_read(code, len(entries))
+                yield response
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            log.exception("rpc.internal_error", rpc="ReadRange", stream_id=request.stream_id)
+            code = INTERNAL
+            yield pb.ReadRangeResponse(code=INTERNAL, message=f"internal error: {e!r}")
+        finally:
+            self._count("ReadRange", code)
+
+
+def server_options(config: BookieConfig) -> list[tuple[str, int]]:
+    """Returns the gRPC server options for `config` (message sizes, keepalive)."""
+    return [
+        ("grpc.max_receive_message_length", config.grpc_max_message_bytes),
+        ("grpc.max_send_message_length", config.grpc_max_message_bytes),
+        # gRPC sets SO_REUSEPORT by default: a second bookie started on the same address would
+        # bind too and be handed half of the connections. Bind exclusively.
+        ("grpc.so_reuseport", 0),
+        # Detect dead writers (kill -9 of a client host) so their Add streams end.
+        ("grpc.keepalive_time_ms", 30_000),
+        ("grpc.keepalive_timeout_ms", 10_000),
+        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+    ]
+
+
+def add_to_server(service: BookieService, server: grpc.aio.Server) -> None:
+    """Registers `service` on `server`. As the generated `add_BookieServicer_to_server`, except
+    that Add receives each request serialized: the storage journals those bytes as they are."""
+    unary = grpc.unary_unary_rpc_method_handler
+    handlers = {
+        "Add": grpc.stream_stream_rpc_method_handler(
+            service.Add,
+            request_deserializer=None,
+            response_serializer=pb.AddResponse.SerializeToString,
+        ),
+        "ReadRange": grpc.unary_stream_rpc_method_handler(
+            service.ReadRange,
+            request_deserializer=_lenient(pb.ReadRangeRequest),
+            response_serializer=pb.ReadRangeResponse.SerializeToString,
+        ),
+    }
+    for name, request_type, response_type in (
+        ("Fence", pb.FenceRequest, pb.FenceResponse),
+        ("Read", pb.ReadRequest, pb.ReadResponse),
+        ("ReadLac", pb.ReadLacRequest, pb.ReadLacResponse),
+        ("Truncate", pb.TruncateRequest, pb.TruncateResponse),
+        ("Trim", pb.TrimRequest, pb.TrimResponse),
+        ("StreamState", pb.StreamStateRequest, pb.StreamStateResponse),
+        ("Info", pb.InfoRequest, pb.InfoResponse),
+    ):
+        handlers[name] = unary(
+            getattr(service, name),
+            request_deserializer=_lenient(request_type),
+            response_serializer=response_type.SerializeToString,
+        )
+    methods = pb.DESCRIPTOR.services_by_name["Bookie"].methods_by_name
+    invariant(set(handlers) == set(methods), "every RPC of the proto has a handler")
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)

@@ -1,0 +1,28 @@
+"""The bookie's local storage engine (BookKeeper's DbLedgerStorage in Python): journal with
+group commit, double-buffered write cache, entry logs, LMDB index, GC and compaction.
+`StreamStorage` is the facade the gRPC service uses."""
+
+from stream.bookie.storage.gc import CompactionReport, GcReport
+from stream.bookie.storage.state import StreamStateView
+from stream.bookie.storage.storage import (
+    AddOutcome,
+    FenceOutcome,
+    ReadOutcome,
+    ReplayReport,
+    StreamStorage,
+    TrimOutcome,
+    TruncateOutcome,
+)
+
+__all__ = [
+    "AddOutcome",
+    "CompactionReport",
+    "FenceOutcome",
+    "GcReport",
+    "ReadOutcome",
+    "ReplayReport",
+    "StreamStateView",
+    "StreamStorage",
+    "TrimOutcome",
+    "TruncateOutcome",
+]

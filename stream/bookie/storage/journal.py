@@ -1,0 +1,422 @@
+"""The write-ahead journal: append-only files with group commit (one write and one fdatasync
+for everything pending), and its replay after a restart.
+
+Appends come from one thread (the event loop) and return a `concurrent.futures.Future` shared
+by every record of the same group; the journal thread completes it after the fdatasync that
+covers those records. The futures are marked running at creation, so a waiter that cancels
+its wrapper cannot cancel the shared future under the other waiters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import crc32c
+import structlog
+
+from stream.bookie import metrics
+from stream.bookie.storage.codec import (
+    JOURNAL_FILE_HEADER,
+    JOURNAL_MAGIC,
+    JOURNAL_RECORD_HEADER,
+    JOURNAL_RECORD_PREFIX,
+    RECORD_TYPES,
+    journal_file_name,
+    parse_numbered_name,
+)
+from stream.bookie.storage.fsutil import fsync_dir
+from stream.errors import StorageError
+from stream.protocol.invariant import invariant
+
+log = structlog.get_logger(__name__)
+
+_crc32c = crc32c.crc32c
+_pack_prefix = JOURNAL_RECORD_PREFIX.pack
+# crc32c of the one-byte type that opens every body, so that a record's crc is computed over
+# its payload alone (no concatenation of type byte and payload).
+_TYPE_CRC = {t: _crc32c(bytes([t])) for t in range(256)}
+
+# A group grows (up to journal_max_group_wait_ms) only while it is below this size: a large
+# group is already worth its fdatasync.
+_GROUP_GROW_BYTES = 1 << 20
+# Journal files are not preallocated: measured on ext4 with an entry-log flush running
+# concurrently, posix_fallocate made group commits slower (unwritten-extent conversion on every
+# fdatasync: 84-105 MB/s against 105-178 MB/s for plain appends), and zero-filling doubles the
+# journal's disk writes for a gain within the noise.
+# os.writev takes at most IOV_MAX buffers.
+_IOV_MAX = 1024
+_JOURNAL_BYTES = metrics.BYTES_WRITTEN.labels(kind="journal")
+
+_MARK = 0  # pending item type of a checkpoint mark (never written)
+
+
+class JournalPosition(NamedTuple):
+    """A place in the journal: file sequence number and byte offset in that file."""
+
+    seq: int
+    offset: int
+
+
+@dataclass(frozen=True)
+class ReplayedRecord:
+    """One valid journal record found by replay; `position` is where the next record starts."""
+
+    type: int
+    payload: bytes
+    position: JournalPosition
+
+
+def _running_future() -> Future[None]:
+    """Returns a new future already marked running, so that nobody can cancel it."""
+    fut: Future[None] = Future()
+    fut.set_running_or_notify_cancel()
+    return fut
+
+
+def journal_files(path: Path) -> list[tuple[int, Path]]:
+    """Returns the journal files under `path` as (seq, path), oldest first."""
+    found = []
+    for name in os.listdir(path):
+        seq = parse_numbered_name(name, "journal-", 16)
+        if seq is not None:
+            found.append((seq, path / name))
+    found.sort()
+    return found
+
+
+def replay(path: Path, checkpoint: JournalPosition) -> Iterator[ReplayedRecord]:
+    """Yields every valid record at or after `checkpoint`, oldest first.
+
+    A torn or corrupt record ends the replay of the last file (the crash interrupted that
+    write; its group was never acknowledged) and the file is cut there, so that it is clean
+    once newer files follow it. The same damage in an older file is a `StorageError`."""
+    files = [(seq, p) for seq, p in journal_files(path) if seq >= checkpoint.seq]
+    for index, (seq, file_path) in enumerate(files):
+        last = index == len(files) - 1
+        start = checkpoint.offset if seq == checkpoint.seq else JOURNAL_FILE_HEADER.size
+        yield from _replay_file(seq, file_path, start, last=last)
+
+
+def _replay_file(seq: int, path: Path, start: int, *, last: bool) -> Iterator[ReplayedRecord]:
+    size = path.stat().st_size
+    header_size = JOURNAL_FILE_HEADER.size
+    if size < header_size:
+        _headerless(path, size, last=last)
+        return
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        if not any(data[:header_size]):
+            _headerless(path, size, last=last)
+            return
+        magic, file_seq = JOURNAL_FILE_HEADER.unpack_from(data, 0)
+        if magic != JOURNAL_MAGIC or file_seq != seq:
+            raise StorageError("not a journal file", path=str(path), seq=seq, file_seq=file_seq)
+        if start > size:
+            raise StorageError("journal checkpoint beyond end of file", path=str(path))
+        offset = max(start, header_size)
+        problem = None
+        unpack_header = JOURNAL_RECORD_HEADER.unpack_from
+        header_bytes = JOURNAL_RECORD_HEADER.size
+        while offset < size:
+            if offset + header_bytes > size:
+                problem = "torn record header"
+                break
+            body_len, crc = unpack_header(data, offset)
+            if body_len == 0:
+                if crc != 0:
+                    problem = "zero-length record"
+                break  # else: zeros, the end of written data
+            body_start = offset + header_bytes
+            body_end = body_start + body_len
+            if body_end > size:
+                problem = "record runs past end of file"
+                break
+            body = data[body_start:body_end]
+            if _crc32c(body) != crc:
+                problem = "record checksum mismatch"
+                break
+            if body[0] not in RECORD_TYPES:
+                problem = "unknown record type"
+                break
+            yield ReplayedRecord(body[0], body[1:], JournalPosition(seq, body_end))
+            offset = body_end
+    if problem is not None and not last:
+        raise StorageError(f"corrupt journal: {problem}", path=str(path), offset=offset)
+    if last and size > offset:
+        if problem is not None:
+            log.warning("journal.torn_tail", path=str(path), offset=offset, problem=problem)
+        # Cut the tail (a torn record, or zeros) so that this file reads clean
+        # once a newer file follows it.
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.ftruncate(fd, offset)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _headerless(path: Path, size: int, *, last: bool) -> None:
+    """Handles a journal file without a header: a crash between creating the file and
+    syncing its header left it holding nothing."""
+    if not last:
+        raise StorageError("journal file without a header", path=str(path))
+    log.warning("journal.headerless_file_removed", path=str(path), size=size)
+    path.unlink()
+
+
+class Journal:
+    """The journal writer: a thread that group-commits appended records."""
+
+    def __init__(self, path: Path, *, max_file_bytes: int, max_group_wait_ms: float) -> None:
+        self._path = path
+        self._max_file_bytes = max_file_bytes
+        self._group_wait_s = max_group_wait_ms / 1000.0
+        self._cond = threading.Condition(threading.Lock())
+        # Guarded by _cond: records waiting for the journal thread.
+        self._pending: list[tuple[int, object]] = []
+        self._pending_bytes = 0
+        self._pending_since = 0.0  # monotonic time of the oldest pending record
+        self._group_future: Future[None] | None = None
+        self._sleeping = False
+        self._stopping = False
+        self._drain_on_stop = True
+        self._failure: BaseException | None = None
+        # Owned by the journal thread.
+        self._fd = -1
+        self._seq = 0
+        self._offset = 0
+        self._thread: threading.Thread | None = None
+        self.appended_records = 0  # records appended (the event-loop thread's count)
+        self.bytes_written = 0
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Opens a new journal file (numbered after every existing one) and starts the
+        journal thread."""
+        existing = journal_files(self._path)
+        self._open_file(existing[-1][0] + 1 if existing else 1)
+        self._thread = threading.Thread(target=self._run, name="journal", daemon=True)
+        self._thread.start()
+
+    def stop(self, *, drain: bool = True) -> None:
+        """Stops the journal thread. With `drain`, everything appended so far is written and
+        synced first; without (a simulated crash), pending records are dropped and their
+        futures fail."""
+        with self._cond:
+            self._stopping = True
+            self._drain_on_stop = drain
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    @property
+    def failure(self) -> BaseException | None:
+        """Returns the I/O error that stopped the journal, or None."""
+        return self._failure
+
+    @property
+    def position(self) -> JournalPosition:
+        """Returns the end of what the journal thread wrote so far (approximate while it runs)."""
+        return JournalPosition(self._seq, self._offset)
+
+    def delete_before(self, seq: int) -> int:
+        """Deletes the journal files numbered below `seq` (wholly before a checkpoint);
+        returns how many."""
+        deleted = 0
+        for file_seq, file_path in journal_files(self._path):
+            if file_seq >= seq or file_seq >= self._seq:
+                break
+            with contextlib.suppress(FileNotFoundError):
+                file_path.unlink()
+                deleted += 1
+        if deleted:
+            log.debug("journal.deleted_files", count=deleted, before_seq=seq)
+        return deleted
+
+    def disk_bytes(self) -> int:
+        """Returns the total size of the journal files."""
+        total = 0
+        for _, file_path in journal_files(self._path):
+            with contextlib.suppress(FileNotFoundError):
+                total += file_path.stat().st_size
+        return total
+
+    # -- appending (event-loop thread) ------------------------------------------------------
+
+    def append(self, record_type: int, payload: bytes) -> Future[None]:
+        """Queues one record; returns the future of the group commit that will cover it
+        (completed after its fdatasync, or failed with a `StorageError`)."""
+        size = len(payload) + JOURNAL_RECORD_PREFIX.size
+        with self._cond:
+            if self._failure is not None or self._stopping:
+                return self._failed_future()
+            fut = self._group_future
+            if fut is None:
+                fut = self._group_future = _running_future()
+                self._pending_since = time.monotonic()
+            self._pending.append((record_type, payload))
+            self._pending_bytes += size
+            if self._sleeping:
+                self._cond.notify()
+        self.appended_records += 1
+        return fut
+
+    def mark(self) -> Future[JournalPosition]:
+        """Returns a future of the journal position right after every record appended so
+        far (a checkpoint candidate); completed once those records are written."""
+        fut: Future[JournalPosition] = Future()
+        fut.set_running_or_notify_cancel()
+        with self._cond:
+            if self._failure is not None or self._stopping:
+                fut.set_exception(self._failure_error())
+                return fut
+            if self._group_future is None:
+                self._group_future = _running_future()
+                self._pending_since = time.monotonic()
+            self._pending.append((_MARK, fut))
+            if self._sleeping:
+                self._cond.notify()
+        return fut
+
+    def _failure_error(self) -> StorageError:
+        if self._failure is not None:
+            return StorageError(f"journal failed: {self._failure!r}", path=str(self._path))
+        return StorageError("journal stopped", path=str(self._path))
+
+    def _failed_future(self) -> Future[None]:
+        fut = _running_future()
+        fut.set_exception(self._failure_error())
+        return fut
+
+    # -- the journal thread -----------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._stopping:
+                    self._sleeping = True
+                    self._cond.wait()
+                    self._sleeping = False
+                if self._stopping and (not self._drain_on_stop or not self._pending):
+                    items, fut = self._pending, self._group_future
+                    self._pending, self._group_future = [], None
+                    break
+                self._grow_group()
+                items, fut = self._pending, self._group_future
+                self._pending, self._pending_bytes, self._group_future = [], 0, None
+            invariant(fut is not None, "a pending group has a future")
+            try:
+                self._commit(items)
+            except Exception as e:  # an I/O error: nothing more can be promised
+                log.error("journal.failed", error=repr(e), path=str(self._path))
+                with self._cond:
+                    self._failure = e
+                    items += self._pending
+                    newer_fut = self._group_future
+                    self._pending, self._group_future = [], None
+                self._fail(items, fut)
+                self._fail([], newer_fut)
+                # Keep the thread alive only to fail what arrives meanwhile; appends after
+                # the failure are failed at once by append().
+                continue
+            assert fut is not None
+            fut.set_result(None)
+        # Stopped without draining (a simulated crash): fail what was never written.
+        self._fail(items, fut)
+
+    def _grow_group(self) -> None:
+        """Waits (holding _cond's lock between waits) until the group is old or big enough."""
+        if self._group_wait_s <= 0:
+            return
+        deadline = self._pending_since + self._group_wait_s
+        while self._pending_bytes < _GROUP_GROW_BYTES and not self._stopping:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self._cond.wait(remaining)
+
+    def _fail(self, items: list[tuple[int, object]], fut: Future[None] | None) -> None:
+        error = self._failure_error()
+        if fut is not None and not fut.done():
+            fut.set_exception(error)
+        for record_type, payload in items:
+            if record_type == _MARK:
+                mark = payload
+                assert isinstance(mark, Future)
+                if not mark.done():
+                    mark.set_exception(error)
+
+    def _commit(self, items: list[tuple[int, object]]) -> None:
+        """Writes `items` with one writev series and one fdatasync; resolves the marks."""
+        started = time.perf_counter()
+        if self._offset >= self._max_file_bytes:
+            self._rotate()
+        buffers: list[bytes] = []
+        marks: list[tuple[Future[JournalPosition], int]] = []
+        size = 0
+        records = 0
+        for record_type, payload in items:
+            if record_type == _MARK:
+                assert isinstance(payload, Future)
+                marks.append((payload, self._offset + size))
+                continue
+            assert isinstance(payload, bytes)
+            length = len(payload)
+            crc = _crc32c(payload, _TYPE_CRC[record_type])
+            buffers.append(_pack_prefix(length + 1, crc, record_type))
+            buffers.append(payload)
+            size += length + JOURNAL_RECORD_PREFIX.size
+            records += 1
+        if size:
+            self._write_all(buffers, size)
+            os.fdatasync(self._fd)
+            self._offset += size
+            self.bytes_written += size
+            _JOURNAL_BYTES.inc(size)
+            metrics.JOURNAL_SYNC_SECONDS.observe(time.perf_counter() - started)
+            metrics.JOURNAL_GROUP_RECORDS.observe(records)
+        for mark, offset in marks:
+            mark.set_result(JournalPosition(self._seq, offset))
+
+    def _write_all(self, buffers: list[bytes], size: int) -> None:
+        written = 0
+        for start in range(0, len(buffers), _IOV_MAX):
+            chunk = buffers[start : start + _IOV_MAX]
+            n = os.pwritev(self._fd, chunk, self._offset + written)
+            chunk_size = sum(map(len, chunk))
+            if n != chunk_size:  # short write (rare): finish it piece by piece
+                data = b"".join(chunk)[n:]
+                pos = self._offset + written + n
+                while data:
+                    k = os.pwrite(self._fd, data, pos)
+                    data, pos = data[k:], pos + k
+            written += chunk_size
+        invariant(written == size, "journal group written whole", written=written, size=size)
+
+    def _open_file(self, seq: int) -> None:
+        file_path = self._path / journal_file_name(seq)
+        fd = os.open(file_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        header = JOURNAL_FILE_HEADER.pack(JOURNAL_MAGIC, seq)
+        os.write(fd, header)
+        os.fsync(fd)
+        fsync_dir(self._path)
+        self._fd, self._seq, self._offset = fd, seq, len(header)
+        log.debug("journal.opened", path=str(file_path), seq=seq)
+
+    def _rotate(self) -> None:
+        os.close(self._fd)
+        self._fd = -1
+        self._open_file(self._seq + 1)

@@ -1,0 +1,89 @@
+"""`streamctl bookie ...`: run a bookie in the foreground and ask a running one what it holds."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+from rich.table import Table
+
+from stream.errors import InvalidArgumentError, StreamError
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Adds `bookie start|info|state` to `streamctl`."""
+    bookie = subparsers.add_parser("bookie", help="run or inspect a bookie")
+    sub = bookie.add_subparsers(dest="bookie_command", metavar="SUBCOMMAND", required=True)
+
+    start = sub.add_parser("start", help="run one bookie in the foreground")
+    start.add_argument("--config", required=True, help="path of bookie.toml")
+    start.set_defaults(handler=_start)
+
+    info = sub.add_parser("info", help="print a running bookie's Info")
+    info.add_argument("--address", required=True, help="the bookie's HOST:PORT")
+    info.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
+    info.set_defaults(handler=_info)
+
+    state = sub.add_parser("state", help="print a running bookie's state of one stream")
+    state.add_argument("--address", required=True, help="the bookie's HOST:PORT")
+    state.add_argument("--stream-id", type=int, required=True, help="the stream's numeric id")
+    state.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
+    state.set_defaults(handler=_state)
+
+
+def _start(args: argparse.Namespace) -> int:
+    # Loaded here: the other subcommands must not pay for the storage engine's imports.
+    from stream.bookie.config import BookieConfig
+    from stream.bookie.process import run_bookie
+
+    return run_bookie(BookieConfig.load(args.config))
+
+
+def _call(address: str, timeout_s: float, method: str, request: object) -> object:
+    import grpc
+
+    from stream.wire import bookie_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        stub = bookie_pb2_grpc.BookieStub(channel)
+        try:
+            return getattr(stub, method)(request, timeout=timeout_s)
+        except grpc.RpcError as e:
+            raise StreamError(
+                f"{method} failed: {e.code().name}: {e.details()}", bookie=address
+            ) from None
+
+
+def _print_fields(title: str, message: object) -> None:
+    from google.protobuf.json_format import MessageToDict
+
+    fields = MessageToDict(
+        message,  # type: ignore[arg-type]
+        always_print_fields_with_no_presence=True,
+        preserving_proto_field_name=True,
+    )
+    table = Table(title=title, show_header=False)
+    for key, value in fields.items():
+        table.add_row(key, str(value))
+    Console().print(table)
+
+
+def _info(args: argparse.Namespace) -> int:
+    from stream.wire import bookie_pb2 as pb
+
+    _print_fields(
+        f"bookie {args.address}", _call(args.address, args.timeout, "Info", pb.InfoRequest())
+    )
+    return 0
+
+
+def _state(args: argparse.Namespace) -> int:
+    from stream.wire import bookie_pb2 as pb
+
+    if args.stream_id <= 0:
+        raise InvalidArgumentError("--stream-id must be >= 1", stream_id=args.stream_id)
+    response = _call(
+        args.address, args.timeout, "StreamState", pb.StreamStateRequest(stream_id=args.stream_id)
+    )
+    _print_fields(f"stream {args.stream_id} on {args.address}", response)
+    return 0

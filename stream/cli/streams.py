@@ -1,0 +1,200 @@
+"""`streamctl create|append|tail|info|trim|seal|delete|streams`: the stream commands over
+`StreamClient`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from stream.errors import InvalidArgumentError
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Adds the stream commands to `streamctl`."""
+    create = subparsers.add_parser("create", help="create a stream")
+    create.add_argument("name")
+    create.add_argument("--ensemble", type=int, default=3, help="E (default 3)")
+    create.add_argument("--write-quorum", type=int, default=3, help="WQ (default 3)")
+    create.add_argument("--ack-quorum", type=int, default=2, help="AQ (default 2)")
+    create.add_argument("--fragment-max-entries", type=int, default=100_000)
+    create.add_argument("--fragment-max-bytes", type=int, default=64 << 20)
+    create.add_argument("--fragment-max-age", type=float, default=None, help="seconds")
+    create.add_argument("--retention-max-age", type=float, default=None, help="seconds")
+    create.add_argument("--retention-max-bytes", type=int, default=None)
+    create.set_defaults(handler=_create)
+
+    append = subparsers.add_parser(
+        "append", help="append --message values, or else one entry per line of stdin"
+    )
+    append.add_argument("name")
+    append.add_argument("--message", "-m", action="append", help="an entry (repeatable)")
+    append.set_defaults(handler=_append)
+
+    tail = subparsers.add_parser("tail", help="print entries as they are acknowledged")
+    tail.add_argument("name")
+    tail.add_argument("--from", dest="start", default="latest", help="earliest|latest|ID")
+    tail.add_argument(
+        "--timeout", type=float, default=None, help="stop after this many idle seconds"
+    )
+    tail.add_argument("--show-ids", action="store_true", help="prefix entry id and time")
+    tail.set_defaults(handler=_tail)
+
+    info = subparsers.add_parser("info", help="show a stream's term, state, LAC, fragments")
+    info.add_argument("name")
+    info.set_defaults(handler=_info)
+
+    trim = subparsers.add_parser("trim", help="drop whole fragments below an entry id")
+    trim.add_argument("name")
+    trim.add_argument("--before", type=int, required=True, help="entry id")
+    trim.set_defaults(handler=_trim)
+
+    seal = subparsers.add_parser("seal", help="recover a stream and seal it for good")
+    seal.add_argument("name")
+    seal.set_defaults(handler=_seal)
+
+    delete = subparsers.add_parser("delete", help="delete a stream and its data")
+    delete.add_argument("name")
+    delete.set_defaults(handler=_delete)
+
+    streams = subparsers.add_parser("streams", help="list the streams")
+    streams.set_defaults(handler=_list)
+
+
+def _client(args: argparse.Namespace) -> Any:
+    from stream.client import StreamClient
+
+    return StreamClient.connect(args.metadata)
+
+
+def _create(args: argparse.Namespace) -> int:
+    from stream.client import RetentionPolicy
+
+    retention = None
+    if args.retention_max_age is not None or args.retention_max_bytes is not None:
+        retention = RetentionPolicy(
+            max_age_s=args.retention_max_age, max_bytes=args.retention_max_bytes
+        )
+    with _client(args) as client:
+        meta = client.create_stream(
+            args.name,
+            ensemble=args.ensemble,
+            write_quorum=args.write_quorum,
+            ack_quorum=args.ack_quorum,
+            fragment_max_entries=args.fragment_max_entries,
+            fragment_max_bytes=args.fragment_max_bytes,
+            fragment_max_age_s=args.fragment_max_age,
+            retention=retention,
+        )
+    Console().print(
+        f"created stream [bold]{meta.name}[/] (id {meta.id}, "
+        f"E={meta.ensemble} WQ={meta.write_quorum} AQ={meta.ack_quorum})"
+    )
+    return 0
+
+
+def _stdin_lines() -> Iterator[bytes]:
+    for line in sys.stdin.buffer:
+        yield line.rstrip(b"\r\n")
+
+
+def _append(args: argparse.Namespace) -> int:
+    messages: Iterator[bytes] = (
+        iter([m.encode() for m in args.message]) if args.message else _stdin_lines()
+    )
+    with _client(args) as client, client.open_writer(args.name) as writer:
+        futures = [writer.append_async(message) for message in messages]
+        writer.flush()
+        ids = [f.result() for f in futures]
+    if ids:
+        Console(stderr=True).print(f"appended {len(ids)} entries: {ids[0]}..{ids[-1]}")
+    else:
+        Console(stderr=True).print("nothing to append")
+    return 0
+
+
+def _parse_start(start: str) -> str | int:
+    if start in ("earliest", "latest"):
+        return start
+    try:
+        value = int(start)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise InvalidArgumentError("--from must be earliest, latest or an entry id >= 0")
+    return value
+
+
+def _tail(args: argparse.Namespace) -> int:
+    start = _parse_start(args.start)
+    out = sys.stdout.buffer
+    with _client(args) as client:
+        reader = client.open_reader(args.name)
+        for entry in reader.tail(start, timeout_s=args.timeout):
+            if args.show_ids:
+                out.write(f"{entry.entry_id}\t{entry.timestamp.isoformat()}\t".encode())
+            out.write(entry.payload + b"\n")
+            out.flush()
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        info = client.stream_info(args.name)
+    console = Console()
+    summary = Table(title=f"stream {info.name}", show_header=False)
+    for key, value in (
+        ("id", info.stream_id),
+        ("term", info.term),
+        ("state", info.state),
+        ("LAC", info.lac),
+        ("first entry", info.first_entry_id),
+        ("E / WQ / AQ", f"{info.ensemble_size} / {info.write_quorum} / {info.ack_quorum}"),
+        ("writer", info.writer or "-"),
+    ):
+        summary.add_row(key, str(value))
+    console.print(summary)
+    fragments = Table(title="fragments")
+    for column in ("first entry", "last entry", "ensemble", "bytes"):
+        fragments.add_column(column)
+    for fragment in info.fragments:
+        fragments.add_row(
+            str(fragment.first_entry_id),
+            "open" if fragment.last_entry_id is None else str(fragment.last_entry_id),
+            ", ".join(fragment.ensemble),
+            "-" if fragment.bytes is None else str(fragment.bytes),
+        )
+    console.print(fragments)
+    return 0
+
+
+def _trim(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        first = client.trim(args.name, before_entry_id=args.before)
+    Console().print(f"first retained entry of {args.name}: {first}")
+    return 0
+
+
+def _seal(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        client.seal_stream(args.name)
+    Console().print(f"sealed {args.name}")
+    return 0
+
+
+def _delete(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        client.delete_stream(args.name)
+    Console().print(f"deleted {args.name}")
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        for name in client.list_streams():
+            Console().print(name)
+    return 0

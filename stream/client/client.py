@@ -1,0 +1,518 @@
+"""The public synchronous API of DESIGN §5: `StreamClient` and its writers and readers.
+
+A thin facade: one asyncio loop in a background thread runs the asyncio core (writer, reader,
+recovery) over the gRPC transport and the ZooKeeper metadata port. Appends cross from the
+caller's thread through a thread-safe deque (the loop is woken only when idle); reads come back
+in chunks, fetched ahead a few at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import random
+import socket
+import threading
+import uuid
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from typing import Any, TypeVar
+
+import structlog
+
+from stream.client.entries import Entry, Fragment, StreamInfo
+from stream.client.grpc_transport import GrpcTransport
+from stream.client.options import ReaderOptions, WriterOptions
+from stream.client.ports import SystemClock
+from stream.client.reader import AsyncStreamReader
+from stream.client.recovery import WriterIdentity, seal
+from stream.client.writer import AsyncStreamWriter
+from stream.client.zk_metadata import ZkMetadata
+from stream.errors import InvalidArgumentError, StreamError
+from stream.metadata import BadVersionError, MetadataSession, RetentionPolicy, StreamMeta
+from stream.metadata.model import validate_stream_name
+
+log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+
+# Chunks of entries a reader fetches ahead of the application.
+_READ_PREFETCH_CHUNKS = 4
+_TRIM_ALL = (1 << 63) - 1
+_BOOKIE_CALL_TIMEOUT_S = 5.0
+_CAS_ATTEMPTS = 16
+
+
+class _LoopThread:
+    """An asyncio event loop running in a daemon thread."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self.thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self.thread.start()
+        self._ready.wait()
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.call_soon(self._ready.set)
+        self.loop.run_forever()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
+        """Runs `coro` on the loop and returns its result (raising its exception)."""
+        if threading.current_thread() is self.thread:
+            raise InvalidArgumentError("blocking client call made on the client's own loop")
+        future = self.submit(coro)
+        try:
+            return future.result(timeout_s)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise
+
+    def stop(self) -> None:
+        if self.loop.is_closed():
+            return
+
+        async def shutdown() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        try:
+            self.run(shutdown(), timeout_s=5)
+        except Exception:  # stopping anyway
+            log.debug("client.loop_shutdown_incomplete", exc_info=True)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=5)
+        if not self.thread.is_alive():
+            self.loop.close()
+
+
+class StreamClient:
+    """A connection to one Streamkeeper cluster (ZooKeeper metadata + bookies). Thread-safe.
+    Build it with `StreamClient.connect("host:port/root")`; `close()` it when done."""
+
+    def __init__(
+        self,
+        session: MetadataSession,
+        *,
+        writer_options: WriterOptions | None = None,
+        reader_options: ReaderOptions | None = None,
+        seed: int | None = None,
+    ) -> None:
+        self._session = session
+        self._metadata = ZkMetadata(session)
+        self._writer_options = writer_options or WriterOptions()
+        self._reader_options = reader_options or ReaderOptions()
+        self._rng = random.Random(seed)
+        self._rng_lock = threading.Lock()
+        self._clock = SystemClock()
+        self._loop = _LoopThread("streamkeeper-client")
+        self._transport = self._loop.run(self._make_transport())
+        self._writers: set[StreamWriter] = set()
+        self._closed = False
+
+    async def _make_transport(self) -> GrpcTransport:
+        return GrpcTransport(self._metadata.bookie_address)
+
+    @classmethod
+    def connect(
+        cls,
+        connect_string: str,
+        *,
+        timeout_s: float = 10.0,
+        writer_options: WriterOptions | None = None,
+        reader_options: ReaderOptions | None = None,
+    ) -> StreamClient:
+        """Returns a client connected to `HOSTS[/ROOT]` (ZooKeeper hosts and the metadata
+        root, default `/streamkeeper`)."""
+        session = MetadataSession.connect(connect_string, timeout_s=timeout_s)
+        try:
+            return cls(session, writer_options=writer_options, reader_options=reader_options)
+        except BaseException:
+            session.close()
+            raise
+
+    def _child_rng(self) -> random.Random:
+        with self._rng_lock:
+            return random.Random(self._rng.getrandbits(64))
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._closed:
+            coro.close()
+            raise StreamError("client is closed")
+        return self._loop.run(coro)
+
+    # ------------------------------------------------------------------ streams
+
+    def create_stream(
+        self,
+        name: str,
+        *,
+        ensemble: int = 3,
+        write_quorum: int = 3,
+        ack_quorum: int = 2,
+        fragment_max_entries: int = 100_000,
+        fragment_max_bytes: int = 64 << 20,
+        fragment_max_age_s: float | None = None,
+        retention: RetentionPolicy | None = None,
+    ) -> StreamMeta:
+        """Creates stream `name` and returns its metadata. Everything is checked before
+        anything is written (`InvalidArgumentError`); an existing stream with the same
+        configuration is returned as is, one with another raises `StreamExistsError`."""
+        return self._run(
+            self._metadata.create_stream(
+                name,
+                ensemble,
+                write_quorum,
+                ack_quorum,
+                fragment_max_entries,
+                fragment_max_bytes,
+                fragment_max_age_s,
+                retention,
+            )
+        )
+
+    def list_streams(self) -> list[str]:
+        """Returns every stream name, sorted."""
+        return self._run(self._metadata.list_streams())
+
+    def open_writer(
+        self,
+        name: str,
+        reengage: bool = False,
+        is_leader: Callable[[], bool] | None = None,
+        *,
+        options: WriterOptions | None = None,
+    ) -> StreamWriter:
+        """Takes stream `name` over with a new term (recovering the previous term's end) and
+        returns its writer. With `reengage`, a writer that another took over from takes over
+        again (when `is_leader()`, called on the client's loop thread, still says so)."""
+        validate_stream_name(name)
+        identity = WriterIdentity(
+            f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}",
+            socket.gethostname(),
+            os.getpid(),
+        )
+        core = AsyncStreamWriter(
+            name,
+            transport=self._transport,
+            metadata=self._metadata,
+            clock=self._clock,
+            rng=self._child_rng(),
+            options=options or self._writer_options,
+            identity=identity,
+            reengage=reengage,
+            is_leader=is_leader,
+        )
+        self._run(core.open())
+        writer = StreamWriter(self, core)
+        self._writers.add(writer)
+        return writer
+
+    def open_reader(self, name: str, *, options: ReaderOptions | None = None) -> StreamReader:
+        """Returns a reader of stream `name`; raises `StreamNotFoundError`."""
+        validate_stream_name(name)
+        core = AsyncStreamReader(
+            name,
+            transport=self._transport,
+            metadata=self._metadata,
+            rng=self._child_rng(),
+            options=options or self._reader_options,
+        )
+        self._run(core.open())
+        return StreamReader(self, core)
+
+    def stream_info(self, name: str) -> StreamInfo:
+        """Returns the stream's term, state, LAC, first retained entry and fragments."""
+        return self._run(self._stream_info(name))
+
+    async def _stream_info(self, name: str) -> StreamInfo:
+        reader = AsyncStreamReader(
+            name,
+            transport=self._transport,
+            metadata=self._metadata,
+            rng=self._child_rng(),
+            options=self._reader_options,
+        )
+        await reader.open()
+        meta, fragments = reader.meta, reader.fragments
+        lac = await reader.lac()
+        writer = await self._metadata.get_writer(meta.id)
+        shown = []
+        for index, fragment in enumerate(fragments):
+            last = fragment.last_entry_id
+            if last is None and index + 1 < len(fragments):
+                last = fragments[index + 1].first_entry_id - 1
+            shown.append(
+                Fragment(fragment.first_entry_id, last, list(fragment.ensemble), fragment.bytes)
+            )
+        return StreamInfo(
+            name=meta.name,
+            stream_id=meta.id,
+            term=meta.term,
+            state=str(meta.state),
+            lac=lac,
+            first_entry_id=meta.first_entry_id,
+            ensemble_size=meta.ensemble,
+            write_quorum=meta.write_quorum,
+            ack_quorum=meta.ack_quorum,
+            fragments=shown,
+            writer=None if writer is None else writer.writer_id,
+        )
+
+    def set_retention(self, name: str, policy: RetentionPolicy | None) -> None:
+        """Stores the stream's retention policy (None: keep everything)."""
+        if policy is not None and not isinstance(policy, RetentionPolicy):
+            raise InvalidArgumentError("policy must be a RetentionPolicy or None", stream=name)
+
+        async def apply() -> None:
+            meta, _ = await self._metadata.get_stream(name)
+            await self._metadata.set_retention(meta.id, policy)
+
+        self._run(apply())
+
+    def trim(self, name: str, before_entry_id: int) -> int:
+        """Deletes the whole non-last fragments holding only entries below `before_entry_id`,
+        moves the first retained entry to the first fragment kept, tells their bookies to
+        `Trim`, and returns the new first retained entry id."""
+        if type(before_entry_id) is not int or before_entry_id < 0:
+            raise InvalidArgumentError(
+                "before_entry_id must be an int >= 0", stream=name, entry_id=before_entry_id
+            )
+        return self._run(self._trim(name, before_entry_id))
+
+    async def _trim(self, name: str, before_entry_id: int) -> int:
+        meta, _ = await self._metadata.get_stream(name)
+        for _ in range(_CAS_ATTEMPTS):
+            meta, version, fragments = await self._metadata.get_snapshot(meta.id)
+            doomed = []
+            for index, fragment in enumerate(fragments[:-1]):
+                end = fragment.last_entry_id
+                if end is None:
+                    end = fragments[index + 1].first_entry_id - 1
+                if end >= before_entry_id:
+                    break
+                doomed.append(fragment)
+            if not doomed:
+                return meta.first_entry_id
+            new_first = fragments[len(doomed)].first_entry_id
+            try:
+                await self._metadata.trim_fragments(
+                    meta.id, version, [f.first_entry_id for f in doomed], new_first
+                )
+                break
+            except BadVersionError:
+                continue
+        else:
+            raise StreamError("trim kept losing the metadata CAS", stream=name)
+        bookies = sorted({b for f in doomed for b in f.ensemble})
+        await self._trim_bookies(meta.id, bookies, new_first)
+        log.info("client.trimmed", stream=name, first_entry_id=new_first, fragments=len(doomed))
+        return new_first
+
+    async def _trim_bookies(self, stream_id: int, bookies: list[str], before: int) -> None:
+        async def one(bookie_id: str) -> None:
+            try:
+                await self._transport.trim(
+                    bookie_id, stream_id, before, timeout_s=_BOOKIE_CALL_TIMEOUT_S
+                )
+            except Exception as e:  # the bookie's GC reconciles with metadata later
+                log.info("client.trim_not_delivered", bookie=bookie_id, error=repr(e))
+
+        await asyncio.gather(*(one(b) for b in bookies))
+
+    def seal_stream(self, name: str) -> None:
+        """Runs a recovery (a takeover) and marks the stream SEALED: no writer ever again."""
+        identity = WriterIdentity(f"sealer-{uuid.uuid4().hex[:8]}", socket.gethostname(), 0)
+        self._run(
+            seal(
+                name,
+                transport=self._transport,
+                metadata=self._metadata,
+                clock=self._clock,
+                rng=self._child_rng(),
+                options=self._writer_options,
+                identity=identity,
+            )
+        )
+
+    def delete_stream(self, name: str) -> None:
+        """Deletes the stream's metadata, then asks its bookies to drop its entries."""
+
+        async def delete() -> None:
+            meta, _ = await self._metadata.get_stream(name)
+            _, _, fragments = await self._metadata.get_snapshot(meta.id)
+            await self._metadata.delete_stream(name)
+            bookies = sorted({b for f in fragments for b in f.ensemble})
+            await self._trim_bookies(meta.id, bookies, _TRIM_ALL)
+
+        self._run(delete())
+
+    def close(self) -> None:
+        """Closes the writers still open, the connections and the metadata session."""
+        if self._closed:
+            return
+        for writer in list(self._writers):
+            try:
+                writer.close()
+            except StreamError:
+                pass
+        self._closed = True
+        try:
+            self._loop.run(self._transport.close(), timeout_s=5)
+        except Exception:  # closing anyway
+            log.debug("client.transport_close_failed", exc_info=True)
+        self._loop.stop()
+        self._metadata.close()
+        self._session.close()
+
+    def __enter__(self) -> StreamClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class StreamWriter:
+    """Appends to one stream (thread-safe). Use it as a context manager or `close()` it."""
+
+    def __init__(self, client: StreamClient, core: AsyncStreamWriter) -> None:
+        self._client = client
+        self._core = core
+        self._closed = False
+
+    @property
+    def stream(self) -> str:
+        return self._core.name
+
+    @property
+    def term(self) -> int:
+        """Returns the writer's term."""
+        return self._core.term
+
+    @property
+    def last_add_confirmed(self) -> int:
+        """Returns the highest id such that it and every lower id are acknowledged."""
+        return self._core.last_add_confirmed
+
+    def append(self, payload: bytes, timeout_s: float | None = None) -> int:
+        """Appends `payload`; blocks until it is acknowledged and returns its entry id."""
+        return self.append_async(payload).result(timeout_s)
+
+    def append_async(self, payload: bytes) -> concurrent.futures.Future[int]:
+        """Queues `payload` and returns a future of its entry id (resolved in id order);
+        blocks only while the writer's window of unacknowledged entries is full."""
+        return self._core.submit_threadsafe(payload)
+
+    def flush(self) -> None:
+        """Returns once everything appended so far is acknowledged."""
+        self._client._loop.run(self._core.flush())
+
+    def close(self) -> None:
+        """Flushes, publishes the final LAC and releases the stream (it stays open for the
+        next writer, which takes over with a new term)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._client._loop.run(self._core.close())
+        finally:
+            self._client._writers.discard(self)
+
+    def __enter__(self) -> StreamWriter:
+        return self
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except StreamError:
+            pass  # the body's exception matters more
+
+
+class StreamReader:
+    """Reads one stream (one iteration at a time)."""
+
+    def __init__(self, client: StreamClient, core: AsyncStreamReader) -> None:
+        self._client = client
+        self._core = core
+
+    @property
+    def stream(self) -> str:
+        return self._core.name
+
+    def read(self, first: int, last: int) -> Iterator[Entry]:
+        """Yields the entries `first..last` (no-ops left out); raises `EntryTrimmedError`
+        below the first retained entry and `EntryNotWrittenError` above the LAC."""
+        return self._iterate(lambda: self._core.read(first, last))
+
+    def tail(
+        self, start: str | int = "earliest", timeout_s: float | None = None
+    ) -> Iterator[Entry]:
+        """Yields entries as they are acknowledged, from `start` ("earliest", "latest" or an
+        entry id), until none arrived for `timeout_s` seconds (None: forever)."""
+        return self._iterate(lambda: self._core.tail(start, timeout_s))
+
+    def last_add_confirmed(self) -> int:
+        """Returns the stream's LAC as its bookies report it now."""
+
+        async def lac() -> int:
+            await self._core.refresh()
+            return await self._core.lac()
+
+        return self._client._loop.run(lac())
+
+    def _iterate(self, make: Callable[[], AsyncIterator[list[Entry]]]) -> Iterator[Entry]:
+        loop = self._client._loop
+        chunks: asyncio.Queue[list[Entry] | BaseException | None] | None = None
+        producer: asyncio.Task[None] | None = None
+
+        async def start() -> None:
+            nonlocal chunks, producer
+            chunks = asyncio.Queue(maxsize=_READ_PREFETCH_CHUNKS)
+            producer = asyncio.ensure_future(produce(chunks))
+
+        async def produce(queue: asyncio.Queue[list[Entry] | BaseException | None]) -> None:
+            try:
+                async for chunk in make():
+                    await queue.put(chunk)
+                await queue.put(None)
+            except asyncio.CancelledError:
+                raise
+            except BaseException as e:
+                await queue.put(e)
+
+        async def take() -> list[Entry] | BaseException | None:
+            assert chunks is not None
+            return await chunks.get()
+
+        async def stop() -> None:
+            if producer is not None and not producer.done():
+                producer.cancel()
+                await asyncio.gather(producer, return_exceptions=True)
+
+        def generate() -> Iterator[Entry]:
+            loop.run(start())
+            try:
+                while True:
+                    item = loop.run(take())
+                    if item is None:
+                        return
+                    if isinstance(item, BaseException):
+                        raise item
+                    yield from item
+            finally:
+                if not loop.loop.is_closed():
+                    loop.run(stop())
+
+        return generate()
+
+
+__all__ = ["RetentionPolicy", "StreamClient", "StreamReader", "StreamWriter"]

@@ -1,0 +1,242 @@
+"""`BookieTransport` over gRPC (grpc.aio): one channel per bookie, one `Add` bidi stream per
+(writer, bookie) carrying pre-serialized AddRequests (the per-entry work is done once when the
+entry is prepared, not per bookie nor per message). Runs on the client's event loop."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+import structlog
+
+from stream.client.ports import AddBatch
+from stream.errors import BookieError
+from stream.wire import bookie_pb2 as pb
+from stream.wire import bookie_pb2_grpc
+
+log = structlog.get_logger(__name__)
+
+ADD_METHOD = "/streamkeeper.v1.Bookie/Add"
+
+CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.max_receive_message_length", 256 << 20),
+    ("grpc.max_send_message_length", 256 << 20),
+    # Notice a dead bookie host on an idle connection.
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+
+Resolver = Callable[[str], Awaitable[str | None]]
+
+
+class AddStreamBroken(BookieError):
+    """The Add stream to a bookie ended or failed; its unanswered batches have unknown fate."""
+
+
+class _AddStream:
+    """One Add call: a sender task writes queued requests in order, a reader resolves the
+    futures in order (the bookie answers each request once, in order)."""
+
+    def __init__(self, transport: GrpcTransport, bookie_id: str) -> None:
+        self._transport = transport
+        self._bookie_id = bookie_id
+        self._loop = asyncio.get_running_loop()
+        self._requests: deque[bytes] = deque()
+        self._futures: deque[asyncio.Future[pb.AddResponse]] = deque()
+        self._wake = asyncio.Event()
+        self._closed = False
+        self._error: BaseException | None = None
+        self._call: Any = None
+        self._task = asyncio.ensure_future(self._run())
+
+    def send(self, batch: AddBatch) -> asyncio.Future[pb.AddResponse]:
+        future: asyncio.Future[pb.AddResponse] = self._loop.create_future()
+        if self._error is not None or self._closed:
+            future.set_exception(
+                AddStreamBroken("add stream closed", bookie=self._bookie_id)
+                if self._error is None
+                else self._error
+            )
+            return future
+        self._requests.append(batch.to_bytes())
+        self._futures.append(future)
+        self._wake.set()
+        return future
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake.set()
+
+    def _fail(self, error: BaseException) -> None:
+        if self._error is None:
+            self._error = error
+        while self._futures:
+            future = self._futures.popleft()
+            if not future.done():
+                future.set_exception(self._error)
+        self._requests.clear()
+
+    async def _run(self) -> None:
+        reader: asyncio.Task[None] | None = None
+        try:
+            channel = await self._transport.channel(self._bookie_id)
+            self._call = channel.stream_stream(
+                ADD_METHOD,
+                request_serializer=None,
+                response_deserializer=pb.AddResponse.FromString,
+            )()
+            reader = asyncio.ensure_future(self._read(self._call))
+            while True:
+                while self._requests:
+                    await self._call.write(self._requests.popleft())
+                if self._closed:
+                    if not self._futures:
+                        break
+                    # Let the answers in flight arrive before half-closing.
+                    await asyncio.wait([reader], timeout=1.0)
+                    break
+                self._wake.clear()
+                if self._requests:
+                    continue
+                await self._wake.wait()
+            await self._call.done_writing()
+        except asyncio.CancelledError:
+            self._fail(AddStreamBroken("add stream cancelled", bookie=self._bookie_id))
+            raise
+        except Exception as e:
+            self._fail(AddStreamBroken(f"add stream failed: {e!r}", bookie=self._bookie_id))
+        finally:
+            if self._closed and self._call is not None:
+                self._call.cancel()
+            if reader is not None and self._closed:
+                reader.cancel()
+
+    async def _read(self, call: Any) -> None:
+        try:
+            async for response in call:
+                if not self._futures:
+                    break
+                future = self._futures.popleft()
+                if not future.done():
+                    future.set_result(response)
+            self._fail(AddStreamBroken("add stream ended", bookie=self._bookie_id))
+        except asyncio.CancelledError:
+            self._fail(AddStreamBroken("add stream closed", bookie=self._bookie_id))
+        except Exception as e:
+            self._fail(AddStreamBroken(f"add stream failed: {e!r}", bookie=self._bookie_id))
+            self._wake.set()
+
+
+class GrpcTransport:
+    """Bookie requests over gRPC; `resolve(bookie_id)` gives a bookie's address (from the
+    registry). Create and use it on one event loop; `close()` closes every channel."""
+
+    def __init__(self, resolve: Resolver, *, options: list[tuple[str, Any]] | None = None):
+        self._resolve = resolve
+        self._options = options or CHANNEL_OPTIONS
+        self._channels: dict[str, tuple[str, grpc.aio.Channel, bookie_pb2_grpc.BookieStub]] = {}
+
+    async def channel(self, bookie_id: str) -> grpc.aio.Channel:
+        """Returns the channel to `bookie_id`, resolving its address on first use."""
+        return (await self._entry(bookie_id))[1]
+
+    async def _entry(
+        self, bookie_id: str
+    ) -> tuple[str, grpc.aio.Channel, bookie_pb2_grpc.BookieStub]:
+        entry = self._channels.get(bookie_id)
+        if entry is not None:
+            return entry
+        address = await self._resolve(bookie_id)
+        if address is None:
+            raise BookieError("bookie is not registered", bookie=bookie_id)
+        entry = self._channels.get(bookie_id)  # another task may have raced us here
+        if entry is None:
+            channel = grpc.aio.insecure_channel(address, options=self._options)
+            entry = (address, channel, bookie_pb2_grpc.BookieStub(channel))
+            self._channels[bookie_id] = entry
+        return entry
+
+    async def _stub(self, bookie_id: str) -> bookie_pb2_grpc.BookieStub:
+        return (await self._entry(bookie_id))[2]
+
+    def open_add_stream(self, bookie_id: str) -> _AddStream:
+        return _AddStream(self, bookie_id)
+
+    async def fence(
+        self, bookie_id: str, stream_id: int, term: int, *, timeout_s: float
+    ) -> pb.FenceResponse:
+        stub = await self._stub(bookie_id)
+        request = pb.FenceRequest(stream_id=stream_id, term=term)
+        return await stub.Fence(request, timeout=timeout_s)
+
+    async def read(
+        self, bookie_id: str, stream_id: int, entry_id: int, *, term: int = 0, timeout_s: float
+    ) -> pb.ReadResponse:
+        stub = await self._stub(bookie_id)
+        request = pb.ReadRequest(stream_id=stream_id, entry_id=entry_id, term=term)
+        return await stub.Read(request, timeout=timeout_s)
+
+    async def read_range(
+        self,
+        bookie_id: str,
+        stream_id: int,
+        first_entry_id: int,
+        last_entry_id: int,
+        *,
+        max_batch_bytes: int = 0,
+        timeout_s: float,
+    ) -> AsyncIterator[pb.ReadRangeResponse]:
+        stub = await self._stub(bookie_id)
+        request = pb.ReadRangeRequest(
+            stream_id=stream_id,
+            first_entry_id=first_entry_id,
+            last_entry_id=last_entry_id,
+            max_batch_bytes=max_batch_bytes,
+        )
+        call = stub.ReadRange(request, timeout=timeout_s)
+        try:
+            async for response in call:
+                yield response
+        finally:
+            call.cancel()
+
+    async def read_lac(
+        self, bookie_id: str, stream_id: int, known_lac: int, *, wait_ms: int, timeout_s: float
+    ) -> pb.ReadLacResponse:
+        stub = await self._stub(bookie_id)
+        request = pb.ReadLacRequest(stream_id=stream_id, known_lac=known_lac, timeout_ms=wait_ms)
+        return await stub.ReadLac(request, timeout=timeout_s)
+
+    async def truncate(
+        self, bookie_id: str, stream_id: int, term: int, after_entry_id: int, *, timeout_s: float
+    ) -> pb.TruncateResponse:
+        stub = await self._stub(bookie_id)
+        request = pb.TruncateRequest(stream_id=stream_id, term=term, after_entry_id=after_entry_id)
+        return await stub.Truncate(request, timeout=timeout_s)
+
+    async def trim(
+        self, bookie_id: str, stream_id: int, before_entry_id: int, *, timeout_s: float
+    ) -> pb.TrimResponse:
+        stub = await self._stub(bookie_id)
+        request = pb.TrimRequest(stream_id=stream_id, before_entry_id=before_entry_id)
+        return await stub.Trim(request, timeout=timeout_s)
+
+    async def stream_state(
+        self, bookie_id: str, stream_id: int, *, timeout_s: float
+    ) -> pb.StreamStateResponse:
+        stub = await self._stub(bookie_id)
+        return await stub.StreamState(pb.StreamStateRequest(stream_id=stream_id), timeout=timeout_s)
+
+    async def close(self) -> None:
+        """Closes every channel (calls in flight are cancelled)."""
+        channels, self._channels = self._channels, {}
+        for _, channel, _ in channels.values():
+            await channel.close()

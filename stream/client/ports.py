@@ -1,0 +1,268 @@
+"""The ports through which the client's asyncio core (writer, reader, recovery) does ALL its I/O.
+
+The core never imports grpc or kazoo and never reads a clock or sleeps except through the running
+loop (`loop.time()`, `asyncio.sleep`, `asyncio.wait_for`): the simulator runs it on a virtual-time
+loop with in-memory implementations of these Protocols; production uses
+`stream.client.grpc_transport` and `stream.client.zk_metadata`.
+
+Bookie answers are the wire messages of `stream.wire.bookie_pb2` (plain data, no I/O): an
+implementation constructs them. A request that gets no answer (timeout, broken connection,
+bookie down) RAISES: any exception is an unknown response and proves nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from stream.metadata.model import Fragment, RetentionPolicy, StreamMeta, StreamState, WriterInfo
+from stream.protocol import BookieCandidate
+from stream.wire import bookie_pb2 as pb
+
+# Field 7 (`entries`) of AddRequest, wire type 2 (length-delimited): (7 << 3) | 2.
+_ENTRIES_TAG = b"\x3a"
+
+
+def encode_varint(value: int) -> bytes:
+    """Returns the protobuf base-128 varint encoding of `value` (>= 0)."""
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+class PreparedEntry:
+    """One entry ready for the wire: its id, its `Entry` message serialized and framed as
+    field 7 of an AddRequest (tag + length + bytes), built once and reused for every bookie of
+    the write set and every resend, and the payload size (fragment byte accounting)."""
+
+    __slots__ = ("entry_id", "framed", "payload_bytes", "timestamp_ms")
+
+    def __init__(self, entry_id: int, framed: bytes, payload_bytes: int, timestamp_ms: int):
+        self.entry_id = entry_id
+        self.framed = framed
+        self.payload_bytes = payload_bytes
+        self.timestamp_ms = timestamp_ms
+
+    @classmethod
+    def from_entry(cls, entry: pb.Entry) -> PreparedEntry:
+        """Returns `entry` (a wire `Entry`, checksum already set) prepared for sending."""
+        body = entry.SerializeToString()
+        return cls(
+            entry.entry_id,
+            _ENTRIES_TAG + encode_varint(len(body)) + body,
+            len(entry.payload),
+            entry.timestamp_ms,
+        )
+
+    def entry(self) -> pb.Entry:
+        """Returns the wire `Entry` this was prepared from (decoded again: for simulators and
+        tests, never on the hot path)."""
+        return pb.AddRequest.FromString(self.framed).entries[0]
+
+
+@dataclass(slots=True)
+class AddBatch:
+    """One AddRequest for one bookie: the header fields and the prepared entries (empty: an
+    explicit LAC). `to_bytes` gives the serialized AddRequest, `to_request` the message."""
+
+    stream_id: int
+    term: int
+    lac: int
+    lafr: int
+    recovery: bool = False
+    entries: Sequence[PreparedEntry] = field(default_factory=tuple)
+    request_id: int = 0
+
+    def to_bytes(self) -> bytes:
+        """Returns the serialized AddRequest: the header serialized by protobuf, followed by the
+        pre-framed entries (a repeated field may appear after the others on the wire)."""
+        header = pb.AddRequest(
+            stream_id=self.stream_id,
+            term=self.term,
+            lac=self.lac,
+            lafr=self.lafr,
+            recovery=self.recovery,
+            request_id=self.request_id,
+        ).SerializeToString()
+        if not self.entries:
+            return header
+        return header + b"".join([e.framed for e in self.entries])
+
+    def to_request(self) -> pb.AddRequest:
+        """Returns the AddRequest message (decoded from `to_bytes`; for simulators and tests)."""
+        return pb.AddRequest.FromString(self.to_bytes())
+
+
+class AddStream(Protocol):
+    """One `Add` stream from one writer to one bookie. Batches are answered in the order they
+    were sent. When the stream breaks, every unanswered batch's future fails (with any
+    exception) and so does every later `send`."""
+
+    def send(self, batch: AddBatch) -> asyncio.Future[pb.AddResponse]:
+        """Queues `batch` and returns a future of its AddResponse (never blocks)."""
+        ...
+
+    def close(self) -> None:
+        """Half-closes the stream once queued batches are sent; unanswered futures may fail."""
+        ...
+
+
+class BookieTransport(Protocol):
+    """Requests to bookies by bookie id. Each call gives up after `timeout_s` by raising; any
+    exception is an unknown response."""
+
+    def open_add_stream(self, bookie_id: str) -> AddStream:
+        """Returns a new Add stream to `bookie_id` (connecting lazily; failures surface on the
+        futures of `send`)."""
+        ...
+
+    async def fence(
+        self, bookie_id: str, stream_id: int, term: int, *, timeout_s: float
+    ) -> pb.FenceResponse: ...
+
+    async def read(
+        self, bookie_id: str, stream_id: int, entry_id: int, *, term: int = 0, timeout_s: float
+    ) -> pb.ReadResponse:
+        """A normal read (term 0) or a recovery read (term > 0)."""
+        ...
+
+    def read_range(
+        self,
+        bookie_id: str,
+        stream_id: int,
+        first_entry_id: int,
+        last_entry_id: int,
+        *,
+        max_batch_bytes: int = 0,
+        timeout_s: float,
+    ) -> AsyncIterator[pb.ReadRangeResponse]:
+        """Yields the ReadRange responses; `timeout_s` bounds the whole range."""
+        ...
+
+    async def read_lac(
+        self, bookie_id: str, stream_id: int, known_lac: int, *, wait_ms: int, timeout_s: float
+    ) -> pb.ReadLacResponse:
+        """Long poll: answers once the bookie's LAC is above `known_lac` or after `wait_ms`."""
+        ...
+
+    async def truncate(
+        self, bookie_id: str, stream_id: int, term: int, after_entry_id: int, *, timeout_s: float
+    ) -> pb.TruncateResponse: ...
+
+    async def trim(
+        self, bookie_id: str, stream_id: int, before_entry_id: int, *, timeout_s: float
+    ) -> pb.TrimResponse: ...
+
+    async def stream_state(
+        self, bookie_id: str, stream_id: int, *, timeout_s: float
+    ) -> pb.StreamStateResponse: ...
+
+
+class MetadataPort(Protocol):
+    """The metadata operations the client needs, with the semantics (and errors) of
+    `stream.metadata.StreamStore` and `BookieRegistry`: a CAS loser gets
+    `stream.metadata.BadVersionError`; every error is a `StreamError`."""
+
+    async def create_stream(
+        self,
+        name: str,
+        ensemble: int,
+        write_quorum: int,
+        ack_quorum: int,
+        fragment_max_entries: int,
+        fragment_max_bytes: int,
+        fragment_max_age_s: float | None = None,
+        retention: RetentionPolicy | None = None,
+    ) -> StreamMeta: ...
+
+    async def get_stream(self, name: str) -> tuple[StreamMeta, int]:
+        """Returns `(meta, version)`; raises `StreamNotFoundError`."""
+        ...
+
+    async def get_snapshot(self, stream_id: int) -> tuple[StreamMeta, int, list[Fragment]]:
+        """Returns `(meta, version, fragments sorted)` as of one meta version."""
+        ...
+
+    async def begin_takeover(
+        self, stream_id: int, expected_version: int
+    ) -> tuple[StreamMeta, int, Fragment | None]: ...
+
+    async def finish_recovery(
+        self,
+        stream_id: int,
+        expected_version: int,
+        term: int,
+        fragments_changed: Sequence[Fragment],
+        new_fragments: Sequence[Fragment],
+        first_entry_id_of_term: int,
+    ) -> tuple[StreamMeta, int]: ...
+
+    async def add_fragment(
+        self, stream_id: int, expected_version: int, new_fragment: Fragment, replaces_first_id: bool
+    ) -> tuple[StreamMeta, int]: ...
+
+    async def roll_fragment(
+        self,
+        stream_id: int,
+        expected_version: int,
+        closed_fragment: Fragment,
+        new_fragment: Fragment,
+    ) -> tuple[StreamMeta, int]: ...
+
+    async def set_state(
+        self, stream_id: int, expected_version: int, state: StreamState
+    ) -> tuple[StreamMeta, int]: ...
+
+    async def set_retention(
+        self, stream_id: int, retention: RetentionPolicy | None
+    ) -> tuple[StreamMeta, int]: ...
+
+    async def trim_fragments(
+        self,
+        stream_id: int,
+        expected_version: int,
+        fragment_first_ids_to_delete: Sequence[int],
+        new_first_entry_id: int,
+    ) -> tuple[StreamMeta, int]: ...
+
+    async def delete_stream(self, name: str) -> None: ...
+
+    async def register_writer(self, stream_id: int, info: WriterInfo) -> None: ...
+
+    async def unregister_writer(self, stream_id: int) -> None: ...
+
+    async def available_bookies(self) -> list[BookieCandidate]:
+        """Returns the registered bookies (read-only ones with `writable=False`)."""
+        ...
+
+    def watch_meta(
+        self, stream_id: int, callback: Callable[[int | None], None]
+    ) -> Callable[[], None]:
+        """Calls `callback(version)` ON THE LOOP THREAD soon after each change of the stream's
+        meta (hence of its fragments), `callback(None)` when the stream is deleted; returns a
+        function that stops the watch. Spurious calls are allowed."""
+        ...
+
+
+class Clock(Protocol):
+    """Wall-clock time for entry timestamps and fragment creation times (never for timeouts,
+    which use the loop's monotonic time)."""
+
+    def now_ms(self) -> int:
+        """Returns milliseconds since the Unix epoch."""
+        ...
+
+
+class SystemClock:
+    """The real wall clock."""
+
+    def now_ms(self) -> int:
+        """Returns `time.time_ns() // 1_000_000`."""
+        import time
+
+        return time.time_ns() // 1_000_000

@@ -1,0 +1,471 @@
+"""The stream reader's asyncio core (DESIGN §5 "Reading"): reads at or below the LAC, one
+bookie of the write set at a time with speculative reads after a timeout, ReadRange catch-up on
+unstriped ensembles, checksum verification, no-op entries skipped, trimmed entries refused, and
+`tail`, which long-polls `ReadLac` and follows fragment changes through the metadata watch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import structlog
+
+from stream.client.entries import Entry, checksum_ok, is_noop
+from stream.client.options import ReaderOptions
+from stream.client.ports import BookieTransport, MetadataPort
+from stream.errors import (
+    BookieError,
+    ChecksumError,
+    EntryNotWrittenError,
+    EntryTrimmedError,
+    InvalidArgumentError,
+    StreamNotFoundError,
+)
+from stream.metadata.model import Fragment, StreamMeta
+from stream.protocol import Code, fragment_index_for
+from stream.wire import bookie_pb2 as pb
+
+log = structlog.get_logger(__name__)
+
+_OK = int(Code.OK)
+_TRIMMED = int(Code.TRIMMED)
+
+
+class _ReadFailed(Exception):
+    """No bookie of the write set returned the entry."""
+
+    def __init__(self, entry_id: int, codes: list[str], trimmed: bool, bad_checksum: bool):
+        super().__init__(entry_id)
+        self.entry_id = entry_id
+        self.codes = codes
+        self.trimmed = trimmed
+        self.bad_checksum = bad_checksum
+
+
+async def _answer(call: Any) -> Any:
+    try:
+        return await call
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:  # an unknown answer
+        log.debug("reader.request_failed", error=repr(e))
+        return None
+
+
+class AsyncStreamReader:
+    """Reads one stream. `await open()`, then `read(first, last)` or `tail(start)`, both
+    async iterators of entry lists (no-ops left out)."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        transport: BookieTransport,
+        metadata: MetadataPort,
+        rng: random.Random,
+        options: ReaderOptions | None = None,
+    ) -> None:
+        self.name = name
+        self._transport = transport
+        self._metadata = metadata
+        self._rng = rng
+        self._options = options or ReaderOptions()
+        self._meta: StreamMeta | None = None
+        self._version = -1
+        self._fragments: list[Fragment] = []
+        self._firsts: list[tuple[int, tuple[str, ...]]] = []
+
+    @property
+    def meta(self) -> StreamMeta:
+        assert self._meta is not None
+        return self._meta
+
+    @property
+    def fragments(self) -> list[Fragment]:
+        return self._fragments
+
+    async def open(self) -> None:
+        """Reads the stream's metadata; raises `StreamNotFoundError`."""
+        meta, _ = await self._metadata.get_stream(self.name)
+        self._meta = meta
+        await self.refresh()
+
+    async def refresh(self) -> None:
+        """Rereads the stream's meta and fragments (one consistent snapshot)."""
+        assert self._meta is not None
+        try:
+            meta, version, fragments = await self._metadata.get_snapshot(self._meta.id)
+        except StreamNotFoundError:
+            raise StreamNotFoundError("stream not found", stream=self.name) from None
+        self._meta, self._version, self._fragments = meta, version, fragments
+        self._firsts = [(f.first_entry_id, tuple(f.ensemble)) for f in fragments]
+
+    def committed_floor(self) -> int:
+        """Returns an LAC bound that metadata alone proves: every entry before the last
+        fragment is committed (a fragment only ever starts after fully replicated entries),
+        and so is a closed fragment's last entry."""
+        floor = -1
+        if len(self._fragments) > 1:
+            floor = self._fragments[-1].first_entry_id - 1
+        for fragment in self._fragments[-2:]:
+            if fragment.last_entry_id is not None:
+                floor = max(floor, fragment.last_entry_id)
+        return floor
+
+    async def lac(self) -> int:
+        """Returns the stream's LAC as far as the last fragment's bookies (asked at once, no
+        long poll) and the metadata tell."""
+        floor = self.committed_floor()
+        if not self._fragments:
+            return floor
+        ensemble = self._fragments[-1].ensemble
+        answers = await asyncio.gather(
+            *(
+                _answer(
+                    self._transport.read_lac(
+                        b,
+                        self.meta.id,
+                        -1,
+                        wait_ms=0,
+                        timeout_s=self._options.speculative_timeout_s * 5,
+                    )
+                )
+                for b in ensemble
+            )
+        )
+        found = [a.lac for a in answers if a is not None and a.code == _OK]
+        return max([floor, *found])
+
+    # ------------------------------------------------------------------ bounded reads
+
+    async def read(self, first: int, last: int) -> AsyncIterator[list[Entry]]:
+        """Yields the entries `first..last` in order, in lists, no-ops left out. Raises
+        `EntryTrimmedError` below the first retained entry and `EntryNotWrittenError` when
+        `last` is above the LAC."""
+        if type(first) is not int or type(last) is not int or not 0 <= first <= last:
+            raise InvalidArgumentError(
+                "read needs 0 <= first <= last", stream=self.name, first=first, last=last
+            )
+        await self.refresh()
+        self._check_trimmed(first)
+        lac = await self.lac()
+        if last > lac:
+            raise EntryNotWrittenError(
+                "entry not written yet", stream=self.name, entry_id=last, lac=lac
+            )
+        async for _, entries in self._read_committed(first, last):
+            if entries:
+                yield entries
+
+    def _check_trimmed(self, entry_id: int) -> None:
+        first_retained = self.meta.first_entry_id
+        if entry_id < first_retained:
+            raise EntryTrimmedError(
+                "entry was trimmed",
+                stream=self.name,
+                entry_id=entry_id,
+                first_entry_id=first_retained,
+            )
+
+    async def _read_committed(
+        self, first: int, last: int
+    ) -> AsyncIterator[tuple[int, list[Entry]]]:
+        """Yields `(highest id covered, entries)` for `first..last`, all at or below the LAC,
+        in order, fragment by fragment."""
+        position = first
+        refreshed = False
+        while position <= last:
+            index = fragment_index_for(self._firsts, position)
+            ensemble = self._firsts[index][1]
+            end = last
+            if index + 1 < len(self._firsts):
+                end = min(last, self._firsts[index + 1][0] - 1)
+            try:
+                if self.meta.ensemble == self.meta.write_quorum:
+                    segments = self._read_ranges(position, end, ensemble)
+                else:
+                    segments = self._read_striped(position, end, ensemble)
+                async for covered, entries in segments:
+                    position = covered + 1
+                    refreshed = False
+                    yield covered, entries
+            except _ReadFailed as failure:
+                # The fragment may have changed (or been trimmed) since our snapshot.
+                await self.refresh()
+                self._check_trimmed(failure.entry_id)
+                if refreshed:
+                    if failure.bad_checksum:
+                        raise ChecksumError(
+                            "every copy read failed its checksum",
+                            stream=self.name,
+                            entry_id=failure.entry_id,
+                        ) from None
+                    raise BookieError(
+                        "no bookie returned the entry",
+                        stream=self.name,
+                        entry_id=failure.entry_id,
+                        codes=",".join(failure.codes),
+                    ) from None
+                refreshed = True
+
+    def _to_entries(self, raw: Sequence[pb.Entry]) -> list[Entry]:
+        name = self.name
+        return [Entry(name, e.entry_id, e.payload, e.timestamp_ms) for e in raw if not is_noop(e)]
+
+    async def _read_ranges(
+        self, first: int, last: int, ensemble: Sequence[str]
+    ) -> AsyncIterator[tuple[int, list[Entry]]]:
+        """Catch-up on an unstriped ensemble: ReadRange from one bookie; where it stops or
+        fails, a speculative single read and the next bookie."""
+        stream_id = self.meta.id
+        order = list(ensemble)
+        self._rng.shuffle(order)
+        attempt = 0
+        position = first
+        options = self._options
+        while position <= last:
+            bookie_id = order[attempt % len(order)]
+            upto = min(last, position + options.range_max_entries - 1)
+            progressed = False
+            try:
+                async for response in self._transport.read_range(
+                    bookie_id,
+                    stream_id,
+                    position,
+                    upto,
+                    max_batch_bytes=options.range_batch_bytes,
+                    timeout_s=options.read_timeout_s,
+                ):
+                    good: list[pb.Entry] = []
+                    for entry in response.entries:
+                        if entry.entry_id != position or not checksum_ok(stream_id, entry):
+                            break
+                        good.append(entry)
+                        position += 1
+                    if good:
+                        progressed = True
+                        yield position - 1, self._to_entries(good)
+                    if len(good) != len(response.entries) or response.code != _OK:
+                        break
+            except Exception as e:  # an unknown answer: try elsewhere
+                log.debug("reader.range_failed", bookie=bookie_id, error=repr(e))
+            if position <= last and not progressed:
+                entry = await self._read_one(position, ensemble)
+                position += 1
+                yield position - 1, self._to_entries([entry])
+                attempt += 1
+
+    async def _read_striped(
+        self, first: int, last: int, ensemble: Sequence[str]
+    ) -> AsyncIterator[tuple[int, list[Entry]]]:
+        """Striped ensembles: runs of WQ consecutive entries (bookie `(s + WQ - 1) % E` holds
+        all of `s..s+WQ-1`), each read with one ReadRange, issued ahead in parallel and
+        yielded in order; entries a run did not return are read one by one."""
+        run = self.meta.write_quorum
+        window = max(1, self._options.read_ahead // run)
+        tasks: dict[int, asyncio.Task[list[pb.Entry]]] = {}
+        next_issue = first
+        position = first
+        try:
+            while position <= last:
+                while next_issue <= last and len(tasks) < window:
+                    end = min(last, next_issue + run - 1)
+                    tasks[next_issue] = asyncio.ensure_future(
+                        self._read_run(next_issue, end, ensemble)
+                    )
+                    next_issue = end + 1
+                batch = list(await tasks.pop(position))
+                position = batch[-1].entry_id + 1
+                # Take what is already there without waiting.
+                while position in tasks and tasks[position].done() and len(batch) < 1024:
+                    batch.extend(tasks.pop(position).result())
+                    position = batch[-1].entry_id + 1
+                yield position - 1, self._to_entries(batch)
+        finally:
+            for task in tasks.values():
+                task.cancel()
+            if tasks:
+                await asyncio.gather(*tasks.values(), return_exceptions=True)
+
+    async def _read_run(self, first: int, last: int, ensemble: Sequence[str]) -> list[pb.Entry]:
+        """Returns the entries `first..last` (at most WQ of them) of a striped ensemble."""
+        meta = self.meta
+        holder = ensemble[(first + meta.write_quorum - 1) % meta.ensemble]
+        got: list[pb.Entry] = []
+        try:
+            async for response in self._transport.read_range(
+                holder,
+                meta.id,
+                first,
+                last,
+                max_batch_bytes=self._options.range_batch_bytes,
+                timeout_s=self._options.speculative_timeout_s * 5,
+            ):
+                for entry in response.entries:
+                    if entry.entry_id != first + len(got) or not checksum_ok(meta.id, entry):
+                        break
+                    got.append(entry)
+                if response.code != _OK:
+                    break
+        except Exception as e:  # an unknown answer: read the rest one by one
+            log.debug("reader.run_failed", bookie=holder, error=repr(e))
+        for entry_id in range(first + len(got), last + 1):
+            got.append(await self._read_one(entry_id, ensemble))
+        return got
+
+    async def _read_one(self, entry_id: int, ensemble: Sequence[str]) -> pb.Entry:
+        """Returns `entry_id` from a bookie of its write set: one at a time, the next one when
+        the previous failed or after `speculative_timeout_s` (both then race)."""
+        meta = self.meta
+        write_set = list(meta.quorum.write_set_bookies(ensemble, entry_id))
+        shift = self._rng.randrange(len(write_set))
+        write_set = write_set[shift:] + write_set[:shift]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._options.read_timeout_s
+        pending: set[asyncio.Task[tuple[str, Any]]] = set()
+        codes: list[str] = []
+        trimmed = bad_checksum = False
+        launched = 0
+
+        async def ask(bookie_id: str) -> tuple[str, Any]:
+            return bookie_id, await _answer(
+                self._transport.read(
+                    bookie_id, meta.id, entry_id, timeout_s=self._options.read_timeout_s
+                )
+            )
+
+        try:
+            while True:
+                if launched < len(write_set):
+                    pending.add(asyncio.ensure_future(ask(write_set[launched])))
+                    launched += 1
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise _ReadFailed(entry_id, [*codes, "TIMEOUT"], trimmed, bad_checksum)
+                wait_s = remaining
+                if launched < len(write_set):
+                    wait_s = min(remaining, self._options.speculative_timeout_s)
+                done, pending = await asyncio.wait(
+                    pending, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED
+                )
+                for task in done:
+                    bookie_id, response = task.result()
+                    if response is None:
+                        codes.append(f"{bookie_id}:ERROR")
+                        continue
+                    if response.code == _OK:
+                        entry = response.entry
+                        if entry.entry_id == entry_id and checksum_ok(meta.id, entry):
+                            return entry
+                        bad_checksum = True
+                        log.warning("reader.bad_checksum", bookie=bookie_id, entry_id=entry_id)
+                        codes.append(f"{bookie_id}:CHECKSUM")
+                        continue
+                    trimmed = trimmed or response.code == _TRIMMED
+                    codes.append(f"{bookie_id}:{Code(response.code).name}")
+                if not pending and launched >= len(write_set):
+                    raise _ReadFailed(entry_id, codes, trimmed, bad_checksum)
+        finally:
+            for task in pending:
+                task.cancel()
+
+    # ------------------------------------------------------------------ tailing
+
+    async def tail(
+        self, start: str | int = "earliest", idle_timeout_s: float | None = None
+    ) -> AsyncIterator[list[Entry]]:
+        """Yields entry lists as the LAC moves, from `start` ("earliest": the first retained
+        entry, "latest": the first after the current LAC, or an entry id), until no entry
+        arrived for `idle_timeout_s` (None: forever)."""
+        if idle_timeout_s is not None and not idle_timeout_s >= 0:
+            raise InvalidArgumentError("timeout must be >= 0", timeout_s=idle_timeout_s)
+        await self.refresh()
+        changed = asyncio.Event()
+
+        def on_change(version: int | None) -> None:
+            changed.set()
+
+        stop_watch = self._metadata.watch_meta(self.meta.id, on_change)
+        loop = asyncio.get_running_loop()
+        try:
+            known_lac = await self.lac()
+            if start == "earliest":
+                position = self.meta.first_entry_id
+            elif start == "latest":
+                position = known_lac + 1
+            elif type(start) is int and start >= 0:
+                position = start
+                self._check_trimmed(position)
+            else:
+                raise InvalidArgumentError(
+                    "start must be 'earliest', 'latest' or an entry id >= 0", start=start
+                )
+            idle_deadline = None if idle_timeout_s is None else loop.time() + idle_timeout_s
+            while True:
+                if position <= known_lac:
+                    self._check_trimmed(position)
+                    upto = min(known_lac, position + self._options.range_max_entries - 1)
+                    async for covered, entries in self._read_committed(position, upto):
+                        position = covered + 1
+                        if entries:
+                            if idle_timeout_s is not None:
+                                idle_deadline = loop.time() + idle_timeout_s
+                            yield entries
+                    continue
+                wait_ms = self._options.lac_poll_ms
+                if idle_deadline is not None:
+                    remaining_s = idle_deadline - loop.time()
+                    if remaining_s <= 0:
+                        return
+                    wait_ms = max(1, min(wait_ms, int(remaining_s * 1000)))
+                known_lac = max(known_lac, await self._wait_lac(known_lac, wait_ms, changed))
+        finally:
+            stop_watch()
+
+    async def _wait_lac(self, known_lac: int, wait_ms: int, changed: asyncio.Event) -> int:
+        """Returns the LAC once a bookie of the last fragment reports one above `known_lac`,
+        the metadata changed, or `wait_ms` passed (then `known_lac` or the metadata floor)."""
+        if changed.is_set():
+            changed.clear()
+            await self.refresh()
+            return self.committed_floor()
+        ensemble = self._fragments[-1].ensemble if self._fragments else ()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        polls = {
+            asyncio.ensure_future(
+                self._transport.read_lac(
+                    b, self.meta.id, known_lac, wait_ms=wait_ms, timeout_s=wait_ms / 1000 + 5
+                )
+            )
+            for b in ensemble
+        }
+        watch = asyncio.ensure_future(changed.wait())
+        best = known_lac
+        try:
+            waiting: set[asyncio.Future[Any]] = {*polls, watch}
+            while polls and best <= known_lac:
+                done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                if watch in done:
+                    changed.clear()
+                    await self.refresh()
+                    best = max(best, self.committed_floor())
+                    break
+                for task in done:
+                    polls.discard(task)  # type: ignore[arg-type]
+                    if task.cancelled() or task.exception() is not None:
+                        continue
+                    response = task.result()
+                    if response.code == _OK:
+                        best = max(best, response.lac)
+        finally:
+            for task in (*polls, watch):
+                task.cancel()
+            await asyncio.gather(*polls, watch, return_exceptions=True)
+        if best <= known_lac and loop.time() - started < wait_ms / 1000 / 2:
+            # Every bookie failed at once (down, or the stream unknown to them): back off.
+            await asyncio.sleep(self._options.retry_backoff_s)
+        return best

@@ -1,0 +1,787 @@
+"""Taking over a stream: a new term and its recovery (DESIGN §5 "Taking over", steps 1-6).
+
+1. CAS `meta`: term + 1, IN_RECOVERY; the last fragment's ensemble is captured.
+2. `Fence` that ensemble with the new term; proceed at EC positives (`FenceTally`), retry later
+   once AQ answered unknown. Start at max(highest LAFR, first entry of the last fragment - 1).
+3. Recovery reads forward (`RecoveryReadTally`): one positive recovers, QC explicit negatives
+   end, anything else aborts the attempt (retried with backoff, never guessed).
+4. Write-backs with the term and the frozen LAC, each to its whole write set; a bookie that
+   cannot take one is replaced by an ensemble change kept locally.
+5. The NOOP|TRUNCATE entry, to every bookie of the last fragment.
+6. CAS `meta`: OPEN, the fragments changed during recovery, the term's first entry id.
+
+All I/O goes through the ports; each protection can be switched off (`Protections`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import structlog
+
+from stream.client.entries import NOOP_TRUNCATE, checksum_ok, prepare_entry
+from stream.client.options import WriterOptions
+from stream.client.pipeline import AddPipeline
+from stream.client.ports import (
+    AddBatch,
+    BookieTransport,
+    Clock,
+    MetadataPort,
+    PreparedEntry,
+)
+from stream.errors import (
+    BookieError,
+    InvalidTermError,
+    MetadataError,
+    NotEnoughBookiesError,
+    StreamError,
+)
+from stream.metadata.model import Fragment, StreamMeta, StreamState, WriterInfo
+from stream.metadata.streams import BadVersionError, StreamSealedError
+from stream.protocol import (
+    Code,
+    FenceOutcome,
+    FenceTally,
+    FragmentEnsemble,
+    QuorumConfig,
+    ReadOutcome,
+    RecoveryReadTally,
+    RecoveryStatus,
+    choose_ensemble,
+    choose_replacement,
+    ensemble_for,
+    plan_ensemble_change,
+    scan_recovery_reads,
+)
+from stream.wire import bookie_pb2 as pb
+
+log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+
+# Bound on the replacements tried for one failed bookie before the attempt gives up.
+_MAX_CANDIDATES_TRIED = 8
+
+
+@dataclass(frozen=True)
+class WriterIdentity:
+    """Who takes over, as published in the stream's ephemeral `writer` znode."""
+
+    writer_id: str
+    host: str = ""
+    pid: int = 0
+
+
+@dataclass(frozen=True)
+class TakeoverResult:
+    """A stream reopened by a new term: the writer continues after `last_entry_id` (the
+    truncate no-op, or the entry before the first one) on `last_fragment`."""
+
+    meta: StreamMeta
+    version: int
+    term: int
+    last_fragment: Fragment
+    last_entry_id: int
+    # Payload bytes and last timestamp of the entries this recovery wrote into the last
+    # fragment (what the writer knows of the fragment's size; earlier terms' are not known).
+    written_bytes: int
+    last_timestamp_ms: int | None
+
+
+class _RetryLater(Exception):
+    """This attempt could not decide (unknown answers); retry after a backoff."""
+
+    def __init__(self, error: StreamError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _Fenced(Exception):
+    """A bookie answered INVALID_TERM during recovery."""
+
+    def __init__(self, bookie_term: int) -> None:
+        super().__init__(bookie_term)
+        self.bookie_term = bookie_term
+
+
+async def _answer(call: Awaitable[T]) -> T | None:
+    """Returns the call's answer, or None when it raised (an unknown response)."""
+    try:
+        return await call
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:  # any failure is an unknown answer
+        log.debug("recovery.request_failed", error=repr(e))
+        return None
+
+
+async def _cancel_all(tasks: Sequence[asyncio.Task[Any]]) -> None:
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class _RecoveryOwner:
+    """Collects what the recovery pipeline reports."""
+
+    def __init__(self) -> None:
+        self.failed: list[str] = []
+        self.invalid_term: int | None = None
+        self.error: Exception | None = None
+        self.changed = asyncio.Event()
+
+    def on_acknowledged(self, entry_ids: list[int]) -> None:
+        pass
+
+    def on_fully_replicated(self) -> None:
+        pass
+
+    def on_bookie_failed(self, bookie_id: str, reason: str) -> None:
+        self.failed.append(bookie_id)
+        self.changed.set()
+
+    def on_invalid_term(self, bookie_id: str, bookie_term: int) -> None:
+        self.invalid_term = max(self.invalid_term or 0, bookie_term)
+        self.changed.set()
+
+    def on_error(self, error: Exception) -> None:
+        self.error = error
+        self.changed.set()
+
+
+class Takeover:
+    """One takeover of one stream by one writer: `run()` returns once the stream is OPEN in
+    the new term with its previous term's end fixed."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        transport: BookieTransport,
+        metadata: MetadataPort,
+        clock: Clock,
+        rng: random.Random,
+        options: WriterOptions,
+        identity: WriterIdentity,
+    ) -> None:
+        self.name = name
+        self._transport = transport
+        self._metadata = metadata
+        self._clock = clock
+        self._rng = rng
+        self._options = options
+        self._protections = options.protections
+        self._identity = identity
+
+    # ------------------------------------------------------------------ step 1 and retries
+
+    async def run(self) -> TakeoverResult:
+        """Returns the reopened stream; raises `InvalidTermError` when a newer writer took
+        over meanwhile, `StreamSealedError`, or the last attempt's error once
+        `takeover_deadline_s` passed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._options.takeover_deadline_s
+        meta, version = await self._metadata.get_stream(self.name)
+        for _ in range(self._options.cas_attempts):
+            if meta.state is StreamState.SEALED:
+                raise StreamSealedError("stream is sealed", stream=self.name)
+            try:
+                meta, version, last = await self._metadata.begin_takeover(meta.id, version)
+                break
+            except BadVersionError:
+                meta, version = await self._metadata.get_stream(self.name)
+        else:
+            raise MetadataError("takeover kept losing the metadata CAS", stream=self.name)
+        term = meta.term
+        log.info(
+            "recovery.term_started",
+            stream=self.name,
+            stream_id=meta.id,
+            term=term,
+            last_fragment=None if last is None else last.first_entry_id,
+        )
+        await self._metadata.register_writer(
+            meta.id,
+            WriterInfo(self._identity.writer_id, self._identity.host, self._identity.pid, term),
+        )
+        backoff = self._options.retry_backoff_s
+        while True:
+            try:
+                if last is None:
+                    return await self._open_fresh(meta, version)
+                return await self._recover(meta, version, last)
+            except _RetryLater as retry:
+                if loop.time() + backoff > deadline:
+                    raise retry.error from None
+                log.info(
+                    "recovery.retry",
+                    stream=self.name,
+                    term=term,
+                    reason=str(retry.error),
+                    backoff_s=round(backoff, 3),
+                )
+                await asyncio.sleep(backoff * (0.5 + self._rng.random()))
+                backoff = min(backoff * 2, self._options.retry_backoff_max_s)
+            except _Fenced as fenced:
+                raise InvalidTermError(
+                    "another writer took over during recovery",
+                    term=term,
+                    current_term=fenced.bookie_term,
+                    stream=self.name,
+                ) from None
+
+    # ------------------------------------------------------------------ a stream never written
+
+    async def _open_fresh(self, meta: StreamMeta, version: int) -> TakeoverResult:
+        """Places the first fragment (new-member truncation first) and opens the stream."""
+        first = meta.first_entry_id
+        ensemble = await self._place_ensemble(meta, first - 1, exclude=())
+        fragment = Fragment(first, ensemble, created_ms=self._clock.now_ms())
+        meta, version = await self._finish(meta, version, [], [fragment], first)
+        return TakeoverResult(meta, version, meta.term, fragment, first - 1, 0, None)
+
+    async def _place_ensemble(
+        self, meta: StreamMeta, truncate_after: int, exclude: Sequence[str]
+    ) -> tuple[str, ...]:
+        """Returns a freshly placed ensemble whose members all took the new-member
+        truncation; raises `_RetryLater` when not enough bookies answer."""
+        excluded = set(exclude)
+        for _ in range(_MAX_CANDIDATES_TRIED):
+            candidates = await self._metadata.available_bookies()
+            try:
+                ensemble = choose_ensemble(candidates, meta.ensemble, self._rng, exclude=excluded)
+            except NotEnoughBookiesError as e:
+                raise _RetryLater(e) from None
+            refused = await truncate_members(
+                self._transport,
+                meta.id,
+                meta.term,
+                ensemble,
+                truncate_after,
+                self._options,
+                enabled=self._protections.new_member_truncation,
+            )
+            if not refused:
+                return ensemble
+            excluded.update(refused)
+        raise _RetryLater(
+            NotEnoughBookiesError("bookies refused the new-member truncation", stream=self.name)
+        )
+
+    # ------------------------------------------------------------------ steps 2-6
+
+    async def _recover(self, meta: StreamMeta, version: int, last: Fragment) -> TakeoverResult:
+        config = meta.quorum
+        term = meta.term
+        captured = tuple(last.ensemble)
+        start, frozen_lac = await self._fence(meta, last)
+        log.info(
+            "recovery.fenced",
+            stream=self.name,
+            term=term,
+            start_entry_id=start,
+            frozen_lac=frozen_lac,
+        )
+        owner = _RecoveryOwner()
+        pipeline = AddPipeline(
+            transport=self._transport,
+            owner=owner,
+            stream_id=meta.id,
+            term=term,
+            config=config,
+            fragments=[FragmentEnsemble(last.first_entry_id, captured)],
+            last_entry_id=start,
+            options=self._options,
+            max_in_flight=self._options.window_entries,
+            recovery=True,
+            fixed_lac=frozen_lac,
+        )
+        try:
+            end, written_bytes, last_ts = await self._read_and_write_back(
+                meta, config, captured, start, pipeline, owner
+            )
+            if self._protections.truncate_noop:
+                noop = prepare_entry(meta.id, end, NOOP_TRUNCATE, self._clock.now_ms(), b"")
+                await self._wait_room(pipeline, owner, meta)
+                pipeline.add(noop)
+                pipeline.flush()
+                last_entry_id = end
+            else:
+                noop = None
+                last_entry_id = end - 1
+            await self._wait_written(pipeline, owner, meta, last_entry_id)
+            if noop is not None:
+                await self._noop_to_whole_ensemble(pipeline, owner, meta, noop)
+            local = list(pipeline.fragments)
+        finally:
+            pipeline.close()
+        changed: list[Fragment] = []
+        new: list[Fragment] = []
+        now_ms = self._clock.now_ms()
+        current = last
+        for first, ensemble in local:
+            if first == last.first_entry_id:
+                if tuple(ensemble) != captured:
+                    current = Fragment(first, tuple(ensemble), created_ms=last.created_ms)
+                    changed.append(current)
+            else:
+                current = Fragment(first, tuple(ensemble), created_ms=now_ms)
+                new.append(current)
+        first_of_term = end
+        meta, version = await self._finish(meta, version, changed, new, first_of_term)
+        log.info(
+            "recovery.done",
+            stream=self.name,
+            term=term,
+            recovered=end - start - 1,
+            last_entry_id=last_entry_id,
+            fragments_changed=len(changed),
+            fragments_added=len(new),
+        )
+        if current.first_entry_id > last.first_entry_id:
+            written_bytes = 0  # the write-backs went to an earlier fragment
+        return TakeoverResult(meta, version, term, current, last_entry_id, written_bytes, last_ts)
+
+    async def _fence(self, meta: StreamMeta, last: Fragment) -> tuple[int, int]:
+        """Returns (start entry id, frozen LAC) once EC of the captured ensemble took the
+        term; raises `_RetryLater` once AQ answered unknown, `_Fenced` on INVALID_TERM."""
+        config = meta.quorum
+        tally = FenceTally(config, last_fragment_first_entry_id=last.first_entry_id)
+        timeout_s = self._options.fence_timeout_s
+        fencing = self._protections.term_fencing
+
+        async def ask(index: int, bookie_id: str) -> tuple[int, Any]:
+            if fencing:
+                call = self._transport.fence(bookie_id, meta.id, meta.term, timeout_s=timeout_s)
+            else:
+                call = self._transport.stream_state(bookie_id, meta.id, timeout_s=timeout_s)
+            return index, await _answer(call)
+
+        tasks = [asyncio.ensure_future(ask(i, b)) for i, b in enumerate(last.ensemble)]
+        bookie_term = 0
+        try:
+            for next_done in asyncio.as_completed(tasks):
+                index, response = await next_done
+                if response is None:
+                    code, lac, lafr = None, -1, -1
+                else:
+                    code, lac, lafr = response.code, response.lac, response.lafr
+                    if not fencing and code == Code.NO_SUCH_STREAM:
+                        code = Code.OK  # without fencing, "nothing here" is a usable answer
+                    if fencing:
+                        bookie_term = max(bookie_term, response.bookie_term)
+                outcome = tally.on_response(index, code, lac=lac, lafr=lafr)
+                if tally.invalid_term_seen:
+                    raise _Fenced(bookie_term)
+                if outcome is not FenceOutcome.PENDING:
+                    break
+        finally:
+            await _cancel_all(tasks)
+        if tally.outcome is not FenceOutcome.COMPLETE:
+            raise _RetryLater(
+                BookieError(
+                    "fencing failed: too many bookies of the last fragment did not answer",
+                    stream=self.name,
+                    positives=tally.positives,
+                    unknowns=tally.unknowns,
+                )
+            )
+        return tally.start_entry_id, tally.frozen_lac
+
+    async def _recovery_read(
+        self, meta: StreamMeta, config: QuorumConfig, captured: Sequence[str], entry_id: int
+    ) -> tuple[ReadOutcome, pb.Entry | None, int]:
+        """Returns the outcome of the recovery reads of `entry_id` from its write set in the
+        captured ensemble, the entry when recoverable, and the highest bookie term seen when
+        someone answered INVALID_TERM (else 0)."""
+        write_set = config.write_set_bookies(captured, entry_id)
+        tally: RecoveryReadTally[str, pb.Entry] = RecoveryReadTally(config, write_set)
+        timeout_s = self._options.recovery_read_timeout_s
+
+        async def ask(bookie_id: str) -> tuple[str, pb.ReadResponse | None]:
+            call = self._transport.read(
+                bookie_id, meta.id, entry_id, term=meta.term, timeout_s=timeout_s
+            )
+            return bookie_id, await _answer(call)
+
+        tasks = [asyncio.ensure_future(ask(b)) for b in write_set]
+        bookie_term = 0
+        try:
+            for next_done in asyncio.as_completed(tasks):
+                bookie_id, response = await next_done
+                code: int | None = None
+                entry = None
+                if response is not None:
+                    code = response.code
+                    if code == Code.OK:
+                        entry = response.entry
+                        if entry.entry_id != entry_id or not checksum_ok(meta.id, entry):
+                            log.warning("recovery.bad_entry", bookie=bookie_id, entry_id=entry_id)
+                            code, entry = None, None  # proves nothing
+                    elif code == Code.INVALID_TERM:
+                        bookie_term = max(bookie_term, response.bookie_term)
+                outcome = tally.on_response(bookie_id, code, entry)
+                if tally.invalid_term_seen:
+                    return outcome, None, max(bookie_term, meta.term + 1)
+                if outcome is not ReadOutcome.PENDING:
+                    break
+        finally:
+            await _cancel_all(tasks)
+        if tally.outcome is ReadOutcome.RECOVERABLE:
+            return tally.outcome, tally.entry, 0
+        return tally.outcome, None, 0
+
+    async def _read_and_write_back(
+        self,
+        meta: StreamMeta,
+        config: QuorumConfig,
+        captured: Sequence[str],
+        start: int,
+        pipeline: AddPipeline,
+        owner: _RecoveryOwner,
+    ) -> tuple[int, int, int | None]:
+        """Reads forward from `start + 1` (reads issued ahead in parallel) and writes every
+        recovered entry back; returns (id of the first entry found absent, payload bytes
+        written back, last timestamp written back)."""
+        ahead = self._options.recovery_read_ahead
+        reads: dict[int, asyncio.Task[tuple[ReadOutcome, pb.Entry | None, int]]] = {}
+        next_read = start + 1
+        scanned = start  # the highest id recovered so far
+        written_bytes = 0
+        last_ts: int | None = None
+        try:
+            while True:
+                while len(reads) < ahead:
+                    reads[next_read] = asyncio.ensure_future(
+                        self._recovery_read(meta, config, captured, next_read)
+                    )
+                    next_read += 1
+                outcome, entry, newer_term = await reads.pop(scanned + 1)
+                if newer_term:
+                    raise _Fenced(newer_term)
+                scan = scan_recovery_reads(scanned, [outcome])
+                if scan.status is RecoveryStatus.ENDED:
+                    return scan.truncate_entry_id, written_bytes, last_ts
+                if scan.status is RecoveryStatus.ABORTED:
+                    raise _RetryLater(
+                        BookieError(
+                            "recovery read could not decide (unknown answers)",
+                            stream=self.name,
+                            entry_id=scan.stopped_at_entry_id,
+                        )
+                    )
+                assert entry is not None  # RECOVERABLE (READING past it)
+                await self._wait_room(pipeline, owner, meta)
+                pipeline.add(PreparedEntry.from_entry(entry))
+                pipeline.flush()
+                written_bytes += len(entry.payload)
+                last_ts = entry.timestamp_ms
+                scanned = scan.last_recovered_entry_id
+        finally:
+            await _cancel_all(list(reads.values()))
+
+    # ------------------------------------------------------------------ write-back waiting
+
+    def _check_owner(self, owner: _RecoveryOwner) -> None:
+        if owner.error is not None:
+            raise owner.error
+        if owner.invalid_term is not None:
+            raise _Fenced(owner.invalid_term)
+
+    async def _wait_room(self, pipeline: AddPipeline, owner: _RecoveryOwner, meta: Any) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._options.add_timeout_s * 2
+        while not pipeline.has_room():
+            self._check_owner(owner)
+            await self._handle_failures(pipeline, owner, meta)
+            if loop.time() > deadline:
+                raise _RetryLater(BookieError("recovery write-backs stalled", stream=self.name))
+            await pipeline.wait_progress(0.05)
+
+    async def _wait_written(
+        self, pipeline: AddPipeline, owner: _RecoveryOwner, meta: StreamMeta, last_entry_id: int
+    ) -> None:
+        """Returns once every write-back up to `last_entry_id` reached its whole write set (or
+        AQ with `recovery_write_quorum` off), replacing failed bookies locally."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._options.add_timeout_s * 2
+        whole = self._protections.recovery_write_quorum
+        while (pipeline.lafr if whole else pipeline.lac) < last_entry_id:
+            self._check_owner(owner)
+            await self._handle_failures(pipeline, owner, meta)
+            if loop.time() > deadline:
+                raise _RetryLater(
+                    BookieError(
+                        "recovery write-backs did not reach their write sets",
+                        stream=self.name,
+                        lafr=pipeline.lafr,
+                        last_entry_id=last_entry_id,
+                    )
+                )
+            owner.changed.clear()
+            progress = asyncio.ensure_future(pipeline.wait_progress(0.1))
+            change = asyncio.ensure_future(owner.changed.wait())
+            try:
+                await asyncio.wait([progress, change], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                await _cancel_all([progress, change])
+        self._check_owner(owner)
+
+    async def _handle_failures(
+        self, pipeline: AddPipeline, owner: _RecoveryOwner, meta: StreamMeta
+    ) -> None:
+        """Replaces the failed bookies of the local ensemble (kept locally until step 6)."""
+        if not self._protections.recovery_write_quorum:
+            owner.failed.clear()  # AQ is enough; failed bookies are left out
+            return
+        while owner.failed:
+            failed = owner.failed[0]
+            if failed in pipeline.ensemble:
+                await self._replace_locally(pipeline, owner, meta, failed, pipeline.lafr)
+            owner.failed.pop(0)
+
+    async def _replace_locally(
+        self,
+        pipeline: AddPipeline,
+        owner: _RecoveryOwner,
+        meta: StreamMeta,
+        failed: str,
+        truncate_after: int,
+    ) -> None:
+        """Replaces `failed` in the local ensemble: a fragment starting at LAFR + 1, the
+        replacement truncated first and then sent the moved entries."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._options.ensemble_change_deadline_s
+        tried: set[str] = set()
+        while True:
+            self._check_owner(owner)
+            if loop.time() > deadline or len(tried) >= _MAX_CANDIDATES_TRIED:
+                raise _RetryLater(
+                    NotEnoughBookiesError(
+                        "no replacement bookie for a recovery write", stream=self.name
+                    )
+                )
+            if failed in pipeline.pending.pinned_bookies():
+                await pipeline.wait_progress(0.05)
+                continue
+            candidates = await self._metadata.available_bookies()
+            ensemble = pipeline.ensemble
+            try:
+                replacement = choose_replacement(
+                    ensemble,
+                    ensemble.index(failed),
+                    candidates,
+                    self._rng,
+                    exclude={*pipeline.failed, *tried},
+                )
+            except NotEnoughBookiesError:
+                await asyncio.sleep(self._options.retry_backoff_s)
+                continue
+            tried.add(replacement)
+            refused = await truncate_members(
+                self._transport,
+                meta.id,
+                meta.term,
+                [replacement],
+                min(truncate_after, pipeline.lafr),
+                self._options,
+                enabled=self._protections.new_member_truncation,
+            )
+            if refused:
+                continue
+            pinned = pipeline.pending.pinned_bookies()
+            change = plan_ensemble_change(
+                pipeline.fragments, failed, replacement, lafr=pipeline.lafr, pinned=pinned
+            )
+            if change is None:
+                continue
+            pipeline.apply_change(change)
+            pipeline.unblock(replacement)
+            return
+
+    async def _noop_to_whole_ensemble(
+        self, pipeline: AddPipeline, owner: _RecoveryOwner, meta: StreamMeta, noop: PreparedEntry
+    ) -> None:
+        """Sends the truncate no-op to the bookies of the last fragment outside its write set;
+        one that does not take it is replaced by a fragment starting after the no-op."""
+        config = meta.quorum
+        # Members that took the no-op, and replacements that joined after it (truncated at it).
+        done: set[str] = set()
+        attempts = 0
+        while True:
+            noop_ensemble = ensemble_for(pipeline.fragments, noop.entry_id)
+            write_set = config.write_set_bookies(noop_ensemble, noop.entry_id)
+            extras = [b for b in pipeline.ensemble if b not in write_set and b not in done]
+            if not extras:
+                return
+            attempts += 1
+            if attempts > _MAX_CANDIDATES_TRIED:
+                raise _RetryLater(
+                    BookieError("the truncate no-op did not reach the ensemble", stream=self.name)
+                )
+            futures = [pipeline.send_extra(b, noop) for b in extras]
+            answers = await asyncio.gather(
+                *(_answer(asyncio.wait_for(f, self._options.add_timeout_s)) for f in futures)
+            )
+            for bookie_id, answer in zip(extras, answers, strict=True):
+                code = None if answer is None or not answer.codes else answer.codes[0]
+                if code == Code.OK:
+                    done.add(bookie_id)
+                    continue
+                if answer is not None and code == Code.INVALID_TERM:
+                    raise _Fenced(max(answer.bookie_term, meta.term + 1))
+                if not self._protections.recovery_write_quorum:
+                    done.add(bookie_id)  # left out
+                    continue
+                pipeline.fail_bookie(bookie_id, "did not take the truncate no-op")
+                owner.failed.clear()
+                before = set(pipeline.ensemble)
+                # LAFR is the no-op now: the new fragment starts right after it.
+                await self._replace_locally(pipeline, owner, meta, bookie_id, noop.entry_id)
+                done.update(set(pipeline.ensemble) - before)
+
+    # ------------------------------------------------------------------ step 6
+
+    async def _finish(
+        self,
+        meta: StreamMeta,
+        version: int,
+        changed: list[Fragment],
+        new: list[Fragment],
+        first_of_term: int,
+    ) -> tuple[StreamMeta, int]:
+        """CASes the stream OPEN with the recovery's fragments; rereads and retries when a
+        same-term change (retention) moved the version first."""
+        term = meta.term
+        for _ in range(self._options.cas_attempts):
+            try:
+                return await self._metadata.finish_recovery(
+                    meta.id, version, term, changed, new, first_of_term
+                )
+            except BadVersionError:
+                meta, version, _ = await self._metadata.get_snapshot(meta.id)
+                if meta.term != term:
+                    raise InvalidTermError(
+                        "another writer took over during recovery",
+                        term=term,
+                        current_term=meta.term,
+                        stream=self.name,
+                    ) from None
+        raise MetadataError("finishing the recovery kept losing the CAS", stream=self.name)
+
+
+async def truncate_members(
+    transport: BookieTransport,
+    stream_id: int,
+    term: int,
+    bookies: Sequence[str],
+    after_entry_id: int,
+    options: WriterOptions,
+    *,
+    enabled: bool,
+) -> list[str]:
+    """Sends the new-member truncation `Truncate(after_entry_id)` with `term` to `bookies` in
+    parallel; returns those that did not take it (an INVALID_TERM raises `_Fenced`)."""
+    if not enabled or not bookies:
+        return []
+    answers = await asyncio.gather(
+        *(
+            _answer(
+                transport.truncate(
+                    b, stream_id, term, after_entry_id, timeout_s=options.truncate_timeout_s
+                )
+            )
+            for b in bookies
+        )
+    )
+    refused = []
+    for bookie_id, answer in zip(bookies, answers, strict=True):
+        if answer is not None and answer.code == Code.INVALID_TERM:
+            raise _Fenced(answer.bookie_term)
+        if answer is None or answer.code != Code.OK:
+            log.warning(
+                "writer.truncate_refused",
+                bookie=bookie_id,
+                stream_id=stream_id,
+                code=None if answer is None else Code(answer.code).name,
+            )
+            refused.append(bookie_id)
+    return refused
+
+
+async def send_lac(
+    transport: BookieTransport,
+    stream_id: int,
+    term: int,
+    ensemble: Sequence[str],
+    lac: int,
+    timeout_s: float,
+) -> None:
+    """Sends an explicit LAC (an empty add) to every bookie of `ensemble`, best effort."""
+
+    async def one(bookie_id: str) -> None:
+        stream = transport.open_add_stream(bookie_id)
+        try:
+            await asyncio.wait_for(
+                stream.send(AddBatch(stream_id=stream_id, term=term, lac=lac, lafr=lac)),
+                timeout_s,
+            )
+        finally:
+            stream.close()
+
+    await asyncio.gather(*(_answer(one(b)) for b in ensemble))
+
+
+async def seal(
+    name: str,
+    *,
+    transport: BookieTransport,
+    metadata: MetadataPort,
+    clock: Clock,
+    rng: random.Random,
+    options: WriterOptions,
+    identity: WriterIdentity,
+) -> StreamMeta:
+    """Runs a takeover (the recovery fixes the end), publishes the final LAC to the last
+    ensemble, then CASes the stream SEALED; returns the sealed meta."""
+    result = await Takeover(
+        name,
+        transport=transport,
+        metadata=metadata,
+        clock=clock,
+        rng=rng,
+        options=options,
+        identity=identity,
+    ).run()
+    await send_lac(
+        transport,
+        result.meta.id,
+        result.term,
+        result.last_fragment.ensemble,
+        result.last_entry_id,
+        options.add_timeout_s,
+    )
+    meta, version = result.meta, result.version
+    for _ in range(options.cas_attempts):
+        try:
+            meta, _ = await metadata.set_state(meta.id, version, StreamState.SEALED)
+            break
+        except BadVersionError:
+            meta, version, _ = await metadata.get_snapshot(meta.id)
+            if meta.term != result.term:
+                raise InvalidTermError(
+                    "another writer took over before the stream was sealed",
+                    term=result.term,
+                    current_term=meta.term,
+                    stream=name,
+                ) from None
+    else:
+        raise MetadataError("sealing kept losing the CAS", stream=name)
+    await metadata.unregister_writer(meta.id)
+    log.info("recovery.sealed", stream=name, term=result.term, last_entry_id=result.last_entry_id)
+    return meta

@@ -1,0 +1,72 @@
+"""The hand-made entry encoding is byte-for-byte protobuf's, and framed batches parse back."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from stream.client.entries import checksum_ok, prepare_entry, varint
+from stream.client.ports import AddBatch
+from stream.protocol import EntryFlag, entry_checksum
+from stream.wire import bookie_pb2 as pb
+
+ids = st.integers(min_value=0, max_value=(1 << 63) - 1)
+stamps = st.integers(min_value=0, max_value=(1 << 63) - 1)
+flags = st.sampled_from([0, int(EntryFlag.NOOP), int(EntryFlag.NOOP | EntryFlag.TRUNCATE)])
+
+
+@given(st.integers(min_value=0, max_value=(1 << 64) - 1))
+def test_varint_matches_protobuf(value: int) -> None:
+    encoded = pb.Entry(crc32c=value & 0xFFFFFFFF).SerializeToString()
+    if value & 0xFFFFFFFF:
+        assert encoded == b"\x28" + varint(value & 0xFFFFFFFF)
+    assert pb.ReadLacRequest.FromString(b"\x10" + varint(value)).known_lac == (
+        value if value < 1 << 63 else value - (1 << 64)
+    )
+
+
+@given(
+    st.integers(min_value=1, max_value=(1 << 63) - 1),
+    ids,
+    flags,
+    stamps,
+    st.binary(max_size=3000),
+)
+def test_prepared_entry_is_the_protobuf_encoding(
+    stream_id: int, entry_id: int, flag: int, stamp: int, payload: bytes
+) -> None:
+    prepared = prepare_entry(stream_id, entry_id, flag, stamp, payload)
+    expected = pb.Entry(
+        entry_id=entry_id,
+        flags=flag,
+        timestamp_ms=stamp,
+        payload=payload,
+        crc32c=entry_checksum(stream_id, entry_id, flag, stamp, payload),
+    )
+    decoded = prepared.entry()
+    assert decoded == expected
+    assert checksum_ok(stream_id, decoded)
+    assert prepared.payload_bytes == len(payload)
+    assert prepared.entry_id == entry_id
+    assert prepare_entry(stream_id, entry_id, flag, stamp, payload, varint(stamp)).framed == (
+        prepared.framed
+    )
+
+
+def test_batches_of_prepared_entries_parse_as_add_requests() -> None:
+    entries = [prepare_entry(7, i, 0, 1_700_000_000_000, b"p%d" % i) for i in range(5)]
+    batch = AddBatch(stream_id=7, term=3, lac=1, lafr=0, recovery=True, entries=entries)
+    request = pb.AddRequest.FromString(batch.to_bytes())
+    assert (request.stream_id, request.term, request.lac, request.lafr) == (7, 3, 1, 0)
+    assert request.recovery
+    assert [e.payload for e in request.entries] == [b"p%d" % i for i in range(5)]
+    assert batch.to_request() == request
+    explicit_lac = AddBatch(stream_id=7, term=3, lac=4, lafr=4).to_request()
+    assert list(explicit_lac.entries) == [] and explicit_lac.lac == 4
+
+
+def test_a_corrupted_entry_fails_its_checksum() -> None:
+    entry = prepare_entry(9, 1, 0, 5, b"payload").entry()
+    entry.payload = b"payloaD"
+    assert not checksum_ok(9, entry)
+    assert not checksum_ok(10, prepare_entry(9, 1, 0, 5, b"payload").entry())
