@@ -1,66 +1,85 @@
-"""The sandbox's short smoke (`streamctl sandbox --demo`): add entries to every bookie through
-the generated gRPC stub and read them back."""
+"""The sandbox's short append-and-tail (`streamctl sandbox --demo`), run through `streamctl`
+itself: create a stream, start a tailing reader, append lines, check the reader printed them
+all in order, then show the stream's info."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import threading
 import time
 
 from rich.console import Console
-from rich.table import Table
 
-from stream.protocol.checksum import entry_checksum
 from stream.sandbox.cluster import SandboxCluster
-from stream.wire import bookie_pb2 as pb
 
-DEMO_STREAM_ID = 1
-DEMO_ENTRIES = 1000
+DEMO_STREAM = "demo"
+DEMO_MESSAGES = [f"hello streamkeeper #{i}" for i in range(20)]
 
 
-def _entry(entry_id: int) -> pb.Entry:
-    payload = f"hello streamkeeper #{entry_id}".encode()
-    now_ms = int(time.time() * 1000)
-    return pb.Entry(
-        entry_id=entry_id,
-        timestamp_ms=now_ms,
-        payload=payload,
-        crc32c=entry_checksum(DEMO_STREAM_ID, entry_id, 0, now_ms, payload),
+def _streamctl(cluster: SandboxCluster, *args: str) -> list[str]:
+    return [sys.executable, "-m", "stream.cli.main", "--metadata", cluster.metadata, *args]
+
+
+def run_demo(cluster: SandboxCluster, console: Console, timeout_s: float = 60.0) -> int:
+    """Returns 0 when the tailing reader printed every appended line in order, else 1."""
+    console.rule("streamctl create")
+    subprocess.run(
+        _streamctl(
+            cluster,
+            "create",
+            DEMO_STREAM,
+            "--ensemble",
+            "3",
+            "--write-quorum",
+            "3",
+            "--ack-quorum",
+            "2",
+        ),
+        check=True,
+        timeout=timeout_s,
     )
+    console.rule("streamctl tail (in the background) + streamctl append")
+    tail = subprocess.Popen(
+        _streamctl(cluster, "tail", DEMO_STREAM, "--from", "earliest", "--timeout", "10"),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    lines: list[str] = []
+    got_all = threading.Event()
 
+    def read_tail() -> None:
+        assert tail.stdout is not None
+        for line in tail.stdout:
+            lines.append(line.rstrip("\n"))
+            console.print(f"  tail> {lines[-1]}")
+            if len(lines) >= len(DEMO_MESSAGES):
+                got_all.set()
 
-def run_demo(cluster: SandboxCluster, console: Console) -> int:
-    """Returns 0 when every bookie acknowledged and returned every entry, else 1."""
-    table = Table("bookie", "added", "read back", "acked/s", "term")
-    ok = True
-    for bookie in cluster.bookies:
-        stub = bookie.stub()
-        batches = [
-            pb.AddRequest(
-                stream_id=DEMO_STREAM_ID,
-                term=1,
-                lac=start - 1,
-                request_id=n,
-                entries=[_entry(i) for i in range(start, min(start + 100, DEMO_ENTRIES))],
-            )
-            for n, start in enumerate(range(0, DEMO_ENTRIES, 100))
-        ]
+    reader = threading.Thread(target=read_tail, daemon=True)
+    reader.start()
+    try:
+        append_args: list[str] = []
+        for message in DEMO_MESSAGES:
+            append_args += ["-m", message]
         started = time.monotonic()
-        responses = list(stub.Add(iter(batches), timeout=30))
-        elapsed = time.monotonic() - started
-        acked = sum(code == pb.OK for r in responses for code in r.codes)
-        read_back = 0
-        for response in stub.ReadRange(
-            pb.ReadRangeRequest(
-                stream_id=DEMO_STREAM_ID, first_entry_id=0, last_entry_id=DEMO_ENTRIES - 1
-            ),
-            timeout=30,
-        ):
-            for entry in response.entries:
-                read_back += entry.payload == _entry(entry.entry_id).payload
-        state = stub.StreamState(pb.StreamStateRequest(stream_id=DEMO_STREAM_ID), timeout=5)
-        ok &= acked == DEMO_ENTRIES and read_back == DEMO_ENTRIES
-        table.add_row(
-            bookie.bookie_id, str(acked), str(read_back), f"{acked / elapsed:,.0f}", str(state.term)
+        subprocess.run(
+            _streamctl(cluster, "append", DEMO_STREAM, *append_args),
+            check=True,
+            timeout=timeout_s,
         )
-    console.print(table)
-    console.print("[green]demo passed[/]" if ok else "[red]demo FAILED[/]")
-    return 0 if ok else 1
+        got_all.wait(timeout_s)
+        elapsed = time.monotonic() - started
+    finally:
+        tail.terminate()
+        tail.wait(timeout=10)
+    console.rule("streamctl info")
+    subprocess.run(_streamctl(cluster, "info", DEMO_STREAM), check=True, timeout=timeout_s)
+    if lines[: len(DEMO_MESSAGES)] == DEMO_MESSAGES:
+        console.print(
+            f"[green]demo passed[/]: {len(DEMO_MESSAGES)} entries appended and tailed "
+            f"in {elapsed:.2f}s"
+        )
+        return 0
+    console.print(f"[red]demo FAILED[/]: the tail printed {lines!r}")
+    return 1
