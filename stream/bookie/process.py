@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -324,6 +325,10 @@ def run_bookie(config: BookieConfig) -> int:
     """Runs one bookie in the foreground until SIGTERM/SIGINT; returns the exit code (0 after a
     clean shutdown). ConfigError and CookieMismatchError propagate for the CLI to report."""
     configure_logging(json=True, level=config.log_level)
+    # The journal and flusher threads hand the GIL back and forth with the event loop; at the
+    # default 5 ms switch interval a group commit waits up to 5 ms per hand-over (measured:
+    # mean commit 16 ms -> 6 ms at 1 ms, same throughput).
+    sys.setswitchinterval(0.001)
     try:
         asyncio.run(Bookie(config).serve())
     except StreamError as e:
