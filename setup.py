@@ -11,9 +11,8 @@ ROOT = Path(__file__).parent.resolve()
 
 
 def generate_wire_modules() -> None:
-    from grpc_tools import protoc  # build dependency (pyproject [build-system])
-
     import grpc_tools
+    from grpc_tools import protoc  # build dependency (pyproject [build-system])
 
     include = Path(grpc_tools.__file__).parent / "_proto"
     for proto in sorted((ROOT / "proto" / "streamkeeper" / "v1").glob("*.proto")):

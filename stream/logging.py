@@ -16,7 +16,10 @@ def configure_logging(*, json: bool | None = None, level: str = "info") -> None:
     if json is None:
         json = not sys.stderr.isatty()
     numeric = getattr(logging, level.upper(), logging.INFO)
-    logging.basicConfig(stream=sys.stderr, level=max(numeric, logging.WARNING), format="%(message)s")
+    # kazoo and grpc log through the standard library: keep only their warnings and errors.
+    logging.basicConfig(
+        stream=sys.stderr, level=max(numeric, logging.WARNING), format="%(message)s"
+    )
     renderer: structlog.types.Processor = (
         structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer()
     )

@@ -7,9 +7,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 from kazoo.client import KazooClient
 
 from stream.sandbox.zookeeper import ZooKeeperServer
+
+# Property tests judge behaviour, not speed: on a loaded 2-core CI machine an example may take
+# longer than hypothesis' default 200 ms deadline.
+settings.register_profile(
+    "streamkeeper", deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile("streamkeeper")
 
 
 @pytest.fixture(scope="session")
