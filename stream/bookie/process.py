@@ -1,8 +1,10 @@
 """One bookie process, start to finish (DESIGN §4, §9).
 
 Start: logging, metadata session, cookie check, storage open (sets the unclean-shutdown bit and
-replays the journal), gRPC on `listen`, Prometheus on `metrics_listen`, and only once serving:
-the ephemeral registration `/bookies/available/<bookie_id>` and the periodic disk check.
+replays the journal), BP-46 phase one when the previous run may have lost acknowledged entries
+(then the cookie fix, if any), gRPC on `listen`, Prometheus on `metrics_listen`, and only once
+serving: the ephemeral registration `/bookies/available/<bookie_id>`, the periodic disk check
+and phase two (limbo repair, `stream.bookie.integrity`) in the background.
 Stop (SIGTERM/SIGINT): unregister, stop accepting, let in-flight requests finish for
 `shutdown_grace_ms`, close the storage (it clears the unclean-shutdown bit last), close the
 metadata session.
@@ -107,6 +109,7 @@ class Bookie:
     async def _start(self) -> None:
         # Imported here so that `streamctl` commands that never run a bookie do not load the
         # storage engine (LMDB) or kazoo.
+        from stream.bookie import integrity
         from stream.bookie.storage import StreamStorage
         from stream.metadata.bookies import BookieRegistry
         from stream.metadata.connection import MetadataSession
@@ -128,7 +131,7 @@ class Bookie:
         )
         instance_id = await asyncio.to_thread(self._session.instance_id)
         self._registry = BookieRegistry(self._session)
-        await asyncio.to_thread(check_cookies, config, instance_id, self._registry)
+        cookies = await asyncio.to_thread(check_cookies, config, instance_id, self._registry)
 
         # Bind before opening the storage: a second process started with the same config fails
         # here, before it touches the directories (or replays a long journal).
@@ -144,6 +147,7 @@ class Bookie:
         if port == 0:
             raise ConfigError(f"cannot listen on {config.listen}: {reason}", key="listen")
 
+        preparation = await asyncio.to_thread(integrity.prepare_boot, config, cookies)
         # Storage calls belong to this (the event loop's) thread from here on.
         storage = StreamStorage(config)
         report = storage.open()
@@ -161,6 +165,15 @@ class Bookie:
             unclean_start=start_report.unclean_start,
             replayed_records=start_report.replayed_records,
             replayed_entries=start_report.replayed_entries,
+        )
+        # Phase one (durable) before serving; phase two starts once serving.
+        limbo_bounds = await integrity.protect_at_boot(
+            config,
+            storage,
+            self._session,
+            self._registry,
+            preparation,
+            unclean=start_report.unclean_start,
         )
 
         disk = self._check_disks()
@@ -186,6 +199,20 @@ class Bookie:
 
         self._tasks.append(asyncio.create_task(self._register(), name="register"))
         self._tasks.append(asyncio.create_task(self._check_disks_forever(), name="disk-check"))
+        if limbo_bounds:
+            # Not after the registration: that waits out a killed incarnation's lingering node,
+            # and the repair needs only the peers (this bookie resolves to `listen`).
+            repairer = integrity.make_repairer(config, storage, self._session)
+            self._tasks.append(
+                asyncio.create_task(self._phase_two(repairer, limbo_bounds), name="phase-two")
+            )
+        # Retention: trim below metadata's first retained entry even when a Trim was missed.
+        from stream.bookie.reconcile import MetadataReconciler
+
+        reconciler = MetadataReconciler(
+            storage, self._session, interval_s=config.gc_interval_ms / 1000
+        )
+        self._tasks.append(asyncio.create_task(reconciler.run_forever(), name="reconcile"))
         log.info(
             "bookie.serving",
             bookie_id=config.bookie_id,
@@ -194,6 +221,14 @@ class Bookie:
             read_only=disk.read_only,
             start_s=round(time.monotonic() - started, 3),
         )
+
+    @staticmethod
+    async def _phase_two(repairer: Any, limbo_bounds: dict[int, int]) -> None:
+        """Repairs the limbo streams (BP-46 phase two), then releases the repair's channels."""
+        try:
+            await repairer.run(limbo_bounds)
+        finally:
+            await repairer.close()
 
     # -- registration -----------------------------------------------------------------------
 

@@ -610,7 +610,7 @@ class BookieService(bookie_pb2_grpc.BookieServicer):
 
 
 def server_options(config: BookieConfig) -> list[tuple[str, int]]:
-    """Returns the gRPC server options for `config` (message sizes, keepalive)."""
+    """Returns the gRPC server options for `config` (message sizes, keepalive, windows)."""
     return [
         ("grpc.max_receive_message_length", config.grpc_max_message_bytes),
         ("grpc.max_send_message_length", config.grpc_max_message_bytes),
@@ -622,6 +622,8 @@ def server_options(config: BookieConfig) -> list[tuple[str, int]]:
         ("grpc.keepalive_timeout_ms", 10_000),
         ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
         ("grpc.keepalive_permit_without_calls", 1),
+        # See BookieConfig.grpc_stream_window_bytes.
+        ("grpc.http2.lookahead_bytes", config.grpc_stream_window_bytes),
     ]
 
 

@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import json
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -131,16 +132,24 @@ def _run_writer(
     latencies: list[float],
     counts: list[int],
 ) -> None:
-    """Appends `payload` for `seconds` (paced at `rate` entries/s when given)."""
+    """Appends `payload` for `seconds`; at `rate` entries/s when given.
+
+    Paced runs follow a fixed schedule (append `n` is due at `start + n / rate`) and measure
+    each sampled latency from its due time, not from when the append was actually made: a
+    pacer that fell behind (descheduled, or blocked by a full window) then shows as latency
+    instead of silently sending later (coordinated omission). The pacer sleeps until the next
+    due time rather than polling, and catches up on missed slots in order."""
     lock = threading.Lock()
     count = 0
     started = time.perf_counter()
     deadline = started + seconds
     perf = time.perf_counter
+    sleep = time.sleep
+    interval = None if rate is None else 1.0 / rate
 
-    def sampled(sent: float) -> Any:
+    def sampled(since: float) -> Any:
         def done(_: Any) -> None:
-            elapsed = perf() - sent
+            elapsed = perf() - since
             with lock:
                 latencies.append(elapsed)
 
@@ -148,16 +157,19 @@ def _run_writer(
 
     while True:
         now = perf()
-        if now >= deadline:
-            break
-        if rate is not None:
-            due = started + count / rate
+        if interval is None:
+            due = now
+            if now >= deadline:
+                break
+        else:
+            due = started + count * interval
+            if due >= deadline:
+                break
             if due > now:
-                time.sleep(min(due - now, 0.001))
-                continue
+                sleep(due - now)
         future = writer.append_async(payload)
         if count % _LATENCY_SAMPLE_EVERY == 0:
-            future.add_done_callback(sampled(perf()))
+            future.add_done_callback(sampled(due))
         count += 1
     writer.flush()
     counts.append(count)
@@ -263,7 +275,7 @@ def _append(args: argparse.Namespace) -> int:
     console.print(table)
     if args.json:
         for r in results:
-            console.print(json.dumps(asdict(r)), highlight=False)
+            sys.stdout.write(json.dumps(asdict(r)) + "\n")  # one line each, never wrapped
     return 0
 
 
@@ -312,5 +324,5 @@ def _tail(args: argparse.Namespace) -> int:
     table.add_row(*(str(v) for v in figures.values()))
     console.print(table)
     if args.json:
-        console.print(json.dumps(figures), highlight=False)
+        sys.stdout.write(json.dumps(figures) + "\n")
     return 0 if read == count else 1

@@ -1,4 +1,5 @@
-"""`streamctl bookie ...`: run a bookie in the foreground and ask a running one what it holds."""
+"""`streamctl bookie ...`: run a bookie in the foreground, repair its cookie after a disk was
+wiped or replaced, and ask a running one what it holds."""
 
 from __future__ import annotations
 
@@ -11,13 +12,22 @@ from stream.errors import InvalidArgumentError, StreamError
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Adds `bookie start|info|state` to `streamctl`."""
+    """Adds `bookie start|fix-cookie|info|state` to `streamctl`."""
     bookie = subparsers.add_parser("bookie", help="run or inspect a bookie")
     sub = bookie.add_subparsers(dest="bookie_command", metavar="SUBCOMMAND", required=True)
 
     start = sub.add_parser("start", help="run one bookie in the foreground")
     start.add_argument("--config", required=True, help="path of bookie.toml")
     start.set_defaults(handler=_start)
+
+    fix = sub.add_parser(
+        "fix-cookie",
+        help="after a cookie mismatch (wiped or replaced disk, moved address or directories): "
+        "protect every open stream (BP-46 phase one) and rewrite the cookie; run it with the "
+        "bookie stopped",
+    )
+    fix.add_argument("--config", required=True, help="path of bookie.toml")
+    fix.set_defaults(handler=_fix_cookie)
 
     info = sub.add_parser("info", help="print a running bookie's Info")
     info.add_argument("--address", required=True, help="the bookie's HOST:PORT")
@@ -37,6 +47,35 @@ def _start(args: argparse.Namespace) -> int:
     from stream.bookie.process import run_bookie
 
     return run_bookie(BookieConfig.load(args.config))
+
+
+def _fix_cookie(args: argparse.Namespace) -> int:
+    from stream.bookie.config import BookieConfig
+    from stream.bookie.cookie import CookieAction
+    from stream.bookie.integrity import fix_cookie
+
+    config = BookieConfig.load(args.config)
+    report = fix_cookie(config)
+    console = Console(soft_wrap=True)  # whole lines: operators grep them
+    if report.action is not CookieAction.FIX:
+        console.print(
+            f"bookie {config.bookie_id}: nothing to fix (cookies {report.action.value}); "
+            "start the bookie as usual"
+        )
+        return 0
+    for problem in report.problems:
+        console.print(f"fixed: {problem}", markup=False)
+    if report.lost_directories:
+        console.print(
+            f"lost directories {', '.join(report.lost_directories)}: the index was discarded, "
+            "the bookie rebuilds its entries from its peers"
+        )
+    console.print(
+        f"bookie {config.bookie_id}: {report.limbo_streams} open streams term-fenced and put in "
+        "limbo, cookie rewritten. Start the bookie: it repairs those streams in the background "
+        "(phase two) and clears their limbo as each is repaired."
+    )
+    return 0
 
 
 def _call(address: str, timeout_s: float, method: str, request: object) -> object:

@@ -28,12 +28,27 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--demo", action="store_true", help="run a short smoke against the cluster, then stop"
     )
+    p.add_argument(
+        "--retention-interval",
+        default="10s",
+        help="rounds of the retention service (default 10s; 'off': no service)",
+    )
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
-    cluster = SandboxCluster(args.data_dir, bookies=args.bookies, zk_port=args.zk_port)
+    retention_s = None
+    if args.retention_interval.strip().lower() != "off":
+        from stream.retention.units import parse_duration
+
+        retention_s = parse_duration(args.retention_interval)
+    cluster = SandboxCluster(
+        args.data_dir,
+        bookies=args.bookies,
+        zk_port=args.zk_port,
+        retention_interval_s=retention_s,
+    )
     with console.status(f"starting ZooKeeper and {args.bookies} bookies"):
         cluster.start()
     try:

@@ -44,7 +44,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     tail.add_argument("--show-ids", action="store_true", help="prefix entry id and time")
     tail.set_defaults(handler=_tail)
 
-    info = subparsers.add_parser("info", help="show a stream's term, state, LAC, fragments")
+    info = subparsers.add_parser(
+        "info", help="show a stream's term, state, LAC, fragments and term history"
+    )
     info.add_argument("name")
     info.set_defaults(handler=_info)
 
@@ -169,6 +171,13 @@ def _info(args: argparse.Namespace) -> int:
             "-" if fragment.bytes is None else str(fragment.bytes),
         )
     console.print(fragments)
+    # Where each term began: a takeover's term starts at its truncate no-op.
+    history = Table(title="term history")
+    for column in ("term", "first entry"):
+        history.add_column(column)
+    for term, first in info.term_history:
+        history.add_row(str(term), str(first))
+    console.print(history)
     return 0
 
 

@@ -263,6 +263,7 @@ class StreamClient:
             ack_quorum=meta.ack_quorum,
             fragments=shown,
             writer=None if writer is None else writer.writer_id,
+            term_history=[(term, first) for term, first in meta.term_history],
         )
 
     def set_retention(self, name: str, policy: RetentionPolicy | None) -> None:
@@ -454,11 +455,16 @@ class StreamReader:
         return self._iterate(lambda: self._core.read(first, last))
 
     def tail(
-        self, start: str | int = "earliest", timeout_s: float | None = None
+        self,
+        start: str | int = "earliest",
+        timeout_s: float | None = None,
+        on_trimmed: str = "raise",
     ) -> Iterator[Entry]:
         """Yields entries as they are acknowledged, from `start` ("earliest", "latest" or an
-        entry id), until none arrived for `timeout_s` seconds (None: forever)."""
-        return self._iterate(lambda: self._core.tail(start, timeout_s))
+        entry id), until none arrived for `timeout_s` seconds (None: forever). A tail that
+        retention overtakes raises `EntryTrimmedError` (with the first retained entry id), or
+        with `on_trimmed="skip"` continues from the first retained entry."""
+        return self._iterate(lambda: self._core.tail(start, timeout_s, on_trimmed))
 
     def last_add_confirmed(self) -> int:
         """Returns the stream's LAC as its bookies report it now."""

@@ -4,7 +4,7 @@ values `stream_info` returns."""
 from __future__ import annotations
 
 import datetime
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from stream.client.ports import PreparedEntry
 from stream.protocol import EntryFlag, entry_checksum
@@ -70,6 +70,16 @@ def checksum_ok(stream_id: int, entry: pb.Entry) -> bool:
         entry_checksum(stream_id, entry.entry_id, entry.flags, entry.timestamp_ms, entry.payload)
         == entry.crc32c
     )
+
+
+def write_back_entry(stream_id: int, entry: pb.Entry) -> PreparedEntry:
+    """Returns a recovered entry prepared for the recovery write-back. An earlier term's
+    NOOP|TRUNCATE goes back as a plain NOOP: its truncation already happened when it was first
+    stored, and storing it again on a bookie that holds that term's later, committed entries
+    would delete them (found by the simulator)."""
+    if entry.flags & EntryFlag.TRUNCATE:
+        return prepare_entry(stream_id, entry.entry_id, _NOOP, entry.timestamp_ms, b"")
+    return PreparedEntry.from_entry(entry)
 
 
 def is_noop(entry: pb.Entry) -> bool:
@@ -141,3 +151,5 @@ class StreamInfo:
     ack_quorum: int
     fragments: list[Fragment]
     writer: str | None = None
+    # (term, first entry id of that term), oldest first: where each takeover's term began.
+    term_history: list[tuple[int, int]] = field(default_factory=list)

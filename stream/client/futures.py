@@ -27,13 +27,19 @@ _LAZY = threading.Lock()
 class AppendFuture(concurrent.futures.Future[T]):
     """A running Future whose condition is created on first use (see the module doc)."""
 
+    # Until the condition exists nobody waits or listens: these class-level empty tuples stand
+    # for the lists, which are created with the condition (every append to them happens while
+    # holding it). One GC-tracked object per append instead of three: the futures of the
+    # entries in flight are long-lived enough to reach the older GC generations, and each
+    # full collection walks them all while the client's loop waits.
+    _waiters: list[Any] = ()  # type: ignore[assignment]
+    _done_callbacks: list[Any] = ()  # type: ignore[assignment]
+
     def __init__(self) -> None:  # no super().__init__: that builds the condition
         self._cond: threading.Condition | None = None
         self._state = RUNNING
         self._result: Any = None
         self._exception: BaseException | None = None
-        self._waiters: list[Any] = []
-        self._done_callbacks: list[Any] = []
 
     @property  # type: ignore[override]
     def _condition(self) -> threading.Condition:
@@ -42,6 +48,8 @@ class AppendFuture(concurrent.futures.Future[T]):
             with _LAZY:
                 cond = self._cond
                 if cond is None:
+                    self._waiters = []
+                    self._done_callbacks = []
                     cond = self._cond = threading.Condition()
         return cond
 

@@ -64,8 +64,15 @@ class WriterOptions:
     fence_timeout_s: float = 5.0
     recovery_read_timeout_s: float = 5.0
     truncate_timeout_s: float = 5.0
-    # Parallel recovery reads issued ahead of the scan.
+    # Entries whose per-entry recovery reads are in flight at once, ahead of the scan.
     recovery_read_ahead: int = 64
+    # A per-entry recovery read asks one bookie of the write set first (its positive decides
+    # alone) and the others once it answered otherwise or after this long.
+    recovery_read_hedge_s: float = 0.05
+    # Bulk recovery reads (E == WQ): one ReadRange per chunk of at most this many entries or
+    # about this many payload bytes (the next chunk is read while one is written back).
+    recovery_range_entries: int = 4096
+    recovery_range_bytes: int = 8 << 20
     # A takeover attempt that cannot decide (unknown answers) is retried after a backoff that
     # doubles from `retry_backoff_s` up to `retry_backoff_max_s`, until `takeover_deadline_s`.
     retry_backoff_s: float = 0.05
@@ -86,6 +93,8 @@ class WriterOptions:
             "batch_max_bytes",
             "inflight_batches_per_bookie",
             "recovery_read_ahead",
+            "recovery_range_entries",
+            "recovery_range_bytes",
             "cas_attempts",
         ):
             value = getattr(self, name)
@@ -96,6 +105,7 @@ class WriterOptions:
             "explicit_lac_delay_s",
             "fence_timeout_s",
             "recovery_read_timeout_s",
+            "recovery_read_hedge_s",
             "truncate_timeout_s",
             "retry_backoff_s",
             "retry_backoff_max_s",

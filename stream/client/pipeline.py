@@ -74,6 +74,7 @@ class _Link:
         "blocked",
         "dead",
         "lac_sent",
+        "lafr_sent",
         "busy_since",
         "busy_backoff_s",
         "busy_timer",
@@ -88,6 +89,7 @@ class _Link:
         self.blocked = blocked
         self.dead = False
         self.lac_sent = -1
+        self.lafr_sent = -1
         # TOO_BUSY backpressure: when it started, the current backoff, the pending resend.
         self.busy_since: float | None = None
         self.busy_backoff_s = 0.0
@@ -243,6 +245,7 @@ class AddPipeline:
     def _send(self, link: _Link, entries: Sequence[PreparedEntry]) -> None:
         batch = self._batch(entries)
         link.lac_sent = batch.lac
+        link.lafr_sent = batch.lafr
         future = link.stream.send(batch)
         link.inflight.append(self._loop.time())
         future.add_done_callback(lambda f: self._on_response(link, f))
@@ -273,29 +276,26 @@ class AddPipeline:
         codes = list(response.codes)
         entry_ids = response.entry_ids
         bookie_id = link.bookie_id
-        on_ack = self.pending.on_ack
-        lafr_before = self.pending.lafr
-        acknowledged: list[int] = []
+        pending = self.pending
+        lafr_before = pending.lafr
         if len(codes) == len(entry_ids) and codes.count(_OK) == len(codes):
             link.busy_since = None
-            for entry_id in entry_ids:
-                newly = on_ack(entry_id, bookie_id)
-                if newly:
-                    acknowledged.extend(newly)
+            # One call per answer: LAC and LAFR move once, not once per entry.
+            acknowledged = pending.on_acks(bookie_id, entry_ids) if entry_ids else []
         else:
             bad_code = None
             busy: list[int] = []
+            ok: list[int] = []
             if len(codes) == 1 and len(entry_ids) != 1:
                 codes = [codes[0]] * max(len(entry_ids), 1)
             for entry_id, code in zip(entry_ids, codes, strict=False):
                 if code == _OK:
-                    newly = on_ack(entry_id, bookie_id)
-                    if newly:
-                        acknowledged.extend(newly)
+                    ok.append(entry_id)
                 elif code == _TOO_BUSY:
                     busy.append(entry_id)
                 elif bad_code is None:
                     bad_code = code
+            acknowledged = pending.on_acks(bookie_id, ok) if ok else []
             if not entry_ids and codes and codes[0] not in (_OK, _TOO_BUSY):
                 bad_code = codes[0]
             if bad_code is not None:
@@ -403,12 +403,12 @@ class AddPipeline:
         self._lac_timer = None
         if self.closed:
             return
-        lac = self.pending.lac
+        lac, lafr = self.pending.lac, self.pending.lafr
         for bookie_id in self.ensemble:
             link = self._links.get(bookie_id)
             if link is None or link.dead or link.blocked or link.outbox:
                 continue
-            if link.lac_sent < lac:
+            if link.lac_sent < lac or link.lafr_sent < lafr:
                 if len(link.inflight) < self._options.inflight_batches_per_bookie:
                     self._send(link, ())
                 else:
@@ -416,11 +416,16 @@ class AddPipeline:
                     self.schedule_explicit_lac()
 
     def lac_behind(self) -> bool:
-        """Returns whether some live bookie of the ensemble was not sent the current LAC."""
-        lac = self.pending.lac
+        """Returns whether some live bookie of the ensemble was not sent the current LAC or
+        LAFR (a closing writer publishes both: the next takeover starts reading at LAFR)."""
+        lac, lafr = self.pending.lac, self.pending.lafr
         for bookie_id in self.ensemble:
             link = self._links.get(bookie_id)
-            if link is not None and not link.dead and link.lac_sent < lac:
+            if (
+                link is not None
+                and not link.dead
+                and (link.lac_sent < lac or link.lafr_sent < lafr)
+            ):
                 return True
         return False
 

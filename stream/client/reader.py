@@ -375,13 +375,20 @@ class AsyncStreamReader:
     # ------------------------------------------------------------------ tailing
 
     async def tail(
-        self, start: str | int = "earliest", idle_timeout_s: float | None = None
+        self,
+        start: str | int = "earliest",
+        idle_timeout_s: float | None = None,
+        on_trimmed: str = "raise",
     ) -> AsyncIterator[list[Entry]]:
         """Yields entry lists as the LAC moves, from `start` ("earliest": the first retained
         entry, "latest": the first after the current LAC, or an entry id), until no entry
-        arrived for `idle_timeout_s` (None: forever)."""
+        arrived for `idle_timeout_s` (None: forever). When retention trims past the tail's
+        position, `on_trimmed="raise"` raises `EntryTrimmedError` (its `first_entry_id` is
+        the first retained entry) and `"skip"` continues from the first retained entry."""
         if idle_timeout_s is not None and not idle_timeout_s >= 0:
             raise InvalidArgumentError("timeout must be >= 0", timeout_s=idle_timeout_s)
+        if on_trimmed not in ("raise", "skip"):
+            raise InvalidArgumentError("on_trimmed must be 'raise' or 'skip'", value=on_trimmed)
         await self.refresh()
         changed = asyncio.Event()
 
@@ -398,6 +405,8 @@ class AsyncStreamReader:
                 position = known_lac + 1
             elif type(start) is int and start >= 0:
                 position = start
+                if on_trimmed == "skip":
+                    position = max(position, self.meta.first_entry_id)
                 self._check_trimmed(position)
             else:
                 raise InvalidArgumentError(
@@ -406,14 +415,31 @@ class AsyncStreamReader:
             idle_deadline = None if idle_timeout_s is None else loop.time() + idle_timeout_s
             while True:
                 if position <= known_lac:
-                    self._check_trimmed(position)
-                    upto = min(known_lac, position + self._options.range_max_entries - 1)
-                    async for covered, entries in self._read_committed(position, upto):
-                        position = covered + 1
-                        if entries:
-                            if idle_timeout_s is not None:
-                                idle_deadline = loop.time() + idle_timeout_s
-                            yield entries
+                    try:
+                        if changed.is_set():
+                            # Retention may have moved the first retained entry past us.
+                            changed.clear()
+                            await self.refresh()
+                        self._check_trimmed(position)
+                        upto = min(known_lac, position + self._options.range_max_entries - 1)
+                        async for covered, entries in self._read_committed(position, upto):
+                            position = covered + 1
+                            if entries:
+                                if idle_timeout_s is not None:
+                                    idle_deadline = loop.time() + idle_timeout_s
+                                yield entries
+                    except EntryTrimmedError as trimmed:
+                        if on_trimmed != "skip":
+                            raise
+                        first_retained = max(self.meta.first_entry_id, position + 1)
+                        log.info(
+                            "reader.skipped_trimmed",
+                            stream=self.name,
+                            from_entry_id=position,
+                            to_entry_id=first_retained,
+                            reason=str(trimmed),
+                        )
+                        position = first_retained
                     continue
                 wait_ms = self._options.lac_poll_ms
                 if idle_deadline is not None:

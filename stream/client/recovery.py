@@ -4,7 +4,9 @@
 2. `Fence` that ensemble with the new term; proceed at EC positives (`FenceTally`), retry later
    once AQ answered unknown. Start at max(highest LAFR, first entry of the last fragment - 1).
 3. Recovery reads forward (`RecoveryReadTally`): one positive recovers, QC explicit negatives
-   end, anything else aborts the attempt (retried with backoff, never guessed).
+   end, anything else aborts the attempt (retried with backoff, never guessed). The answers
+   are gathered fast by `RecoveryReads` (bulk ReadRange when E == WQ, pipelined per-entry
+   reads otherwise) and written back a run of entries per flush.
 4. Write-backs with the term and the frozen LAC, each to its whole write set; a bookie that
    cannot take one is replaced by an ensemble change kept locally.
 5. The NOOP|TRUNCATE entry, to every bookie of the last fragment.
@@ -16,6 +18,7 @@ All I/O goes through the ports; each protection can be switched off (`Protection
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
@@ -23,7 +26,7 @@ from typing import Any, TypeVar
 
 import structlog
 
-from stream.client.entries import NOOP_TRUNCATE, checksum_ok, prepare_entry
+from stream.client.entries import NOOP_TRUNCATE, prepare_entry, write_back_entry
 from stream.client.options import WriterOptions
 from stream.client.pipeline import AddPipeline
 from stream.client.ports import (
@@ -33,6 +36,7 @@ from stream.client.ports import (
     MetadataPort,
     PreparedEntry,
 )
+from stream.client.recovery_reads import BulkSource, RecoveryReads
 from stream.errors import (
     BookieError,
     InvalidTermError,
@@ -48,8 +52,6 @@ from stream.protocol import (
     FenceTally,
     FragmentEnsemble,
     QuorumConfig,
-    ReadOutcome,
-    RecoveryReadTally,
     RecoveryStatus,
     choose_ensemble,
     choose_replacement,
@@ -57,7 +59,6 @@ from stream.protocol import (
     plan_ensemble_change,
     scan_recovery_reads,
 )
-from stream.wire import bookie_pb2 as pb
 
 log = structlog.get_logger(__name__)
 
@@ -279,7 +280,7 @@ class Takeover:
         config = meta.quorum
         term = meta.term
         captured = tuple(last.ensemble)
-        start, frozen_lac = await self._fence(meta, last)
+        start, frozen_lac, sources = await self._fence(meta, last)
         log.info(
             "recovery.fenced",
             stream=self.name,
@@ -303,7 +304,7 @@ class Takeover:
         )
         try:
             end, written_bytes, last_ts = await self._read_and_write_back(
-                meta, config, captured, start, pipeline, owner
+                meta, config, captured, start, pipeline, owner, sources
             )
             if self._protections.truncate_noop:
                 noop = prepare_entry(meta.id, end, NOOP_TRUNCATE, self._clock.now_ms(), b"")
@@ -347,9 +348,10 @@ class Takeover:
             written_bytes = 0  # the write-backs went to an earlier fragment
         return TakeoverResult(meta, version, term, current, last_entry_id, written_bytes, last_ts)
 
-    async def _fence(self, meta: StreamMeta, last: Fragment) -> tuple[int, int]:
-        """Returns (start entry id, frozen LAC) once EC of the captured ensemble took the
-        term; raises `_RetryLater` once AQ answered unknown, `_Fenced` on INVALID_TERM."""
+    async def _fence(self, meta: StreamMeta, last: Fragment) -> tuple[int, int, list[BulkSource]]:
+        """Returns (start entry id, frozen LAC, the bookies that answered positively with the
+        last entry each holds) once EC of the captured ensemble took the term; raises
+        `_RetryLater` once AQ answered unknown, `_Fenced` on INVALID_TERM."""
         config = meta.quorum
         tally = FenceTally(config, last_fragment_first_entry_id=last.first_entry_id)
         timeout_s = self._options.fence_timeout_s
@@ -364,6 +366,7 @@ class Takeover:
 
         tasks = [asyncio.ensure_future(ask(i, b)) for i, b in enumerate(last.ensemble)]
         bookie_term = 0
+        sources: list[BulkSource] = []
         try:
             for next_done in asyncio.as_completed(tasks):
                 index, response = await next_done
@@ -375,6 +378,9 @@ class Takeover:
                         code = Code.OK  # without fencing, "nothing here" is a usable answer
                     if fencing:
                         bookie_term = max(bookie_term, response.bookie_term)
+                    if response.code == Code.OK and response.last_entry_id >= 0:
+                        # It holds entries up to there: a source for bulk recovery reads.
+                        sources.append(BulkSource(last.ensemble[index], response.last_entry_id))
                 outcome = tally.on_response(index, code, lac=lac, lafr=lafr)
                 if tally.invalid_term_seen:
                     raise _Fenced(bookie_term)
@@ -391,50 +397,7 @@ class Takeover:
                     unknowns=tally.unknowns,
                 )
             )
-        return tally.start_entry_id, tally.frozen_lac
-
-    async def _recovery_read(
-        self, meta: StreamMeta, config: QuorumConfig, captured: Sequence[str], entry_id: int
-    ) -> tuple[ReadOutcome, pb.Entry | None, int]:
-        """Returns the outcome of the recovery reads of `entry_id` from its write set in the
-        captured ensemble, the entry when recoverable, and the highest bookie term seen when
-        someone answered INVALID_TERM (else 0)."""
-        write_set = config.write_set_bookies(captured, entry_id)
-        tally: RecoveryReadTally[str, pb.Entry] = RecoveryReadTally(config, write_set)
-        timeout_s = self._options.recovery_read_timeout_s
-
-        async def ask(bookie_id: str) -> tuple[str, pb.ReadResponse | None]:
-            call = self._transport.read(
-                bookie_id, meta.id, entry_id, term=meta.term, timeout_s=timeout_s
-            )
-            return bookie_id, await _answer(call)
-
-        tasks = [asyncio.ensure_future(ask(b)) for b in write_set]
-        bookie_term = 0
-        try:
-            for next_done in asyncio.as_completed(tasks):
-                bookie_id, response = await next_done
-                code: int | None = None
-                entry = None
-                if response is not None:
-                    code = response.code
-                    if code == Code.OK:
-                        entry = response.entry
-                        if entry.entry_id != entry_id or not checksum_ok(meta.id, entry):
-                            log.warning("recovery.bad_entry", bookie=bookie_id, entry_id=entry_id)
-                            code, entry = None, None  # proves nothing
-                    elif code == Code.INVALID_TERM:
-                        bookie_term = max(bookie_term, response.bookie_term)
-                outcome = tally.on_response(bookie_id, code, entry)
-                if tally.invalid_term_seen:
-                    return outcome, None, max(bookie_term, meta.term + 1)
-                if outcome is not ReadOutcome.PENDING:
-                    break
-        finally:
-            await _cancel_all(tasks)
-        if tally.outcome is ReadOutcome.RECOVERABLE:
-            return tally.outcome, tally.entry, 0
-        return tally.outcome, None, 0
+        return tally.start_entry_id, tally.frozen_lac, sources
 
     async def _read_and_write_back(
         self,
@@ -444,28 +407,52 @@ class Takeover:
         start: int,
         pipeline: AddPipeline,
         owner: _RecoveryOwner,
+        sources: Sequence[BulkSource],
     ) -> tuple[int, int, int | None]:
-        """Reads forward from `start + 1` (reads issued ahead in parallel) and writes every
-        recovered entry back; returns (id of the first entry found absent, payload bytes
-        written back, last timestamp written back)."""
-        ahead = self._options.recovery_read_ahead
-        reads: dict[int, asyncio.Task[tuple[ReadOutcome, pb.Entry | None, int]]] = {}
-        next_read = start + 1
+        """Reads forward from `start + 1` (`RecoveryReads`: bulk ranges and pipelined
+        per-entry reads) and writes every recovered entry back, a run of entries per flush;
+        returns (id of the first entry found absent, payload bytes written back, last
+        timestamp written back)."""
+        reads = RecoveryReads(
+            transport=self._transport,
+            stream=self.name,
+            stream_id=meta.id,
+            term=meta.term,
+            config=config,
+            ensemble=captured,
+            options=self._options,
+            bulk_sources=sources,
+        )
         scanned = start  # the highest id recovered so far
         written_bytes = 0
         last_ts: int | None = None
-        try:
-            while True:
-                while len(reads) < ahead:
-                    reads[next_read] = asyncio.ensure_future(
-                        self._recovery_read(meta, config, captured, next_read)
-                    )
-                    next_read += 1
-                outcome, entry, newer_term = await reads.pop(scanned + 1)
+        async with contextlib.aclosing(reads.outcomes(start)) as runs:
+            async for run in runs:
+                newer_term = max(r.newer_term for r in run)
                 if newer_term:
                     raise _Fenced(newer_term)
-                scan = scan_recovery_reads(scanned, [outcome])
+                scan = scan_recovery_reads(scanned, [r.outcome for r in run])
+                for read in run[: scan.last_recovered_entry_id - scanned]:
+                    assert read.entry is not None  # RECOVERABLE
+                    if not pipeline.has_room():
+                        pipeline.flush()
+                        await self._wait_room(pipeline, owner, meta)
+                    pipeline.add(write_back_entry(meta.id, read.entry))
+                    written_bytes += len(read.entry.payload)
+                    last_ts = read.entry.timestamp_ms
+                pipeline.flush()
+                scanned = scan.last_recovered_entry_id
                 if scan.status is RecoveryStatus.ENDED:
+                    log.info(
+                        "recovery.read",
+                        stream=self.name,
+                        term=meta.term,
+                        start_entry_id=start,
+                        end_entry_id=scan.truncate_entry_id,
+                        bulk_entries=reads.bulk_entries,
+                        bulk_requests=reads.bulk_requests,
+                        single_reads=reads.single_reads,
+                    )
                     return scan.truncate_entry_id, written_bytes, last_ts
                 if scan.status is RecoveryStatus.ABORTED:
                     raise _RetryLater(
@@ -475,15 +462,7 @@ class Takeover:
                             entry_id=scan.stopped_at_entry_id,
                         )
                     )
-                assert entry is not None  # RECOVERABLE (READING past it)
-                await self._wait_room(pipeline, owner, meta)
-                pipeline.add(PreparedEntry.from_entry(entry))
-                pipeline.flush()
-                written_bytes += len(entry.payload)
-                last_ts = entry.timestamp_ms
-                scanned = scan.last_recovered_entry_id
-        finally:
-            await _cancel_all(list(reads.values()))
+        raise _RetryLater(BookieError("recovery reads ended undecided", stream=self.name))
 
     # ------------------------------------------------------------------ write-back waiting
 

@@ -100,8 +100,10 @@ class AsyncStreamWriter:
         self._window_entries = self._options.window_entries
         self._room_wanted = False
         self._room_event = threading.Event()
-        # Appends in the pipeline, not yet acknowledged, in id order.
-        self._unresolved: deque[tuple[int, AnyFuture]] = deque()
+        # Appends in the pipeline, not yet acknowledged: their futures in id order, the first
+        # one's entry id beside them (ids are contiguous; no per-entry tuple).
+        self._unresolved: deque[AnyFuture] = deque()
+        self._unresolved_first_id = 0
         self._idle = False
         self._room = asyncio.Event()
         self._room_waiters = 0
@@ -321,7 +323,9 @@ class AsyncStreamWriter:
             payload, future = queue.popleft()
             entry_id = pipeline.next_entry_id
             pipeline.add(prepare_entry(stream_id, entry_id, 0, now_ms, payload, now_varint))
-            unresolved.append((entry_id, future))
+            if not unresolved:
+                self._unresolved_first_id = entry_id
+            unresolved.append(future)
             added += 1
             added_bytes += len(payload)
             if added >= _DRAIN_MAX_ENTRIES:
@@ -386,17 +390,17 @@ class AsyncStreamWriter:
 
     def on_acknowledged(self, entry_ids: list[int]) -> None:
         """Resolves the futures of the newly acknowledged entries and frees their window."""
-        lac = entry_ids[-1]
         unresolved = self._unresolved
-        count = 0
-        while unresolved and unresolved[0][0] <= lac:
-            entry_id, future = unresolved.popleft()
-            try:
-                future.set_result(entry_id)
-            except _INVALID_STATE:
-                pass  # an awaiting task was cancelled: the entry is still written
-            count += 1
-        if count:
+        first = self._unresolved_first_id
+        count = min(entry_ids[-1] + 1 - first, len(unresolved))
+        if count > 0:
+            popleft = unresolved.popleft
+            for entry_id in range(first, first + count):
+                try:
+                    popleft().set_result(entry_id)
+                except _INVALID_STATE:
+                    pass  # an awaiting task was cancelled: the entry is still written
+            self._unresolved_first_id = first + count
             self._completed_appends(count)
         self._acked.set()
         pipeline = self._pipeline
@@ -429,7 +433,8 @@ class AsyncStreamWriter:
             stream=self.name,
         )
         log.warning("writer.fenced", stream=self.name, term=self._term, current_term=current_term)
-        if not self._reengage:
+        if not self._reengage or self._closing:
+            # A closing writer never takes over again (its final LAC can meet a newer term).
             self._fail(error)
             return
         # The entries in flight have an unknown fate: they fail. Queued ones wait for the
@@ -517,8 +522,10 @@ class AsyncStreamWriter:
                 # It acked committed entries not yet at WQ: wait for them to get there.
                 await pipeline.wait_progress(0.05)
                 continue
-            candidates = await self._metadata.available_bookies()
             ensemble = pipeline.ensemble
+            if failed not in ensemble:
+                return  # an earlier change already replaced it
+            candidates = await self._metadata.available_bookies()
             try:
                 replacement = choose_replacement(
                     ensemble,
@@ -677,7 +684,7 @@ class AsyncStreamWriter:
         unresolved = self._unresolved
         count = len(unresolved)
         while unresolved:
-            _, future = unresolved.popleft()
+            future = unresolved.popleft()
             try:
                 future.set_exception(error)
             except _INVALID_STATE:

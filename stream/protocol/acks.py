@@ -8,7 +8,7 @@ would be counted for its replacement at the same index.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -26,7 +26,9 @@ _MAX_CHECKED_WRITE_SETS = 1024
 @dataclass(slots=True)
 class _PendingEntry(Generic[B]):
     write_set: tuple[B, ...]
-    acked: set[B]
+    # A tuple, not a set: at most WQ bookies, and a tuple of ids is dropped from the cyclic
+    # GC's tracking while a set stays tracked (thousands of entries are in flight at a time).
+    acked: tuple[B, ...]
 
 
 class PendingAdds(Generic[B]):
@@ -110,7 +112,7 @@ class PendingAdds(Generic[B]):
             )
             if len(self._checked_write_sets) < _MAX_CHECKED_WRITE_SETS:
                 self._checked_write_sets.add(members)
-        self._pending[entry_id] = _PendingEntry(members, set())
+        self._pending[entry_id] = _PendingEntry(members, ())
         self._next_entry_id = entry_id + 1
 
     def on_ack(self, entry_id: int, bookie: B) -> list[int]:
@@ -127,7 +129,7 @@ class PendingAdds(Generic[B]):
             return []
         if bookie not in entry.write_set or bookie in entry.acked:
             return []
-        entry.acked.add(bookie)
+        entry.acked += (bookie,)
         acknowledged: list[int] = []
         if entry_id == self._lac + 1:
             aq = self._config.ack_quorum
@@ -137,6 +139,43 @@ class PendingAdds(Generic[B]):
                 acknowledged.append(self._lac)
                 candidate = self._pending.get(self._lac + 1)
         if entry_id == self._lafr + 1:
+            self._advance_lafr()
+        return acknowledged
+
+    def on_acks(self, bookie: B, entry_ids: Iterable[int]) -> list[int]:
+        """Record that `bookie` durably stored each of `entry_ids` (one add answer); return
+        the ids newly acknowledged to the application, in increasing order.
+
+        The same as calling `on_ack(entry_id, bookie)` for each id in turn and concatenating
+        the results (a property test checks this), with LAC and LAFR moved once at the end:
+        both are functions of the ack sets alone (the longest prefix at AQ, at the whole
+        write set), so moving them once per answer instead of once per entry changes nothing
+        but the cost."""
+        pending = self._pending
+        lafr = self._lafr
+        for entry_id in entry_ids:
+            entry = pending.get(entry_id)
+            if entry is None:
+                if entry_id > lafr:
+                    invariant(
+                        False, "ack for an entry never added", entry_id=entry_id, bookie=bookie
+                    )
+                continue
+            acked = entry.acked
+            if bookie not in acked and bookie in entry.write_set:
+                entry.acked = (*acked, bookie)
+        acknowledged: list[int] = []
+        aq = self._config.ack_quorum
+        lac = self._lac
+        candidate = pending.get(lac + 1)
+        while candidate is not None and len(candidate.acked) >= aq:
+            lac += 1
+            candidate = pending.get(lac + 1)
+        if lac != self._lac:
+            acknowledged = list(range(self._lac + 1, lac + 1))
+            self._lac = lac
+        candidate = pending.get(lafr + 1)
+        if candidate is not None and len(candidate.acked) == len(candidate.write_set):
             self._advance_lafr()
         return acknowledged
 
@@ -167,7 +206,7 @@ class PendingAdds(Generic[B]):
             )
             if failed in entry.write_set:
                 entry.write_set = tuple(replacement if b == failed else b for b in entry.write_set)
-                entry.acked.discard(failed)
+                entry.acked = tuple(b for b in entry.acked if b != failed)
                 resend.append(entry_id)
         return resend
 

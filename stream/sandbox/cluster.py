@@ -1,5 +1,5 @@
-"""A local cluster on 127.0.0.1: one ZooKeeper and N bookie processes (later also the
-background services). Used by `streamctl sandbox`, the integration tests and the benchmarks."""
+"""A local cluster on 127.0.0.1: one ZooKeeper, N bookie processes and (optionally) the
+retention service. Used by `streamctl sandbox`, the integration tests and the benchmarks."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import structlog
 from kazoo.client import KazooClient
 
 from stream.errors import StreamError
+from stream.retention.process import RetentionProcess
 from stream.sandbox.bookies import BookieProcess, stop_all
 from stream.sandbox.zookeeper import ZooKeeperServer
 
@@ -24,7 +25,8 @@ class SandboxCluster:
     bookie serves and is registered in ZooKeeper; `stop()` stops them all.
 
     With `zookeeper` given, the cluster uses that server (and a root of its own) instead of
-    starting one, so tests can share one ZooKeeper."""
+    starting one, so tests can share one ZooKeeper. With `retention_interval_s`, a retention
+    service process (`streamctl retention run`) runs too, once the bookies serve."""
 
     def __init__(
         self,
@@ -35,6 +37,7 @@ class SandboxCluster:
         root: str = DEFAULT_ROOT,
         bookie_settings: dict[str, Any] | None = None,
         zookeeper: ZooKeeperServer | None = None,
+        retention_interval_s: float | None = None,
     ) -> None:
         if bookies < 1:
             raise StreamError("a sandbox needs at least one bookie", bookies=bookies)
@@ -45,6 +48,8 @@ class SandboxCluster:
         self.bookie_settings = dict(bookie_settings or {})
         self.bookies: list[BookieProcess] = []
         self._bookie_count = bookies
+        self.retention_interval_s = retention_interval_s
+        self.retention: RetentionProcess | None = None
 
     @property
     def metadata(self) -> str:
@@ -61,6 +66,12 @@ class SandboxCluster:
             for bookie in self.bookies:
                 bookie.wait_ready(timeout_s)
             self.wait_registered(len(self.bookies), timeout_s)
+            if self.retention_interval_s is not None:
+                self.retention = RetentionProcess(
+                    self.metadata,
+                    self.data_dir / "retention.log",
+                    interval_s=self.retention_interval_s,
+                ).start()
         except BaseException:
             self.stop()
             raise
@@ -124,7 +135,11 @@ class SandboxCluster:
 
     def stop(self) -> None:
         try:
-            stop_all(self.bookies)
+            try:
+                if self.retention is not None:
+                    self.retention.stop()
+            finally:
+                stop_all(self.bookies)
         finally:
             if self._own_zookeeper:
                 self.zookeeper.stop()

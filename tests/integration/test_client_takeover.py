@@ -115,6 +115,19 @@ def test_stream_abandoned_mid_batch_is_taken_over_keeping_every_acknowledged_ent
     assert [e.entry_id for e in got] == [*range(noop_id), next_id]
     assert all(e.payload == f"child-{e.entry_id}".encode() * 8 for e in got[:-1])
     assert got[-1].payload == b"first of term 2"
+    # The real `streamctl tail` shows the same entries and skips the no-op too.
+    tailed = subprocess.run(
+        [
+            *(sys.executable, "-m", "stream.cli.main", "--metadata", cluster.metadata),
+            *("tail", "abandoned", "--from", "earliest", "--timeout", "2", "--show-ids"),
+        ],
+        capture_output=True,
+        timeout=120,
+    )
+    assert tailed.returncode == 0, tailed.stderr
+    lines = [line.split(b"\t") for line in tailed.stdout.splitlines()]
+    assert [int(line[0]) for line in lines] == [e.entry_id for e in got]
+    assert [line[2] for line in lines] == [e.payload for e in got]
 
 
 def test_reengage_takes_over_again_after_invalid_term(client: StreamClient) -> None:

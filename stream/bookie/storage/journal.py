@@ -306,6 +306,11 @@ class Journal:
     def _run(self) -> None:
         while True:
             with self._cond:
+                # Records that arrived while the previous group was being written and synced:
+                # adds are streaming in, and the group may wait a little to grow. A record that
+                # finds the journal idle is committed at once: waiting would only add
+                # `max_group_wait_ms` to a lone writer's every add (nothing else is coming).
+                streaming = bool(self._pending)
                 while not self._pending and not self._stopping:
                     self._sleeping = True
                     self._cond.wait()
@@ -314,7 +319,8 @@ class Journal:
                     items, fut = self._pending, self._group_future
                     self._pending, self._group_future = [], None
                     break
-                self._grow_group()
+                if streaming:
+                    self._grow_group()
                 items, fut = self._pending, self._group_future
                 self._pending, self._pending_bytes, self._group_future = [], 0, None
             invariant(fut is not None, "a pending group has a future")
@@ -338,7 +344,9 @@ class Journal:
         self._fail(items, fut)
 
     def _grow_group(self) -> None:
-        """Waits (holding _cond's lock between waits) until the group is old or big enough."""
+        """Waits (holding _cond's lock between waits) until the group is old or big enough:
+        `max_group_wait_ms` after its oldest record arrived, so records that already waited
+        out a sync go at once."""
         if self._group_wait_s <= 0:
             return
         deadline = self._pending_since + self._group_wait_s

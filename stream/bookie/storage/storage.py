@@ -21,6 +21,7 @@ cancelled by one of its waiters); a later request's future completes after an ea
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -72,6 +73,9 @@ _CACHE_ENTRY_OVERHEAD_BYTES = 128
 _ENTRY_OVERHEAD_BYTES = 32
 # Read-range: index locations fetched per LMDB transaction.
 _RANGE_PREFETCH = 4096
+# Flush: entry-log bytes written between two fdatasyncs. A journal commit beside a flush waits
+# for the flush's current sync; 2 MiB takes a few ms to write back.
+_FLUSH_SYNC_BYTES = 2 << 20
 
 
 # -- outcomes -------------------------------------------------------------------------------
@@ -159,6 +163,32 @@ class _FlushJob:
     waiters: list[Future[None]]
 
 
+def _flush_parts(
+    plan: list[tuple[int, list[int], list[Entry]]], snapshot: WriteCache, part_bytes: int
+) -> Iterator[list[tuple[int, list[int], list[Entry]]]]:
+    """Yields `plan` (stream id, entry ids, entries) cut into consecutive parts of about
+    `part_bytes` each, in order; the part size in entries comes from the snapshot's mean entry
+    size (no per-entry work)."""
+    count = sum(len(ids) for _, ids, _ in plan)
+    if not count:
+        return
+    per_part = max(1, part_bytes * count // max(snapshot.bytes, 1))
+    part: list[tuple[int, list[int], list[Entry]]] = []
+    room = per_part
+    for stream_id, ids, entries in plan:
+        start = 0
+        while start < len(ids):
+            end = min(len(ids), start + room)
+            part.append((stream_id, ids[start:end], entries[start:end]))
+            room -= end - start
+            start = end
+            if room == 0:
+                yield part
+                part, room = [], per_part
+    if part:
+        yield part
+
+
 def _done_future() -> Future[None]:
     fut: Future[None] = Future()
     fut.set_running_or_notify_cancel()
@@ -217,6 +247,10 @@ class StreamStorage:
         self._max_entry_bytes = config.max_entry_bytes
         self._cache_max_bytes = config.write_cache_max_bytes
         self._flush_trigger_bytes = max(config.write_cache_max_bytes // 2, 1)
+        # Jitter of the flush interval, seeded per bookie: the bookies of an ensemble start
+        # together and would otherwise flush in step, slowing the journal commits of two of
+        # them at once (an AQ = 2 ack waits for the slower of two).
+        self._flush_rng = random.Random(config.bookie_id)
         self._journal = Journal(
             config.journal_path,
             max_file_bytes=config.journal_max_file_bytes,
@@ -925,6 +959,86 @@ class StreamStorage:
         """Returns the ids of every stream this bookie knows."""
         return list(self._states)
 
+    # -- repair (BP-46 phase two) ---------------------------------------------------------
+
+    def missing_entry_ids(self, stream_id: int, entry_ids: list[int]) -> list[int]:
+        """Returns those of `entry_ids` (ascending) that the bookie does not hold, looking at
+        the write caches and the index only (no entry data is read): what a repair must copy.
+        An id below the stream's first retained entry is never missing."""
+        if not entry_ids:
+            return []
+        state = self._states.get(stream_id)
+        first_retained = state.first_entry_id if state is not None else 0
+        # Same order as `_lookup`: active cache, snapshot, then index (the flusher moves entries
+        # active -> snapshot -> index, and drops the snapshot only after the index commit).
+        active = self._active.streams.get(stream_id) or {}
+        snapshot = self._snapshot
+        snap = (snapshot.streams.get(stream_id) if snapshot is not None else None) or {}
+        missing: list[int] = []
+        for start in range(0, len(entry_ids), _RANGE_PREFETCH):
+            chunk = entry_ids[start : start + _RANGE_PREFETCH]
+            span = chunk[-1] - chunk[0] + 1
+            located = self._index.locations(stream_id, chunk[0], chunk[-1], span)
+            for entry_id in chunk:
+                if (
+                    entry_id >= first_retained
+                    and entry_id not in active
+                    and entry_id not in snap
+                    and entry_id not in located
+                ):
+                    missing.append(entry_id)
+        return missing
+
+    def store_copies(self, stream_id: int, entries: list[Entry]) -> int:
+        """Stores entries that a repair copied from peers; returns how many were stored.
+
+        Each entry the bookie does not hold yet, at or above the first retained entry and with
+        a valid checksum, goes into the write cache as an add would, with two differences: it
+        skips the journal (the repair flushes before it clears limbo, so a crash before that
+        just repeats the repair), and a TRUNCATE flag deletes nothing (the copy is an old entry
+        whose truncation this bookie already applied or never needed; entries above it may be
+        newer and must stay). Raises `StorageError` when the storage is unusable."""
+        unusable = self._usable()
+        if unusable is not None:
+            raise StorageError(unusable, stream_id=stream_id)
+        state = self._states.get(stream_id)
+        if state is None or not entries:
+            return 0
+        stored = 0
+        stored_bytes = 0
+        # One index read for the batch. An entry flushed between it and the checks below was
+        # added meanwhile with the same (committed) bytes: storing it again changes nothing.
+        ids = [e.entry_id for e in entries]
+        low, high = min(ids), max(ids)
+        indexed = self._index.locations(stream_id, low, high, high - low + 1)
+        with self._lock:
+            cached = self._active.streams.get(stream_id)
+            if cached is None:
+                cached = self._active.streams[stream_id] = {}
+            snapshot = self._snapshot
+            snap = (snapshot.streams.get(stream_id) if snapshot is not None else None) or {}
+            for e in entries:
+                entry_id = e.entry_id
+                if (
+                    entry_id < state.first_entry_id
+                    or entry_id in cached
+                    or entry_id in snap
+                    or entry_id in indexed
+                    or not _entry_is_valid(stream_id, e, self._max_entry_bytes)
+                ):
+                    continue
+                cached[entry_id] = e
+                stored += 1
+                stored_bytes += len(e.payload) + _CACHE_ENTRY_OVERHEAD_BYTES
+                if entry_id > state.last_entry_id:
+                    state.last_entry_id = entry_id
+            self._active.bytes += stored_bytes
+            self._dirty.add(stream_id)
+        if self._active.bytes >= self._flush_trigger_bytes and not self._flush_signalled:
+            self._flush_signalled = True
+            self._flush_wakeup.set()
+        return stored
+
     # -- flushing -------------------------------------------------------------------------
 
     def request_flush(self) -> Future[None]:
@@ -982,8 +1096,16 @@ class StreamStorage:
                     plan.append((stream_id, entry_ids, list(map(cached.__getitem__, entry_ids))))
             with self._logs.lock:
                 self._logs.begin_flush()
-                keys, locations, written = self._logs.write_entries(plan)
-                self._logs.sync()
+                keys, locations, written = [], [], 0
+                # Synced part by part: a journal fdatasync that runs beside an entry-log
+                # fdatasync waits for that one's writeback (one ext4 transaction), so every
+                # sync here is kept short.
+                for part in _flush_parts(plan, snapshot, _FLUSH_SYNC_BYTES):
+                    part_keys, part_locations, part_written = self._logs.write_entries(part)
+                    keys += part_keys
+                    locations += part_locations
+                    written += part_written
+                    self._logs.sync()
             if checkpoint is None and job.mark is not None:
                 checkpoint = job.mark.result()
             with self._index_lock:
@@ -1053,7 +1175,7 @@ class StreamStorage:
     def _run_flusher(self) -> None:
         interval_s = self.config.flush_interval_ms / 1000.0
         while not self._stop.is_set():
-            self._flush_wakeup.wait(interval_s)
+            self._flush_wakeup.wait(interval_s * self._flush_rng.uniform(0.75, 1.25))
             self._flush_wakeup.clear()
             if self._stop.is_set():
                 break

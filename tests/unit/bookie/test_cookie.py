@@ -1,8 +1,11 @@
-"""Cookie decisions (BP-46): first boot, verified boot, and every kind of mismatch."""
+"""Cookie decisions (BP-46): first boot, verified boot, every kind of mismatch, which ones phase
+one can fix (auto_fix_cookie, `streamctl bookie fix-cookie`), and the cookie I/O against the real
+bookie registry in ZooKeeper."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,14 +15,19 @@ from stream.bookie.cookie import (
     COOKIE_FILE,
     Cookie,
     CookieAction,
+    CookieDecision,
     DirectoryState,
+    apply_cookie_fix,
     check_cookies,
     cookie_differences,
     decide_cookies,
+    discard_index_for_fix,
     expected_cookie,
+    inspect_cookies,
     read_directory_state,
 )
 from stream.errors import CookieMismatchError
+from stream.metadata import BookieRegistry, MetadataSession
 
 DIRS = {"journal": "/d/journal", "ledgers": "/d/ledgers", "index": "/d/index"}
 
@@ -167,71 +175,177 @@ def test_interrupted_first_boot_of_another_bookie_is_refused() -> None:
     assert "holds a cookie of another bookie" in message
 
 
-def test_auto_fix_cookie_still_refuses_for_now() -> None:
-    message = mismatch(EXPECTED, ZK, None, dirs(ZK, index=(None, False)), auto_fix_cookie=True)
-    assert "auto_fix_cookie = true is not available yet" in message
+def fix(*args: object, **kwargs: object) -> CookieDecision:
+    decision = decide_cookies(*args, **kwargs)  # type: ignore[arg-type]
+    assert decision.action is CookieAction.FIX
+    return decision
 
 
-class FakeStore:
-    def __init__(self) -> None:
-        self.cookies: dict[str, tuple[bytes, int]] = {}
-
-    def read_cookie(self, bookie_id: str) -> tuple[bytes, int] | None:
-        return self.cookies.get(bookie_id)
-
-    def write_cookie(self, bookie_id: str, data: bytes, version: int | None) -> int:
-        if version is None and bookie_id in self.cookies:
-            raise RuntimeError("exists")
-        self.cookies[bookie_id] = (data, (version or 0) + 1)
-        return (version or 0) + 1
+def test_without_auto_fix_a_repairable_mismatch_names_the_fix_command() -> None:
+    message = mismatch(EXPECTED, ZK, None, dirs(ZK, index=(None, False)))
+    assert "`streamctl bookie fix-cookie --config <bookie.toml>`" in message
+    assert "auto_fix_cookie = true" in message
 
 
-def bookie_config(tmp_path: Path, bookie_id: str = "b1", port: int = 3181) -> BookieConfig:
+@pytest.mark.parametrize("how", [{"auto_fix_cookie": True}, {"fixing": True}])
+def test_wiped_directory_is_fixed_by_phase_one(how: dict[str, bool]) -> None:
+    d = fix(EXPECTED, ZK, None, dirs(ZK, index=(None, False)), zk_version=4, **how)
+    # The same identity (ZooKeeper's cookie id), written where it is missing.
+    assert d.cookie == ZK
+    assert d.write_directories == ("index",)
+    assert not d.write_zookeeper
+    assert d.lost_directories == ("index",)
+    assert any("directory index (/d/index) has no cookie" in p for p in d.problems)
+
+
+def test_everything_wiped_is_fixed() -> None:
+    d = fix(EXPECTED, ZK, None, dirs(None, data=False), auto_fix_cookie=True)
+    assert d.write_directories == ("journal", "ledgers", "index")
+    assert d.lost_directories == ("journal", "ledgers", "index")
+
+
+def test_moved_address_is_fixed_with_a_versioned_zookeeper_write() -> None:
+    moved = dataclasses.replace(EXPECTED, address="127.0.0.1:4000")
+    d = fix(moved, ZK, None, dirs(ZK), fixing=True, zk_version=7)
+    assert d.cookie == dataclasses.replace(ZK, address="127.0.0.1:4000")
+    assert d.write_zookeeper and d.zk_version == 7
+    assert d.write_directories == ("journal", "ledgers", "index")
+    assert d.lost_directories == ()
+
+
+def test_interrupted_fix_is_finished() -> None:
+    # ZooKeeper got the new address, the directories still hold the old one.
+    new_zk = make_cookie(address="127.0.0.1:4000")
+    moved = dataclasses.replace(EXPECTED, address="127.0.0.1:4000")
+    d = fix(moved, new_zk, None, dirs(ZK), auto_fix_cookie=True)
+    assert d.cookie == new_zk and not d.write_zookeeper
+    assert d.write_directories == ("journal", "ledgers", "index")
+
+
+@pytest.mark.parametrize(
+    "states",
+    [
+        dirs(ZK, ledgers=(make_cookie(bookie_id="b2", cookie_id="c-9"), True)),  # swapped
+        dirs(ZK, ledgers=(make_cookie(cookie_id="older-incarnation"), True)),  # restored copy
+        dirs(ZK, ledgers=(None, True)),  # data without a cookie
+    ],
+    ids=["swapped", "other-incarnation", "data-without-cookie"],
+)
+def test_foreign_data_is_never_fixed_automatically(states: list[DirectoryState]) -> None:
+    for how in ({"auto_fix_cookie": True}, {"fixing": True}):
+        message = mismatch(EXPECTED, ZK, None, states, **how)
+        assert "Not repairable automatically" in message
+        assert "neither auto_fix_cookie nor" in message
+
+
+def test_other_cluster_is_never_fixed_automatically() -> None:
+    other = dataclasses.replace(EXPECTED, instance_id="inst-2")
+    assert "Not repairable" in mismatch(other, ZK, None, dirs(ZK), auto_fix_cookie=True)
+    assert "Not repairable" in mismatch(EXPECTED, None, None, dirs(ZK), auto_fix_cookie=True)
+
+
+@pytest.fixture
+def registry(metadata_root: str) -> Iterator[BookieRegistry]:
+    """The real cookie store: the bookie registry on a fresh ZooKeeper root."""
+    session = MetadataSession.connect(metadata_root)
+    try:
+        yield BookieRegistry(session)
+    finally:
+        session.close()
+
+
+def bookie_config(
+    tmp_path: Path, bookie_id: str = "b1", port: int = 3181, **overrides: object
+) -> BookieConfig:
     return BookieConfig.from_dict(
         {
             "bookie_id": bookie_id,
             "listen": f"127.0.0.1:{port}",
             "metadata": "127.0.0.1:2181/sk",
             "data_dir": str(tmp_path / bookie_id),
+            **overrides,
         }
     )
 
 
-def test_check_cookies_writes_then_verifies(tmp_path: Path) -> None:
-    store = FakeStore()
+def zk_cookie(registry: BookieRegistry, bookie_id: str = "b1") -> Cookie:
+    found = registry.read_cookie(bookie_id)
+    assert found is not None
+    return Cookie.from_json(found[0])
+
+
+def test_check_cookies_writes_then_verifies(tmp_path: Path, registry: BookieRegistry) -> None:
     config = bookie_config(tmp_path)
-    first = check_cookies(config, "inst", store)
+    first = check_cookies(config, "inst", registry)
     assert first.action is CookieAction.FIRST_BOOT
     for path in config.directories.values():
         assert Cookie.from_json((path / COOKIE_FILE).read_bytes()) == first.cookie
-    assert Cookie.from_json(store.cookies["b1"][0]) == first.cookie
+    assert zk_cookie(registry) == first.cookie
     assert first.cookie == expected_cookie(config, "inst", first.cookie.cookie_id)
     (config.ledger_path / "0.log").write_bytes(b"data")
-    again = check_cookies(config, "inst", store)
+    again = check_cookies(config, "inst", registry)
     assert again.action is CookieAction.VERIFIED
     assert again.cookie == first.cookie
 
 
-def test_check_cookies_detects_swapped_ledger_dirs(tmp_path: Path) -> None:
-    store = FakeStore()
+def test_check_cookies_detects_swapped_ledger_dirs(
+    tmp_path: Path, registry: BookieRegistry
+) -> None:
     c1, c2 = bookie_config(tmp_path, "b1", 3181), bookie_config(tmp_path, "b2", 3182)
-    check_cookies(c1, "inst", store)
-    check_cookies(c2, "inst", store)
+    check_cookies(c1, "inst", registry)
+    check_cookies(c2, "inst", registry)
     tmp = tmp_path / "swap"
     c1.ledger_path.rename(tmp)
     c2.ledger_path.rename(c1.ledger_path)
     tmp.rename(c2.ledger_path)
     with pytest.raises(CookieMismatchError, match="directory ledgers .* holds a cookie"):
-        check_cookies(c1, "inst", store)
+        check_cookies(c1, "inst", registry)
 
 
-def test_check_cookies_detects_wiped_directory(tmp_path: Path) -> None:
-    store = FakeStore()
+def test_check_cookies_detects_wiped_directory(tmp_path: Path, registry: BookieRegistry) -> None:
     config = bookie_config(tmp_path)
-    check_cookies(config, "inst", store)
+    check_cookies(config, "inst", registry)
     (config.index_path / COOKIE_FILE).unlink()
     with pytest.raises(CookieMismatchError, match="directory index .* has no cookie"):
-        check_cookies(config, "inst", store)
+        check_cookies(config, "inst", registry)
+
+
+def test_auto_fix_writes_nothing_until_applied(tmp_path: Path, registry: BookieRegistry) -> None:
+    config = bookie_config(tmp_path, auto_fix_cookie=True)
+    first = check_cookies(config, "inst", registry)
+    (config.ledger_path / "0.log").write_bytes(b"entries")
+    (config.index_path / "data.mdb").write_bytes(b"index")
+    (config.journal_path / COOKIE_FILE).unlink()  # the journal disk was replaced
+    decision = check_cookies(config, "inst", registry)
+    assert decision.action is CookieAction.FIX
+    assert not (config.journal_path / COOKIE_FILE).exists()  # phase one has not run yet
+    # A lost directory: the index may point into lost files or miss lost truncations.
+    assert discard_index_for_fix(config, decision) == ["data.mdb"]
+    assert sorted(p.name for p in config.index_path.iterdir()) == [COOKIE_FILE]
+    assert (config.ledger_path / "0.log").exists()
+    apply_cookie_fix(config, decision, registry)
+    assert check_cookies(config, "inst", registry).action is CookieAction.VERIFIED
+    assert zk_cookie(registry) == first.cookie
+
+
+def test_apply_cookie_fix_moves_the_address_by_cas(
+    tmp_path: Path, registry: BookieRegistry
+) -> None:
+    check_cookies(bookie_config(tmp_path), "inst", registry)
+    moved = bookie_config(tmp_path, port=4000)
+    decision = inspect_cookies(moved, "inst", registry, fixing=True)
+    assert decision.action is CookieAction.FIX and decision.lost_directories == ()
+    assert discard_index_for_fix(moved, decision) == []
+    # Someone else changes the cookie meanwhile: the versioned write refuses.
+    found = registry.read_cookie("b1")
+    assert found is not None
+    registry.write_cookie("b1", found[0].replace(b"3181", b"3999"), found[1])
+    with pytest.raises(CookieMismatchError, match="changed while it was being fixed"):
+        apply_cookie_fix(moved, decision, registry)
+    decision = inspect_cookies(moved, "inst", registry, fixing=True)
+    apply_cookie_fix(moved, decision, registry)
+    assert zk_cookie(registry).address == "127.0.0.1:4000"
+    assert check_cookies(moved, "inst", registry).action is CookieAction.VERIFIED
 
 
 def test_read_directory_state_ignores_mount_point_files(tmp_path: Path) -> None:

@@ -1,14 +1,15 @@
-"""The gRPC service in-process over a fake storage engine: ordering of pipelined adds, waiting
-for durability, long polls, malformed requests and internal errors."""
+"""The gRPC service in-process over the real storage engine (in tmp_path): ordering of pipelined
+adds, waiting for durability (the journal's commit held back), long polls, malformed requests,
+internal errors (a storage method made to raise), read-only mode and limbo answers."""
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -17,191 +18,52 @@ import pytest
 from stream.bookie.config import BookieConfig
 from stream.bookie.disk import DiskStatus
 from stream.bookie.server import BookieService, StartReport, add_to_server, server_options
+from stream.bookie.storage import StreamStorage
+from stream.bookie.storage.journal import Journal
 from stream.sandbox.zookeeper import free_port
 from stream.wire import bookie_pb2 as pb
 from stream.wire import bookie_pb2_grpc
 
-
-@dataclass
-class FakeState:
-    term: int = 0
-    limbo: bool = False
-    lac: int = -1
-    lafr: int = -1
-    last_entry_id: int = -1
-    first_entry_id: int = 0
-    entries: dict[int, pb.Entry] = field(default_factory=dict)
+from .storage_support import entry as checked_entry
 
 
-@dataclass
-class Outcome:
-    code: int = pb.OK
-    codes: list[int] = field(default_factory=list)
-    bookie_term: int = 0
-    durable: concurrent.futures.Future[Any] | None = None
-    message: str = ""
-    lac: int = -1
-    lafr: int = -1
-    last_entry_id: int = -1
-    limbo: bool = False
-    entry: pb.Entry | None = None
-    first_entry_id: int = 0
-    entry_ids: list[int] = field(default_factory=list)
+class JournalGate:
+    """Holds the real journal's group commits (its `_commit`) until opened: nothing the
+    storage promises becomes durable meanwhile."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.open = threading.Event()
+        self.open.set()
+        original = Journal._commit
+        gate = self.open
+
+        def held_commit(journal: Journal, items: list[tuple[int, object]]) -> None:
+            if not gate.wait(30):
+                raise TimeoutError("journal gate never opened")
+            original(journal, items)
+
+        monkeypatch.setattr(Journal, "_commit", held_commit)
 
 
-class FakeJournal:
-    """Completes durability futures in order on another thread, as the real journal does."""
+class FailOnce:
+    """Makes a real storage method raise on its next call (then behave again)."""
 
-    def __init__(self) -> None:
-        self.gate = threading.Event()
-        self.gate.set()
-        self._pending: list[concurrent.futures.Future[Any]] = []
-        self._lock = threading.Condition()
-        self._stop = False
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+        self.armed = False
+        original = getattr(StreamStorage, name)
+        failer = self
 
-    def submit(self) -> concurrent.futures.Future[Any]:
-        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        with self._lock:
-            self._pending.append(fut)
-            self._lock.notify()
-        return fut
+        def maybe_fail(storage: StreamStorage, *args: Any, **kwargs: Any) -> Any:
+            if failer.armed:
+                failer.armed = False
+                raise RuntimeError("boom")
+            return original(storage, *args, **kwargs)
 
-    def _run(self) -> None:
-        while True:
-            with self._lock:
-                while not self._pending and not self._stop:
-                    self._lock.wait()
-                if self._stop:
-                    return
-                batch, self._pending = self._pending, []
-            self.gate.wait()
-            for fut in batch:
-                fut.set_result(None)
-
-    def close(self) -> None:
-        with self._lock:
-            self._stop = True
-            self._lock.notify()
+        monkeypatch.setattr(StreamStorage, name, maybe_fail)
 
 
-class FakeStorage:
-    """Just enough of StreamStorage: term rule, entries, LAC, trim/truncate."""
-
-    def __init__(self) -> None:
-        self.streams: dict[int, FakeState] = {}
-        self.journal = FakeJournal()
-        self.on_lac_advanced: Any = None
-        self.fail_next = False
-
-    def _term_rule(self, stream_id: int, term: int) -> tuple[FakeState | None, bool]:
-        state = self.streams.setdefault(stream_id, FakeState())
-        if term < state.term:
-            return None, False
-        new = term > state.term
-        state.term = term
-        return state, new
-
-    def add_batch(self, request: pb.AddRequest, raw: bytes | None = None) -> Outcome:
-        if self.fail_next:
-            self.fail_next = False
-            raise RuntimeError("boom")
-        state, _ = self._term_rule(request.stream_id, request.term)
-        if state is None:
-            term = self.streams[request.stream_id].term
-            return Outcome(codes=[pb.INVALID_TERM] * len(request.entries), bookie_term=term)
-        codes = []
-        for e in request.entries:
-            if e.entry_id < 0:
-                codes.append(pb.BAD_REQUEST)
-                continue
-            state.entries[e.entry_id] = e
-            state.last_entry_id = max(state.last_entry_id, e.entry_id)
-            codes.append(pb.OK)
-        if request.lac > state.lac:
-            state.lac = request.lac
-            if self.on_lac_advanced:
-                self.on_lac_advanced(request.stream_id, state.lac)
-        state.lafr = max(state.lafr, request.lafr)
-        return Outcome(
-            codes=codes or [pb.OK],
-            bookie_term=state.term,
-            durable=self.journal.submit(),
-            entry_ids=[e.entry_id for e in request.entries],
-        )
-
-    def fence(self, stream_id: int, term: int) -> Outcome:
-        state, new = self._term_rule(stream_id, term)
-        if state is None:
-            return Outcome(code=pb.INVALID_TERM, bookie_term=self.streams[stream_id].term)
-        return Outcome(
-            bookie_term=state.term,
-            lac=state.lac,
-            lafr=state.lafr,
-            last_entry_id=state.last_entry_id,
-            durable=self.journal.submit() if new else None,
-        )
-
-    def read(self, stream_id: int, entry_id: int, term: int = 0) -> Outcome:
-        if self.fail_next:
-            self.fail_next = False
-            raise RuntimeError("boom")
-        state = self.streams.get(stream_id)
-        if state is None:
-            return Outcome(code=pb.NO_SUCH_STREAM)
-        if entry_id < state.first_entry_id:
-            return Outcome(code=pb.TRIMMED, first_entry_id=state.first_entry_id)
-        entry = state.entries.get(entry_id)
-        return Outcome(code=pb.OK if entry else pb.NO_SUCH_ENTRY, entry=entry, lac=state.lac)
-
-    def read_range(
-        self, stream_id: int, first: int, last: int, max_batch_bytes: int
-    ) -> Iterator[tuple[int, list[pb.Entry]]]:
-        state = self.streams.get(stream_id)
-        if state is None:
-            yield pb.NO_SUCH_STREAM, []
-            return
-        batch: list[pb.Entry] = []
-        size = 0
-        for eid in range(first, last + 1):
-            entry = state.entries.get(eid)
-            if entry is None:
-                yield pb.NO_SUCH_ENTRY, batch
-                return
-            if batch and size + len(entry.payload) > max_batch_bytes:
-                yield pb.OK, batch
-                batch, size = [], 0
-            batch.append(entry)
-            size += len(entry.payload)
-        yield pb.OK, batch
-
-    def lac(self, stream_id: int) -> tuple[int, int] | None:
-        state = self.streams.get(stream_id)
-        return None if state is None else (state.lac, state.lafr)
-
-    def truncate(self, stream_id: int, term: int, after_entry_id: int) -> Outcome:
-        state, _ = self._term_rule(stream_id, term)
-        if state is None:
-            return Outcome(code=pb.INVALID_TERM, bookie_term=self.streams[stream_id].term)
-        for eid in [e for e in state.entries if e > after_entry_id]:
-            del state.entries[eid]
-        return Outcome(bookie_term=state.term, durable=self.journal.submit())
-
-    def trim(self, stream_id: int, before_entry_id: int) -> Outcome:
-        state = self.streams.setdefault(stream_id, FakeState())
-        state.first_entry_id = max(state.first_entry_id, before_entry_id)
-        return Outcome(first_entry_id=state.first_entry_id, durable=self.journal.submit())
-
-    def stream_state(self, stream_id: int) -> FakeState | None:
-        return self.streams.get(stream_id)
-
-    def stream_ids(self) -> list[int]:
-        return list(self.streams)
-
-
-def entry(entry_id: int, payload: bytes = b"x") -> pb.Entry:
-    return pb.Entry(entry_id=entry_id, payload=payload)
+def entry(entry_id: int, payload: bytes = b"x", stream_id: int = 1) -> pb.Entry:
+    return checked_entry(stream_id, entry_id, payload)
 
 
 def add(stream_id: int, term: int, ids: range, lac: int = -1, rid: int = 0) -> pb.AddRequest:
@@ -211,19 +73,19 @@ def add(stream_id: int, term: int, ids: range, lac: int = -1, rid: int = 0) -> p
         lac=lac,
         lafr=-1,
         request_id=rid,
-        entries=[entry(i, f"e{i}".encode()) for i in ids],
+        entries=[entry(i, f"e{i}".encode(), stream_id) for i in ids],
     )
 
 
 @dataclass
 class Harness:
-    storage: FakeStorage
+    storage: StreamStorage
     service: BookieService
     stub: bookie_pb2_grpc.BookieStub
     channel: grpc.aio.Channel
 
 
-async def start(**overrides: Any) -> tuple[Harness, grpc.aio.Server]:
+async def start(data_dir: Path, **overrides: Any) -> tuple[Harness, grpc.aio.Server]:
     port = free_port()
     config = BookieConfig.from_dict(
         {
@@ -231,10 +93,18 @@ async def start(**overrides: Any) -> tuple[Harness, grpc.aio.Server]:
             "listen": f"127.0.0.1:{port}",
             "metadata": "127.0.0.1:1/x",
             "metrics_listen": "",
+            "data_dir": str(data_dir),
+            # No timer-driven flush, GC or compaction during a test.
+            "flush_interval_ms": 3_600_000,
+            "gc_interval_ms": 3_600_000,
+            "compaction_interval_ms": 3_600_000,
+            "major_compaction_interval_ms": 3_600_000,
+            "journal_max_group_wait_ms": 0.0,
             **overrides,
         }
     )
-    storage = FakeStorage()
+    storage = StreamStorage(config)
+    storage.open()  # on the event loop's thread, which owns the storage from here on
     service = BookieService(
         config,
         storage,
@@ -250,22 +120,26 @@ async def start(**overrides: Any) -> tuple[Harness, grpc.aio.Server]:
     return Harness(storage, service, bookie_pb2_grpc.BookieStub(channel), channel), server
 
 
-def run(coro_fn: Any, **overrides: Any) -> None:
+def run(data_dir: Path, coro_fn: Callable[[Harness], Awaitable[None]], **overrides: Any) -> None:
     async def main() -> None:
-        h, server = await start(**overrides)
+        h, server = await start(data_dir, **overrides)
         try:
             await asyncio.wait_for(coro_fn(h), 20)
         finally:
             await h.channel.close()
             await server.stop(0)
-            h.storage.journal.close()
+            h.storage.close()
 
     asyncio.run(main())
 
 
-def test_pipelined_adds_answer_in_order_after_durability() -> None:
+def test_pipelined_adds_answer_in_order_after_durability(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = JournalGate(monkeypatch)
+
     async def body(h: Harness) -> None:
-        h.storage.journal.gate.clear()  # hold the journal: nothing is durable yet
+        gate.open.clear()  # hold the journal: nothing is durable yet
         sent = asyncio.Queue[pb.AddRequest | None]()
 
         async def requests() -> AsyncIterator[pb.AddRequest]:
@@ -277,14 +151,14 @@ def test_pipelined_adds_answer_in_order_after_durability() -> None:
             await sent.put(add(1, 1, range(i * 10, i * 10 + 10), rid=i))
         # All 20 batches reach storage before any is durable (pipelining)...
         deadline = time.monotonic() + 10
-        while len(h.storage.streams.get(1, FakeState()).entries) < 200:
+        while (state := h.storage.stream_state(1)) is None or state.last_entry_id < 199:
             assert time.monotonic() < deadline
             await asyncio.sleep(0.01)
         # ...and none is answered until the journal syncs.
         read = asyncio.ensure_future(call.read())
         done, _ = await asyncio.wait({read}, timeout=0.2)
         assert not done
-        h.storage.journal.gate.set()
+        gate.open.set()
         responses = [await read] + [await call.read() for _ in range(19)]
         await sent.put(None)
         assert [r.request_id for r in responses] == list(range(20))
@@ -294,12 +168,11 @@ def test_pipelined_adds_answer_in_order_after_durability() -> None:
             assert r.bookie_term == 1
         assert await call.read() == grpc.aio.EOF
 
-    run(body)
+    run(tmp_path, body)
 
 
-def test_malformed_adds_are_refused_and_the_stream_goes_on() -> None:
+def test_malformed_adds_are_refused_and_the_stream_goes_on(tmp_path: Path) -> None:
     async def body(h: Harness) -> None:
-        h.storage.fail_next = False
         requests = [
             add(0, 1, range(2)),  # stream 0
             add(1, 0, range(2)),  # term 0
@@ -307,7 +180,6 @@ def test_malformed_adds_are_refused_and_the_stream_goes_on() -> None:
             add(1, 2, range(3)),  # fine
             add(1, 1, range(3, 4)),  # lower term
         ]
-        h.storage.fail_next = False
         responses = [r async for r in h.stub.Add(iter(requests))]
         assert [list(r.codes) for r in responses] == [
             [pb.BAD_REQUEST] * 2,
@@ -319,28 +191,33 @@ def test_malformed_adds_are_refused_and_the_stream_goes_on() -> None:
         assert "stream_id 0" in responses[0].message
         assert responses[4].bookie_term == 2
 
-    run(body)
+    run(tmp_path, body)
 
 
-def test_internal_error_answers_internal_and_keeps_serving() -> None:
+def test_internal_error_answers_internal_and_keeps_serving(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    add_fails = FailOnce(monkeypatch, "add_batch")
+    read_fails = FailOnce(monkeypatch, "read")
+
     async def body(h: Harness) -> None:
-        h.storage.fail_next = True
+        add_fails.armed = True
         responses = [
             r async for r in h.stub.Add(iter([add(1, 1, range(2)), add(1, 1, range(2, 4))]))
         ]
         assert list(responses[0].codes) == [pb.INTERNAL] * 2
         assert "boom" in responses[0].message
         assert list(responses[1].codes) == [pb.OK] * 2
-        h.storage.fail_next = True
+        read_fails.armed = True
         r = await h.stub.Read(pb.ReadRequest(stream_id=1, entry_id=0))
         assert r.code == pb.INTERNAL
         r = await h.stub.Read(pb.ReadRequest(stream_id=1, entry_id=2))
         assert r.code == pb.OK and r.entry.payload == b"e2"
 
-    run(body)
+    run(tmp_path, body)
 
 
-def test_read_lac_long_poll_wakes_on_lac_advance() -> None:
+def test_read_lac_long_poll_wakes_on_lac_advance(tmp_path: Path) -> None:
     async def body(h: Harness) -> None:
         [r async for r in h.stub.Add(iter([add(1, 1, range(5), lac=3)]))]
         poll = asyncio.ensure_future(
@@ -355,10 +232,10 @@ def test_read_lac_long_poll_wakes_on_lac_advance() -> None:
         assert time.monotonic() - started < 10
         assert not h.service._lac_waiters
 
-    run(body)
+    run(tmp_path, body)
 
 
-def test_read_lac_times_out_capped_and_unknown_stream() -> None:
+def test_read_lac_times_out_capped_and_unknown_stream(tmp_path: Path) -> None:
     async def body(h: Harness) -> None:
         r = await h.stub.ReadLac(pb.ReadLacRequest(stream_id=9, known_lac=-1, timeout_ms=0))
         assert r.code == pb.NO_SUCH_STREAM
@@ -371,10 +248,10 @@ def test_read_lac_times_out_capped_and_unknown_stream() -> None:
         assert (r.code, r.lac) == (pb.OK, 0)
         assert not h.service._lac_waiters
 
-    run(body, read_lac_max_wait_ms=300)
+    run(tmp_path, body, read_lac_max_wait_ms=300)
 
 
-def test_unary_requests_validate_and_answer() -> None:
+def test_unary_requests_validate_and_answer(tmp_path: Path) -> None:
     async def body(h: Harness) -> None:
         s = h.stub
         assert (await s.Fence(pb.FenceRequest(stream_id=1, term=0))).code == pb.BAD_REQUEST
@@ -397,10 +274,10 @@ def test_unary_requests_validate_and_answer() -> None:
         rr = pb.ReadRangeRequest(stream_id=1, first_entry_id=5, last_entry_id=4)
         assert [r.code async for r in s.ReadRange(rr)] == [pb.BAD_REQUEST]
 
-    run(body)
+    run(tmp_path, body)
 
 
-def test_read_range_streams_batches() -> None:
+def test_read_range_streams_batches(tmp_path: Path) -> None:
     async def body(h: Harness) -> None:
         [r async for r in h.stub.Add(iter([add(1, 1, range(10), lac=9)]))]
         rr = pb.ReadRangeRequest(stream_id=1, first_entry_id=0, last_entry_id=20, max_batch_bytes=6)
@@ -411,10 +288,10 @@ def test_read_range_streams_batches() -> None:
         assert responses[-1].code == pb.NO_SUCH_ENTRY
         assert all(r.lac == 9 for r in responses)
 
-    run(body)
+    run(tmp_path, body)
 
 
-def test_read_only_refuses_adds_and_truncates_but_not_recovery() -> None:
+def test_read_only_refuses_adds_and_truncates_but_not_recovery(tmp_path: Path) -> None:
     async def body(h: Harness) -> None:
         h.service.set_disk_status(DiskStatus(True, 1, 100, "/d", 0.99))
         normal = add(1, 1, range(2))
@@ -430,7 +307,7 @@ def test_read_only_refuses_adds_and_truncates_but_not_recovery() -> None:
         responses = [r async for r in h.stub.Add(iter([add(1, 1, range(3, 4))]))]
         assert list(responses[0].codes) == [pb.OK]
 
-    run(body)
+    run(tmp_path, body)
 
 
 @pytest.mark.parametrize(
@@ -444,17 +321,17 @@ def test_read_only_refuses_adds_and_truncates_but_not_recovery() -> None:
         ("StreamState", pb.StreamStateResponse),
     ],
 )
-def test_garbage_bytes_answer_bad_request(method: str, response_type: Any) -> None:
+def test_garbage_bytes_answer_bad_request(tmp_path: Path, method: str, response_type: Any) -> None:
     async def body(h: Harness) -> None:
         call = h.channel.unary_unary(f"/streamkeeper.v1.Bookie/{method}")
         response = response_type.FromString(await call(b"\xff\xff\xff\xff\x0f garbage"))
         assert response.code == pb.BAD_REQUEST
         assert "malformed" in response.message
 
-    run(body)
+    run(tmp_path, body)
 
 
-def test_garbage_bytes_on_streams_and_info() -> None:
+def test_garbage_bytes_on_streams_and_info(tmp_path: Path) -> None:
     async def body(h: Harness) -> None:
         info = h.channel.unary_unary("/streamkeeper.v1.Bookie/Info")
         with pytest.raises(grpc.aio.AioRpcError) as e:
@@ -469,4 +346,37 @@ def test_garbage_bytes_on_streams_and_info() -> None:
         assert [list(a.codes) for a in answers] == [[pb.BAD_REQUEST], [pb.OK, pb.OK]]
         assert (await h.stub.Info(pb.InfoRequest())).bookie_id == "b1"
 
-    run(body)
+    run(tmp_path, body)
+
+
+def test_limbo_answers_unknown_instead_of_every_explicit_negative(tmp_path: Path) -> None:
+    async def body(h: Harness) -> None:
+        s = h.stub
+        [r async for r in s.Add(iter([add(1, 1, range(3), lac=2)]))]
+        # As phase one leaves them: stream 5 is known only from the metadata.
+        await asyncio.wrap_future(h.storage.set_limbo(1, True, term=2))
+        await asyncio.wrap_future(h.storage.set_limbo(5, True, term=3))
+        for sid, eid in ((1, 7), (5, 0)):
+            assert (await s.Read(pb.ReadRequest(stream_id=sid, entry_id=eid))).code == pb.UNKNOWN
+            recovery = await s.Read(pb.ReadRequest(stream_id=sid, entry_id=eid, term=3))
+            assert recovery.code == pb.UNKNOWN
+            rr = pb.ReadRangeRequest(stream_id=sid, first_entry_id=eid, last_entry_id=eid + 5)
+            assert [r.code async for r in s.ReadRange(rr)][-1] == pb.UNKNOWN
+        # Positives are served as usual, up to where the range stops.
+        rr = pb.ReadRangeRequest(stream_id=1, first_entry_id=0, last_entry_id=5)
+        responses = [r async for r in s.ReadRange(rr)]
+        assert [e.entry_id for r in responses for e in r.entries] == [0, 1, 2]
+        assert responses[-1].code == pb.UNKNOWN
+        assert (await s.Read(pb.ReadRequest(stream_id=1, entry_id=2))).entry.payload == b"e2"
+        fence = await s.Fence(pb.FenceRequest(stream_id=5, term=4))
+        assert (fence.code, fence.bookie_term, fence.limbo) == (pb.OK, 4, True)
+        poll = await s.ReadLac(pb.ReadLacRequest(stream_id=5, known_lac=-1, timeout_ms=0))
+        assert (poll.code, poll.lac) == (pb.OK, -1)
+        state = await s.StreamState(pb.StreamStateRequest(stream_id=5))
+        assert (state.code, state.limbo) == (pb.OK, True)
+        # Repaired: explicit negatives again.
+        await asyncio.wrap_future(h.storage.set_limbo(1, False))
+        assert (await s.Read(pb.ReadRequest(stream_id=1, entry_id=7))).code == pb.NO_SUCH_ENTRY
+        assert (await s.Read(pb.ReadRequest(stream_id=9, entry_id=0))).code == pb.NO_SUCH_STREAM
+
+    run(tmp_path, body)

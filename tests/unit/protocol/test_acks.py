@@ -225,3 +225,84 @@ def test_matches_oracle_under_random_interleavings(
             assert pending.write_set(x) == write_sets[x]
             assert pending.ack_set(x) == oracle_acks[x]
         assert pending.in_flight <= window
+
+
+# --- on_acks (one answer at a time) against on_ack (one entry at a time) ----------------------
+
+
+def test_on_acks_acknowledges_a_run_at_once() -> None:
+    pending = tracker()
+    add_entries(pending, 4, ENSEMBLE)
+    assert pending.on_acks("b0", [0, 1, 2, 3]) == []
+    assert pending.on_acks("b1", [1, 2]) == []  # entry 0 is not at AQ yet
+    assert pending.on_acks("b2", [0]) == [0, 1, 2]
+    assert pending.on_acks("b1", [0, 3]) == [3]
+    assert pending.lafr == 0  # entry 0 has all three; entry 1 lacks b2
+    assert pending.on_acks("b2", [1, 2, 3, 3]) == []
+    assert pending.lafr == 3
+    assert pending.on_acks("b0", [0, 1]) == []  # below LAFR: forgotten, ignored
+
+
+def test_on_acks_for_an_entry_never_added_is_a_bug() -> None:
+    pending = tracker()
+    add_entries(pending, 2, ENSEMBLE)
+    with pytest.raises(InvariantViolation):
+        pending.on_acks("b0", [0, 1, 2])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    e=st.integers(1, 5),
+    data=st.data(),
+    start=st.integers(-1, 20),
+    window=st.integers(1, 12),
+)
+def test_on_acks_equals_on_ack_per_entry(
+    e: int, data: st.DataObject, start: int, window: int
+) -> None:
+    wq = data.draw(st.integers(1, e))
+    aq = data.draw(st.integers(1, wq))
+    config = QuorumConfig(e, wq, aq)
+    ensemble = [f"b{i}" for i in range(e)]
+    fresh = iter(f"n{i}" for i in range(1000))
+    one: PendingAdds[str] = PendingAdds(config, max_in_flight=window, last_entry_id=start)
+    batched: PendingAdds[str] = PendingAdds(config, max_in_flight=window, last_entry_id=start)
+    acknowledged_one: list[int] = []
+    acknowledged_batched: list[int] = []
+
+    for _ in range(data.draw(st.integers(0, 40))):
+        action = data.draw(st.sampled_from(["add", "add", "acks", "acks", "acks", "replace"]))
+        if action == "add" and one.has_room():
+            entry_id = one.next_entry_id
+            write_set = config.write_set_bookies(ensemble, entry_id)
+            one.add(entry_id, write_set)
+            batched.add(entry_id, write_set)
+        elif action == "acks":
+            known = list(range(start + 1, one.next_entry_id))
+            if not known:
+                continue
+            # Any ids ever added (also forgotten ones), repeated, in any order.
+            ids = data.draw(st.lists(st.sampled_from(known), max_size=2 * window))
+            bookie = data.draw(st.sampled_from([*ensemble, "stranger"]))
+            for entry_id in ids:
+                acknowledged_one.extend(one.on_ack(entry_id, bookie))
+            acknowledged_batched.extend(batched.on_acks(bookie, ids))
+        elif action == "replace":
+            failed = data.draw(st.sampled_from(ensemble))
+            assert one.pinned_bookies() == batched.pinned_bookies()
+            if failed in one.pinned_bookies():
+                continue
+            replacement = next(fresh)
+            ensemble[ensemble.index(failed)] = replacement
+            assert one.replace_bookie(failed, replacement) == batched.replace_bookie(
+                failed, replacement
+            )
+        assert acknowledged_batched == acknowledged_one
+        assert (batched.lac, batched.lafr, batched.next_entry_id) == (
+            one.lac,
+            one.lafr,
+            one.next_entry_id,
+        )
+        for x in one.entries_not_fully_replicated():
+            assert batched.write_set(x) == one.write_set(x)
+            assert batched.ack_set(x) == one.ack_set(x)

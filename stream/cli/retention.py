@@ -1,0 +1,191 @@
+"""`streamctl retention set|show|run`: a stream's retention policy in human units, and the
+retention service in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from rich.console import Console
+from rich.table import Table
+
+from stream.errors import InvalidArgumentError
+
+_NONE = ("none", "off", "unlimited")
+T = TypeVar("T")
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Adds `retention set|show|run` to `streamctl`."""
+    retention = subparsers.add_parser(
+        "retention", help="retention policies and the retention service"
+    )
+    sub = retention.add_subparsers(dest="retention_command", metavar="ACTION", required=True)
+
+    set_cmd = sub.add_parser(
+        "set",
+        help="set a stream's retention policy",
+        description="Sets the limits given and keeps the others; 'none' removes one limit.",
+    )
+    set_cmd.add_argument("name")
+    set_cmd.add_argument("--max-age", help="e.g. 7d, 12h, 90m, 30s, or none")
+    set_cmd.add_argument("--max-bytes", help="e.g. 10GiB, 500MB, 4096, or none")
+    set_cmd.add_argument("--clear", action="store_true", help="keep everything (no policy)")
+    set_cmd.set_defaults(handler=_set)
+
+    show = sub.add_parser("show", help="show a stream's policy and what it retains")
+    show.add_argument("name")
+    show.set_defaults(handler=_show)
+
+    run = sub.add_parser(
+        "run",
+        help="run the retention service (leader-elected) until SIGTERM/Ctrl-C",
+        description="Contends for leadership under /retention; the leader applies every "
+        "stream's policy each interval. Run several for availability.",
+    )
+    run.add_argument("--interval", default="60s", help="time between rounds (default 60s)")
+    run.add_argument("--once", action="store_true", help="one round now, without the election")
+    run.add_argument("--max-streams-per-round", type=int, default=1000)
+    run.add_argument("--max-fragments-per-round", type=int, default=10_000)
+    run.add_argument("--max-takeovers-per-round", type=int, default=4)
+    run.add_argument("--session-timeout", default="10s", help="ZooKeeper session timeout")
+    run.add_argument("--id", default=None, help="name of this instance (default host-pid)")
+    run.set_defaults(handler=_run)
+
+
+def _optional(text: str | None, parse: Callable[[str], T]) -> tuple[bool, T | None]:
+    """Returns (given, value) of an optional limit: value None for 'none'."""
+    if text is None:
+        return False, None
+    if text.strip().lower() in _NONE:
+        return True, None
+    return True, parse(text)
+
+
+def _session(args: argparse.Namespace, session_timeout_s: float = 10.0) -> Any:
+    from stream.metadata import MetadataSession
+
+    return MetadataSession.connect(args.metadata, session_timeout_s=session_timeout_s)
+
+
+def _set(args: argparse.Namespace) -> int:
+    from stream.metadata import RetentionPolicy, StreamStore
+    from stream.retention.units import parse_duration, parse_size
+
+    if not args.clear and args.max_age is None and args.max_bytes is None:
+        raise InvalidArgumentError("give --max-age, --max-bytes or --clear")
+    if args.clear and (args.max_age is not None or args.max_bytes is not None):
+        raise InvalidArgumentError("--clear goes alone")
+    # Everything is parsed before anything is written.
+    age_given, max_age_s = _optional(args.max_age, parse_duration)
+    bytes_given, max_bytes = _optional(args.max_bytes, parse_size)
+    with _session(args) as session:
+        store = StreamStore(session)
+        meta, _ = store.get_stream(args.name)
+        current = meta.retention or RetentionPolicy()
+        policy: RetentionPolicy | None = None
+        if not args.clear:
+            policy = RetentionPolicy(
+                max_age_s=max_age_s if age_given else current.max_age_s,
+                max_bytes=max_bytes if bytes_given else current.max_bytes,
+            )
+            if policy.max_age_s is None and policy.max_bytes is None:
+                policy = None
+        meta, _ = store.set_retention(meta.id, policy)
+    Console().print(f"retention of [bold]{meta.name}[/]: {_describe(meta.retention)}")
+    return 0
+
+
+def _describe(policy: Any) -> str:
+    from stream.retention.units import format_duration, format_size
+
+    if policy is None or (policy.max_age_s is None and policy.max_bytes is None):
+        return "keep everything"
+    parts = []
+    if policy.max_age_s is not None:
+        parts.append(f"max age {format_duration(policy.max_age_s)}")
+    if policy.max_bytes is not None:
+        parts.append(f"max bytes {format_size(policy.max_bytes)}")
+    return ", ".join(parts)
+
+
+def _show(args: argparse.Namespace) -> int:
+    from stream.metadata import StreamStore
+    from stream.retention.policy import plan_retention
+    from stream.retention.units import format_duration, format_size
+
+    with _session(args) as session:
+        store = StreamStore(session)
+        meta, _ = store.get_stream(args.name)
+        meta, _, fragments = store.get_snapshot(meta.id)
+        writer_alive = store.writer_alive(meta.id)
+    now_ms = int(time.time() * 1000)
+    policy = meta.retention
+    table = Table(title=f"retention of {meta.name}", show_header=False)
+    table.add_row("policy", _describe(policy))
+    table.add_row(
+        "max age",
+        "-" if not policy or policy.max_age_s is None else format_duration(policy.max_age_s),
+    )
+    table.add_row(
+        "max bytes",
+        "-" if not policy or policy.max_bytes is None else format_size(policy.max_bytes),
+    )
+    table.add_row("first retained entry", str(meta.first_entry_id))
+    table.add_row("fragments retained", str(len(fragments)))
+    closed = fragments[:-1]
+    known = [f.bytes for f in closed if f.bytes is not None]
+    shown_bytes = format_size(sum(known)) if sum(known) else "0 B"
+    if len(known) < len(closed):
+        shown_bytes += f" (+{len(closed) - len(known)} fragments of unknown size)"
+    table.add_row("closed fragments' bytes", shown_bytes + " (+ the open last fragment)")
+    stamps = [f.last_timestamp_ms for f in closed if f.last_timestamp_ms is not None]
+    if stamps:
+        # Whole seconds: "3d4h5m6s ago" reads better than a float.
+        age_s = max(round((now_ms - min(stamps)) / 1000), 1)
+        table.add_row("oldest closed fragment's last entry", format_duration(age_s) + " ago")
+    plan = plan_retention(fragments, policy, now_ms)
+    table.add_row("due for deletion", f"{plan.delete_count} fragments")
+    table.add_row("writer", "live" if writer_alive else "none")
+    Console().print(table)
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from stream.logging import configure_logging
+    from stream.retention.service import RetentionService, RetentionSettings
+    from stream.retention.units import parse_duration
+
+    settings = RetentionSettings(
+        interval_s=parse_duration(args.interval),
+        max_streams_per_round=args.max_streams_per_round,
+        max_fragments_per_round=args.max_fragments_per_round,
+        max_takeovers_per_round=args.max_takeovers_per_round,
+    )
+    session_timeout_s = parse_duration(args.session_timeout)
+    # A service logs what it does: JSON lines at info unless asked for more.
+    configure_logging(json=True, level="debug" if args.log_level == "debug" else "info")
+    console = Console(stderr=True)
+    with _session(args, session_timeout_s) as session:
+        service = RetentionService(session, settings, identifier=args.id)
+        if args.once:
+            try:
+                report = service.run_once()
+            finally:
+                service.close()
+            console.print(
+                f"deleted {report.fragments_deleted} fragments of {report.streams_checked} "
+                f"streams; {report.idle_takeovers} idle takeovers; {report.errors} errors"
+            )
+            return 0 if report.errors == 0 else 1
+
+        def on_signal(*_: object) -> None:
+            service.stop()
+
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, on_signal)
+        service.run()
+    return 0

@@ -1,0 +1,636 @@
+"""One simulated cluster on a virtual-time loop: bookies, the network, ZooKeeper, clients
+running the REAL writer, recovery and reader (`stream.client`), and the checker watching them.
+
+The random runner (`stream.sim.runner`) and the directed scripts (`stream.sim.scenarios`) both
+drive a `Simulation` through its actions (take over, append, read, crash, pause, cut, clog,
+expire a session...), then `finish()`: every fault healed, a last takeover fixes the end, a
+last reader reads the whole stream, and the checker judges.
+
+Every random choice comes from one `random.Random(seed)`: each component gets its own
+`random.Random` drawn from it, in a fixed order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable, Coroutine, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import structlog
+
+from stream.client.options import Protections, ReaderOptions, WriterOptions
+from stream.client.reader import AsyncStreamReader
+from stream.client.recovery import WriterIdentity
+from stream.client.writer import AsyncStreamWriter, WriterClosedError
+from stream.errors import StreamError
+from stream.metadata import paths
+from stream.metadata.bookies import BookieRegistration, BookieRegistry
+from stream.metadata.model import Fragment, StreamMeta
+from stream.metadata.streams import StreamStore
+from stream.protocol import EntryFlag, fragment_index_for
+from stream.sim.bookie import BookieProtections, SimBookie
+from stream.sim.checker import LIVENESS, Checker
+from stream.sim.network import NetworkFaults, SimClock, SimNetwork, SimTransport
+from stream.sim.trace import Trace
+from stream.sim.zookeeper import (
+    FakeKazooClient,
+    FakeZooKeeper,
+    SimMetadata,
+    SimMetadataSession,
+)
+
+log = structlog.get_logger(__name__)
+
+STREAM_NAME = "sim"
+
+# The protections that can be switched off, by their CLI names.
+TERM_FENCING = "term-fencing"
+TRUNCATE_NOOP = "truncate-noop"
+NEW_MEMBER_TRUNCATION = "new-member-truncation"
+GWQ = "gwq"
+PHASE_ONE_FENCE = "phase-one-fence"
+LIMBO = "limbo"
+PROTECTIONS = (TERM_FENCING, TRUNCATE_NOOP, NEW_MEMBER_TRUNCATION, GWQ, PHASE_ONE_FENCE, LIMBO)
+
+# A property the checker reports when the real client raised something it never should (a bug
+# outside the four safety properties).
+CLIENT_ERROR = "client-error"
+
+
+def client_protections(disabled: Iterable[str]) -> Protections:
+    """Returns the client's protections with those named in `disabled` off. `term-fencing` off
+    also stops the recovery's Fence (it asks StreamState instead)."""
+    off = set(disabled)
+    return Protections(
+        term_fencing=TERM_FENCING not in off,
+        truncate_noop=TRUNCATE_NOOP not in off,
+        new_member_truncation=NEW_MEMBER_TRUNCATION not in off,
+        recovery_write_quorum=GWQ not in off,
+    )
+
+
+def bookie_protections(disabled: Iterable[str]) -> BookieProtections:
+    """Returns the bookies' protections with those named in `disabled` off. `term-fencing` off
+    makes bookies serve every term: with the client's recovery reads and writes carrying the
+    term, skipping the Fence alone still fences entry by entry, so "no fence" is the bookie
+    ignoring terms, as BookKeeper without fencing."""
+    off = set(disabled)
+    return BookieProtections(
+        enforce_terms=TERM_FENCING not in off,
+        phase_one_fence=PHASE_ONE_FENCE not in off,
+        limbo=LIMBO not in off,
+    )
+
+
+def fast_writer_options(protections: Protections) -> WriterOptions:
+    """Returns writer options scaled to the simulated network (milliseconds of latency)."""
+    return WriterOptions(
+        window_entries=64,
+        batch_max_entries=16,
+        inflight_batches_per_bookie=4,
+        add_timeout_s=0.25,
+        explicit_lac_delay_s=0.002,
+        fence_timeout_s=0.1,
+        recovery_read_timeout_s=0.1,
+        truncate_timeout_s=0.1,
+        recovery_read_ahead=4,
+        retry_backoff_s=0.01,
+        retry_backoff_max_s=0.2,
+        takeover_deadline_s=3.0,
+        ensemble_change_deadline_s=0.5,
+        protections=protections,
+    )
+
+
+def fast_reader_options() -> ReaderOptions:
+    """Returns reader options scaled to the simulated network."""
+    return ReaderOptions(
+        speculative_timeout_s=0.02,
+        read_timeout_s=0.3,
+        read_ahead=8,
+        range_max_entries=64,
+        lac_poll_ms=100,
+        retry_backoff_s=0.02,
+    )
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """The shape of one simulated cluster and stream."""
+
+    bookies: int = 5
+    ensemble: int = 3
+    write_quorum: int = 3
+    ack_quorum: int = 2
+    fragment_max_entries: int = 10
+    fragment_max_bytes: int = 1 << 20
+    # Bookies running without journal_write_data (entries durable only at a flush).
+    journal_less: frozenset[str] = frozenset()
+    flush_interval_s: float = 0.1
+    faults: NetworkFaults = field(default_factory=NetworkFaults)
+    disabled: frozenset[str] = frozenset()
+
+    def bookie_ids(self) -> list[str]:
+        return [f"b{i}" for i in range(1, self.bookies + 1)]
+
+
+class SimClient:
+    """One client process: a node on the network with its transport, its own ZooKeeper
+    session and metadata port, and the writers it opened (the last one is current)."""
+
+    def __init__(self, sim: Simulation, name: str) -> None:
+        self.name = name
+        self.sim = sim
+        self.rng = random.Random(sim.rng.getrandbits(64))
+        self.transport = SimTransport(sim.network, name)
+        self.zk = FakeKazooClient(sim.zk, now=sim.loop.time, lose_reply=self._lose_reply)
+        self.session = SimMetadataSession(self.zk)
+        self.metadata = SimMetadata(sim.network, name, self.session)
+        self.writers: list[AsyncStreamWriter] = []
+        self.opening: asyncio.Task[Any] | None = None
+        self.sequence = 0
+        self.replies_to_lose = 0
+
+    @property
+    def writer(self) -> AsyncStreamWriter | None:
+        """Returns the writer opened last, if it is still usable."""
+        if not self.writers:
+            return None
+        writer = self.writers[-1]
+        return None if writer.error is not None else writer
+
+    def _lose_reply(self, kind: str) -> bool:
+        if self.replies_to_lose > 0 and kind == "multi":
+            self.replies_to_lose -= 1
+            self.sim.trace.record("zk_reply_lost", c=self.name)
+            return True
+        return False
+
+
+class Simulation:
+    """A simulated cluster on the running virtual-time loop (build it inside the loop)."""
+
+    def __init__(self, seed: int, config: SimConfig) -> None:
+        self.seed = seed
+        self.config = config
+        self.loop = asyncio.get_running_loop()
+        self.rng = random.Random(seed)
+        self.trace = Trace(self.loop.time)
+        self.network = SimNetwork(
+            self.loop, random.Random(self.rng.getrandbits(64)), self.trace, config.faults
+        )
+        self.clock = SimClock(self.network)
+        self.zk = FakeZooKeeper(clock_ms=self.network.now_ms, schedule=self.loop.call_soon)
+        self.checker = Checker(self.trace, self.loop.time)
+        self.zk.on_write.append(self._on_zk_write)
+        self.disabled = frozenset(config.disabled)
+        self.writer_options = fast_writer_options(client_protections(self.disabled))
+        self.reader_options = fast_reader_options()
+        self._admin_session = SimMetadataSession(FakeKazooClient(self.zk, now=self.loop.time))
+        self.admin = StreamStore(self._admin_session, clock_ms=self.network.now_ms)
+        self.bookies: dict[str, SimBookie] = {}
+        self._bookie_sessions: dict[str, SimMetadataSession] = {}
+        bookie_rng = random.Random(self.rng.getrandbits(64))
+        for bookie_id in config.bookie_ids():
+            bookie = SimBookie(
+                bookie_id,
+                trace=self.trace,
+                journal_write_data=bookie_id not in config.journal_less,
+                protections=bookie_protections(self.disabled),
+            )
+            bookie.streams_with_bookie = self.admin.streams_with_bookie
+            bookie.snapshot = self.admin.get_snapshot
+            bookie.peer_entry = self._peer_entry
+            self.bookies[bookie_id] = bookie
+            self.network.bookies[bookie_id] = bookie
+        self._flush_rng = bookie_rng
+        self.clients: dict[str, SimClient] = {}
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.faults = 0
+        self.stream_id = 0
+        self.lossy_crashes = 0
+        self._restarts: dict[str, asyncio.TimerHandle] = {}
+        self.finished = False
+        self._snapshot: tuple[StreamMeta, int, list[Fragment]] | None = None
+
+    # ------------------------------------------------------------------ setup
+
+    async def start(self) -> None:
+        """Creates the layout and the stream, registers the bookies, starts their flushes."""
+        for path in paths.BASE_LAYOUT:
+            self._admin_session.zk.ensure_path(path)
+        self._admin_session.zk.create(paths.STREAMS_NEXT_ID, b"1")
+        for bookie_id in self.bookies:
+            self._register(bookie_id)
+            self._arm_flush(bookie_id)
+        meta = self.admin.create_stream(
+            STREAM_NAME,
+            self.config.ensemble,
+            self.config.write_quorum,
+            self.config.ack_quorum,
+            self.config.fragment_max_entries,
+            self.config.fragment_max_bytes,
+        )
+        self.stream_id = meta.id
+        self.trace.record(
+            "start",
+            seed=self.seed,
+            e=self.config.ensemble,
+            wq=self.config.write_quorum,
+            aq=self.config.ack_quorum,
+            fme=self.config.fragment_max_entries,
+            jl=",".join(sorted(self.config.journal_less)),
+            off=",".join(sorted(self.disabled)),
+        )
+
+    def _register(self, bookie_id: str, *, read_only: bool = False) -> None:
+        session = SimMetadataSession(FakeKazooClient(self.zk, now=self.loop.time))
+        self._bookie_sessions[bookie_id] = session
+        BookieRegistry(session).register(  # type: ignore[arg-type]
+            bookie_id, BookieRegistration(f"{bookie_id}:3181", read_only=read_only)
+        )
+
+    def set_read_only(self, bookie_id: str, read_only: bool) -> None:
+        """Publishes `bookie_id` as read-only (placement skips it) or writable again."""
+        session = self._bookie_sessions[bookie_id]
+        path = paths.bookie_available(bookie_id)
+        data = BookieRegistration(f"{bookie_id}:3181", read_only=read_only).to_json()
+        if session.zk.exists(path) is not None:
+            session.zk.set(path, data)
+        self.trace.record("read_only", b=bookie_id, ro=int(read_only))
+
+    def _arm_flush(self, bookie_id: str) -> None:
+        interval = self.config.flush_interval_s * self._flush_rng.uniform(0.5, 1.5)
+        self.loop.call_later(interval, self._flush, bookie_id)
+
+    def _flush(self, bookie_id: str) -> None:
+        bookie = self.bookies[bookie_id]
+        if bookie.up:
+            bookie.flush()
+        if not self.finished:
+            self._arm_flush(bookie_id)
+
+    def _peer_entry(self, bookie_id: str, stream_id: int, entry_id: int) -> Any:
+        bookie = self.bookies.get(bookie_id)
+        return None if bookie is None else bookie.held(stream_id, entry_id)
+
+    def _on_zk_write(self, path: str, data: bytes) -> None:
+        if path == paths.stream_meta(self.stream_id):
+            self.checker.on_term_fixed(StreamMeta.from_json(data))
+
+    # ------------------------------------------------------------------ tasks
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """Runs `coro` as a tracked task (cancelled when the simulation ends)."""
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    def client(self, name: str) -> SimClient:
+        """Returns the client node `name`, created on first use."""
+        client = self.clients.get(name)
+        if client is None:
+            client = self.clients[name] = SimClient(self, name)
+        return client
+
+    def _unexpected(self, what: str, error: BaseException) -> None:
+        self.checker.violate(CLIENT_ERROR, f"{what} raised {error!r}")
+
+    # ------------------------------------------------------------------ writers
+
+    async def open_writer(self, name: str) -> AsyncStreamWriter | None:
+        """Takes the stream over from client `name` with a new writer (a new term, its
+        recovery); returns it, or None when the takeover failed."""
+        client = self.client(name)
+        writer = AsyncStreamWriter(
+            STREAM_NAME,
+            transport=client.transport,
+            metadata=client.metadata,
+            clock=self.clock,
+            rng=client.rng,
+            options=self.writer_options,
+            identity=WriterIdentity(name),
+        )
+        self.trace.record("takeover", c=name)
+        try:
+            await writer.open()
+        except StreamError as e:
+            self.trace.record("takeover_failed", c=name, error=type(e).__name__)
+            return None
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            self._unexpected(f"{name}'s takeover", e)
+            return None
+        client.writers.append(writer)
+        self.trace.record("opened", c=name, t=writer.term)
+        return writer
+
+    def start_takeover(self, name: str) -> None:
+        """Starts a takeover by client `name` in the background (unless one is running)."""
+        client = self.client(name)
+        if client.opening is not None and not client.opening.done():
+            return
+        client.opening = self.spawn(self.open_writer(name))
+
+    def append(self, name: str, count: int, *, size: int = 0) -> int:
+        """Appends `count` payloads (padded to `size` bytes) through client `name`'s current
+        writer; returns how many were queued. Each acknowledgment is reported to the checker
+        as it happens."""
+        client = self.client(name)
+        writer = client.writer
+        queued = 0
+        if writer is None:
+            return 0
+        for _ in range(count):
+            payload = f"{name}#{client.sequence}".encode().ljust(size, b".")
+            client.sequence += 1
+            try:
+                pending = writer.append_nowait(payload)
+            except StreamError:
+                break
+            queued += 1
+            if isinstance(pending, asyncio.Future):
+                pending.add_done_callback(lambda f, p=payload, w=writer: self._acked(name, w, p, f))
+            else:
+                self.spawn(self._await_ack(name, writer, payload, pending))
+        self.trace.record("append", c=name, n=queued)
+        return queued
+
+    def _acked(
+        self, name: str, writer: AsyncStreamWriter, payload: bytes, future: asyncio.Future[int]
+    ) -> None:
+        if future.cancelled():
+            return
+        error = future.exception()
+        if error is None:
+            self.checker.on_ack(name, writer.term, future.result(), payload)
+        elif not isinstance(error, StreamError):
+            self._unexpected(f"{name}'s append", error)
+
+    async def _await_ack(
+        self, name: str, writer: AsyncStreamWriter, payload: bytes, pending: Any
+    ) -> None:
+        try:
+            entry_id = await pending
+        except StreamError:
+            return
+        self.checker.on_ack(name, writer.term, entry_id, payload)
+
+    # ------------------------------------------------------------------ scripting
+
+    async def until(
+        self, predicate: Callable[[], object], timeout_s: float = 5.0, step_s: float = 0.0005
+    ) -> bool:
+        """Returns True as soon as `predicate()` holds (checked every `step_s` of virtual
+        time), False after `timeout_s`."""
+        deadline = self.loop.time() + timeout_s
+        while not predicate():
+            if self.loop.time() >= deadline:
+                return False
+            await asyncio.sleep(step_s)
+        return True
+
+    def holds(self, bookie_id: str, entry_id: int) -> bytes | None:
+        """Returns the payload `bookie_id` holds for `entry_id` now (None: absent or down)."""
+        entry = self.bookies[bookie_id].held(self.stream_id, entry_id)
+        return None if entry is None else entry.payload
+
+    def acked(self, entry_id: int) -> bool:
+        """Returns whether `entry_id` was acknowledged to some writer."""
+        return entry_id in self.checker.acked
+
+    # ------------------------------------------------------------------ readers
+
+    async def read(
+        self, name: str, span: int = 1_000_000
+    ) -> tuple[int, int, list[tuple[int, bytes]]] | None:
+        """Reads the last `span` committed entries through client `name`'s reader, reports
+        what it returned to the checker and returns `(first, last, [(id, payload)])` (None
+        when the read failed or the stream is empty)."""
+        client = self.client(name)
+        reader = AsyncStreamReader(
+            STREAM_NAME,
+            transport=client.transport,
+            metadata=client.metadata,
+            rng=client.rng,
+            options=self.reader_options,
+        )
+        try:
+            await reader.open()
+            lac = await reader.lac()
+            if lac < 0:
+                return None
+            first = max(reader.meta.first_entry_id, lac - span + 1)
+            got: list[tuple[int, bytes]] = []
+            async for batch in reader.read(first, lac):
+                got.extend((e.entry_id, e.payload) for e in batch)
+        except StreamError as e:
+            self.trace.record("read_failed", c=name, error=type(e).__name__)
+            return None
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            self._unexpected(f"{name}'s read", e)
+            return None
+        self.checker.on_read(name, first, lac, got)
+        return first, lac, got
+
+    # ------------------------------------------------------------------ faults
+
+    def crash(self, bookie_id: str, *, lose_disk: bool = False, downtime_s: float | None = None):
+        """Crashes `bookie_id` (losing what is not durable, or its whole disk) and restarts it
+        after `downtime_s` (None: only when `restart` is called)."""
+        bookie = self.bookies[bookie_id]
+        if not bookie.up:
+            return
+        self.faults += 1
+        if lose_disk or not bookie.journal_write_data:
+            self.lossy_crashes += 1
+        bookie.crash(lose_disk=lose_disk)
+        self.network.break_streams(bookie_id, "bookie crashed")
+        # Its registration goes when its ZooKeeper session times out (a little later).
+        session = self._bookie_sessions[bookie_id]
+        self.loop.call_later(
+            self.rng.uniform(0.0, 0.2), lambda: self._expire_if_down(bookie_id, session)
+        )
+        if downtime_s is not None:
+            self._restarts[bookie_id] = self.loop.call_later(downtime_s, self.restart, bookie_id)
+
+    def stop_cleanly(self, bookie_id: str, downtime_s: float) -> None:
+        """Stops `bookie_id` cleanly (everything flushed, no phase one at its next start) and
+        starts it again after `downtime_s`."""
+        bookie = self.bookies[bookie_id]
+        if not bookie.up:
+            return
+        self.faults += 1
+        bookie.stop_cleanly()
+        self.network.break_streams(bookie_id, "bookie stopped")
+        self._bookie_sessions[bookie_id].close()
+        self._restarts[bookie_id] = self.loop.call_later(downtime_s, self.restart, bookie_id)
+
+    def _expire_if_down(self, bookie_id: str, session: SimMetadataSession) -> None:
+        if self._bookie_sessions.get(bookie_id) is session and not self.bookies[bookie_id].up:
+            session.close()
+
+    def restart(self, bookie_id: str) -> None:
+        """Starts `bookie_id` again (phase one first when it stopped uncleanly)."""
+        handle = self._restarts.pop(bookie_id, None)
+        if handle is not None:
+            handle.cancel()
+        bookie = self.bookies[bookie_id]
+        if bookie.up:
+            return
+        self._bookie_sessions[bookie_id].close()
+        bookie.start()
+        self._register(bookie_id)
+
+    def pause(self, name: str, duration_s: float) -> None:
+        """Pauses node `name` (every message to or from it is held) for `duration_s`."""
+        self.faults += 1
+        self.network.clog_node(name, duration_s)
+
+    def expire_session(self, name: str, reconnect_after_s: float) -> None:
+        """Expires client `name`'s ZooKeeper session; it gets a new one later."""
+        self.faults += 1
+        self.trace.record("expire", c=name)
+        self.client(name).zk.expire(reconnect_after_s)
+
+    def lose_zk_reply(self, name: str) -> None:
+        """Loses the reply of client `name`'s next metadata multi-op (applied, unanswered)."""
+        self.faults += 1
+        self.client(name).replies_to_lose += 1
+
+    # ------------------------------------------------------------------ checking
+
+    def snapshot(self) -> tuple[StreamMeta, int, list[Fragment]]:
+        """Returns the stream's current `(meta, version, fragments)`, read directly (no
+        network), parsed again only when the meta version moved."""
+        stat = self.zk.exists(paths.stream_meta(self.stream_id))
+        cached = self._snapshot
+        if cached is None or stat is None or cached[1] != stat.version:
+            cached = self._snapshot = self.admin.get_snapshot(self.stream_id)
+        return cached
+
+    def check(self) -> None:
+        """Checks property 2 over every bookie now (the checker's scan)."""
+        meta, _, fragments = self.snapshot()
+        self.checker.scan_bookies(self.stream_id, meta.quorum, fragments, self._peer_entry)
+
+    async def finish(self, *, settle_s: float = 0.5) -> None:
+        """Heals every fault, stops every writer, runs a last takeover and a last read of the
+        whole stream, and gives them to the checker."""
+        self.network.faults = replace(
+            self.network.faults, spike_rate=0.0, loss_rate=0.0, duplicate_rate=0.0
+        )
+        self.network.heal()
+        for client in self.clients.values():
+            client.replies_to_lose = 0
+        for bookie_id, bookie in self.bookies.items():
+            if not bookie.up:
+                self.restart(bookie_id)
+        # Zombies wake up: what they held is delivered now, and may get acknowledged.
+        await asyncio.sleep(settle_s)
+        self.check()
+        for client in list(self.clients.values()):
+            if client.opening is not None and not client.opening.done():
+                client.opening.cancel()
+            for writer in client.writers:
+                try:
+                    await asyncio.wait_for(writer.close(), 1.0)
+                except (StreamError, TimeoutError):
+                    pass
+                except Exception as e:
+                    self._unexpected(f"{client.name}'s close", e)
+        await asyncio.sleep(0.05)
+        final = None
+        for _ in range(3):
+            final = await self.open_writer("final")
+            if final is not None:
+                break
+            await asyncio.sleep(0.5)
+        if final is None:
+            self.checker.violate(LIVENESS, "the final takeover did not complete")
+            self.finished = True
+            return
+        end = final.last_add_confirmed
+        try:
+            await asyncio.wait_for(final.close(), 2.0)
+        except (StreamError, TimeoutError) as e:
+            self.trace.record("final_close_failed", error=type(e).__name__)
+        self.check()
+        got = await self._final_read(end)
+        if got is not None:
+            self.checker.final(end, got)
+        else:
+            source = "the final read failed, and the bookies of its write set hold"
+            self.checker.final(end, self._held_view(end), source=source)
+        self.finished = True
+
+    def _held_view(self, end: int) -> dict[int, bytes]:
+        """Returns, for each id up to `end`, a non-no-op payload some bookie of its write set
+        holds (preferring the acknowledged one): what a reader could still find."""
+        meta, _, fragments = self.snapshot()
+        firsts = [(f.first_entry_id, f.ensemble) for f in fragments]
+        view: dict[int, bytes] = {}
+        for entry_id in range(max(meta.first_entry_id, 0), end + 1):
+            ensemble = firsts[fragment_index_for(firsts, entry_id)][1]
+            ack = self.checker.acked.get(entry_id)
+            for bookie_id in meta.quorum.write_set_bookies(ensemble, entry_id):
+                entry = self.bookies[bookie_id].held(self.stream_id, entry_id)
+                if entry is None or entry.flags & EntryFlag.NOOP:
+                    continue
+                view.setdefault(entry_id, entry.payload)
+                if ack is not None and entry.payload == ack.payload:
+                    view[entry_id] = entry.payload
+        return view
+
+    async def _final_read(self, end: int) -> dict[int, bytes] | None:
+        """Returns the final reader's view of `0..end` (no-ops left out), None when it could
+        not read that far."""
+        if end < 0:
+            return {}
+        for _ in range(5):
+            result = await self.read("final-reader")
+            if result is not None and result[0] <= self.first_retained_entry() and result[1] >= end:
+                return dict(result[2])
+            await asyncio.sleep(0.2)
+        self.checker.violate(LIVENESS, f"the final read of the stream up to {end} failed")
+        return None
+
+    def first_retained_entry(self) -> int:
+        """Returns the stream's first retained entry id (the final read starts there)."""
+        meta, _ = self.admin.get_stream_by_id(self.stream_id)
+        return meta.first_entry_id
+
+    async def shutdown(self) -> None:
+        """Cancels every task still running (writers' and bookies' included), again while
+        cancelled tasks start new ones (a bounded number of rounds), so that no coroutine of
+        this run is left to be finalized later, on another run's loop."""
+        self.finished = True
+        for client in self.clients.values():
+            for writer in client.writers:
+                _abort(writer)
+        current = asyncio.current_task()
+        for _ in range(20):
+            pending = [t for t in asyncio.all_tasks(self.loop) if t is not current]
+            if not pending:
+                return
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        log.warning("sim.tasks_left_running", seed=self.seed)
+
+
+def _abort(writer: AsyncStreamWriter) -> None:
+    """Stops `writer` at once, without flushing: its pending appends fail. A writer whose tasks
+    are merely cancelled restarts its roll from `_roll`'s `finally`, so it must be stopped
+    first (the client has no public abort yet)."""
+    abort = getattr(writer, "abort", None)
+    if abort is not None:
+        abort()
+    elif writer.error is None:
+        writer._fail(WriterClosedError("simulation over", stream=writer.name))

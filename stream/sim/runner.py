@@ -1,0 +1,369 @@
+"""Seeded simulation runs: `run_seed(seed, steps, disabled)` builds a random cluster, drives a
+random workload with random faults against the real client, checks the properties after every
+step and at the end, and returns a `RunResult`; `run_many` runs a range of seeds (in worker
+processes when asked) and stops at the first failing seed when asked.
+
+A seed replays identically: the same seed gives the same trace digest. Nothing reads real
+time or global randomness; every choice comes from `random.Random(seed)`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import multiprocessing
+import random
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from stream.errors import InvalidArgumentError
+from stream.sim.checker import Violation
+from stream.sim.cluster import CLIENT_ERROR, PROTECTIONS, SimConfig, Simulation
+from stream.sim.loop import VirtualTimeLoop
+from stream.sim.network import NetworkFaults
+
+DEFAULT_STEPS = 40
+
+# (E, WQ, AQ) the random runs choose from: AQ >= 2 always, so that one bookie losing its
+# unflushed data (at most one such crash per run) cannot lose an acknowledged entry by itself.
+_QUORUMS = ((3, 3, 2), (3, 2, 2), (4, 3, 2), (4, 2, 2), (5, 3, 2), (3, 3, 3))
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What one seeded run did and found."""
+
+    seed: int
+    steps: int
+    faults: int
+    acknowledged: int
+    violations: tuple[Violation, ...]
+    trace_digest: str
+    virtual_time_s: float = 0.0
+    events: int = 0
+    scenario: str = "random"
+    config: str = ""
+    # The last trace events, kept only when the run failed (for the report).
+    trace_tail: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+def check_disabled(disabled: Iterable[str]) -> frozenset[str]:
+    """Returns `disabled` as a set of protection names; raises `InvalidArgumentError` for a
+    name that is not one of `PROTECTIONS`."""
+    names = frozenset(disabled)
+    unknown = sorted(names - set(PROTECTIONS))
+    if unknown:
+        raise InvalidArgumentError(
+            f"unknown protection(s) {', '.join(unknown)}; choose from {', '.join(PROTECTIONS)}"
+        )
+    return names
+
+
+def random_config(rng: random.Random, disabled: frozenset[str]) -> SimConfig:
+    """Returns a random cluster shape, stream and network for one run."""
+    ensemble, write_quorum, ack_quorum = rng.choice(_QUORUMS)
+    bookies = ensemble + rng.choice((1, 2, 2, 3))
+    ids = [f"b{i}" for i in range(1, bookies + 1)]
+    journal_less: frozenset[str] = frozenset()
+    if rng.random() < 0.5:
+        journal_less = frozenset(b for b in ids if rng.random() < 0.5)
+    faults = NetworkFaults(
+        spike_rate=rng.choice((0.0, 0.02, 0.1)),
+        spike_max_s=rng.choice((0.02, 0.08)),
+        loss_rate=rng.choice((0.0, 0.0, 0.002, 0.01, 0.03)),
+        duplicate_rate=rng.choice((0.0, 0.05)),
+    )
+    return SimConfig(
+        bookies=bookies,
+        ensemble=ensemble,
+        write_quorum=write_quorum,
+        ack_quorum=ack_quorum,
+        fragment_max_entries=rng.choice((3, 5, 8, 13, 50)),
+        journal_less=journal_less,
+        flush_interval_s=rng.choice((0.1, 0.3, 1.0)),
+        faults=faults,
+        disabled=disabled,
+    )
+
+
+def describe(config: SimConfig) -> str:
+    """Returns a one-line description of a cluster shape (for reports)."""
+    f = config.faults
+    return (
+        f"E={config.ensemble} WQ={config.write_quorum} AQ={config.ack_quorum} "
+        f"bookies={config.bookies} fragment_max_entries={config.fragment_max_entries} "
+        f"journal_less={','.join(sorted(config.journal_less)) or '-'} loss={f.loss_rate} "
+        f"dup={f.duplicate_rate} spikes={f.spike_rate}"
+    )
+
+
+class RandomWorkload:
+    """Random steps: appends, reads, competing takeovers and faults of every kind."""
+
+    def __init__(self, sim: Simulation, rng: random.Random) -> None:
+        self.sim = sim
+        self.rng = rng
+        self.writers = [f"c{i}" for i in range(1, rng.choice((2, 3, 3)) + 1)]
+        self.readers = ["r1", "r2"]
+        self._actions: list[tuple[int, Callable[[], None]]] = [
+            (40, self.append),
+            (8, self.read),
+            (6, self.takeover),
+            (5, self.crash),
+            (5, self.pause),
+            (2, self.swizzle),
+            (5, self.partition),
+            (4, self.clog),
+            (2, self.expire),
+            (2, self.lose_zk_reply),
+        ]
+        self._weights = [w for w, _ in self._actions]
+
+    async def run(self, steps: int) -> None:
+        sim = self.sim
+        sim.start_takeover(self.writers[0])
+        for _ in range(steps):
+            if not any(sim.client(w).writer for w in self.writers) and not self._opening():
+                self.takeover()
+            else:
+                ((_, action),) = self.rng.choices(self._actions, weights=self._weights)
+                action()
+            await asyncio.sleep(self.rng.uniform(0.002, 0.04))
+            sim.check()
+
+    def _opening(self) -> bool:
+        return any(
+            (c := self.sim.client(w)).opening is not None and not c.opening.done()
+            for w in self.writers
+        )
+
+    # ------------------------------------------------------------------ actions
+
+    def append(self) -> None:
+        active = [w for w in self.writers if self.sim.client(w).writer is not None]
+        if active:
+            self.sim.append(self.rng.choice(active), self.rng.randint(1, 5))
+
+    def read(self) -> None:
+        self.sim.spawn(self.sim.read(self.rng.choice(self.readers), self.rng.randint(3, 20)))
+
+    def takeover(self) -> None:
+        self.sim.start_takeover(self.rng.choice(self.writers))
+
+    def crash(self) -> None:
+        sim = self.sim
+        up = [b for b, bookie in sim.bookies.items() if bookie.up]
+        down = len(sim.bookies) - len(up)
+        if not up or down >= 2:
+            return
+        lossless = [b for b in up if sim.bookies[b].journal_write_data]
+        downtime_s = self.rng.uniform(0.05, 1.0)
+        if self.rng.random() < 0.15:
+            sim.stop_cleanly(self.rng.choice(up), downtime_s)  # an orderly restart
+        elif sim.lossy_crashes == 0 and self.rng.random() < 0.6:
+            # The one crash of this run that may lose data: the unflushed entries of a
+            # bookie without the journal, or a whole disk.
+            bookie_id = self.rng.choice(up)
+            lose_disk = self.rng.random() < 0.25
+            sim.crash(bookie_id, lose_disk=lose_disk, downtime_s=downtime_s)
+        elif lossless:
+            sim.crash(self.rng.choice(lossless), downtime_s=downtime_s)
+
+    def pause(self) -> None:
+        # A writer stops (GC pause, VM freeze) and wakes up later: a zombie.
+        self.sim.pause(self.rng.choice(self.writers), self.rng.uniform(0.05, 1.5))
+
+    def swizzle(self) -> None:
+        self.sim.faults += 1
+        self.sim.spawn(self._swizzle())
+
+    async def _swizzle(self) -> None:
+        """FoundationDB's swizzle-clog: clog a random subset of nodes one by one, then unclog
+        them in a random order."""
+        nodes = [*self.writers, *self.sim.bookies]
+        chosen = self.rng.sample(nodes, self.rng.randint(2, max(2, len(nodes) // 2)))
+        for node in chosen:
+            self.sim.network.clog_node(node, math.inf)
+            await asyncio.sleep(self.rng.uniform(0.005, 0.1))
+        self.rng.shuffle(chosen)
+        for node in chosen:
+            self.sim.network.unclog_node(node)
+            await asyncio.sleep(self.rng.uniform(0.005, 0.1))
+
+    def _link(self) -> tuple[str, str]:
+        return self.rng.choice(self.writers), self.rng.choice(list(self.sim.bookies))
+
+    def partition(self) -> None:
+        a, b = self._link()
+        self.sim.faults += 1
+        both = self.rng.random() < 0.7
+        self.sim.network.cut(a, b, self.rng.uniform(0.02, 0.8), both=both)
+
+    def clog(self) -> None:
+        a, b = self._link()
+        self.sim.faults += 1
+        self.sim.network.clog(a, b, self.rng.uniform(0.02, 0.5), both=self.rng.random() < 0.5)
+
+    def expire(self) -> None:
+        self.sim.expire_session(self.rng.choice(self.writers), self.rng.uniform(0.01, 0.3))
+
+    def lose_zk_reply(self) -> None:
+        self.sim.lose_zk_reply(self.rng.choice(self.writers))
+
+
+def _result(
+    sim: Simulation, steps: int, scenario: str, config: SimConfig, loop: VirtualTimeLoop
+) -> RunResult:
+    violations = tuple(sim.checker.violations)
+    return RunResult(
+        seed=sim.seed,
+        steps=steps,
+        faults=sim.faults,
+        acknowledged=sim.checker.ack_count,
+        violations=violations,
+        trace_digest=sim.trace.digest(),
+        virtual_time_s=round(loop.time(), 6),
+        events=sim.trace.events,
+        scenario=scenario,
+        config=describe(config),
+        trace_tail=tuple(sim.trace.tail(200)) if violations else (),
+    )
+
+
+def run_simulation(
+    seed: int,
+    config: SimConfig,
+    script: Callable[[Simulation], object],
+    *,
+    steps: int,
+    scenario: str,
+) -> RunResult:
+    """Runs `script(sim)` (a coroutine function driving the simulation, `finish()` included)
+    on a fresh virtual-time loop and returns the result."""
+    global _current
+    loop = VirtualTimeLoop()
+    holder: list[Simulation] = []
+
+    async def main() -> None:
+        global _current
+        sim = Simulation(seed, config)
+        holder.append(sim)
+        _current = sim
+        await sim.start()
+        try:
+            await script(sim)  # type: ignore[misc]
+        finally:
+            await sim.shutdown()
+
+    try:
+        loop.run_until_complete(main())
+        # Callbacks that ran as `main` returned may have started tasks: cancel them here, so
+        # that none is finalized later on another run's loop.
+        for _ in range(20):
+            pending = asyncio.all_tasks(loop)
+            if not pending:
+                break
+            for task in pending:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        # Async generators left suspended (a reader's range read cancelled midway) are
+        # closed here, on their own loop, not when garbage collected later.
+        loop.run_until_complete(loop.shutdown_asyncgens())
+    finally:
+        _current = None
+        loop.close()
+    return _result(holder[0], steps, scenario, config, loop)
+
+
+def run_seed(seed: int, steps: int = DEFAULT_STEPS, disabled: Iterable[str] = ()) -> RunResult:
+    """Returns the result of the random run of `seed`: `steps` random actions, then the final
+    takeover, read and checks. Same seed, same result (and trace digest)."""
+    off = check_disabled(disabled)
+    master = random.Random(seed)
+    config = random_config(random.Random(master.getrandbits(64)), off)
+    workload_seed = master.getrandbits(64)
+
+    async def script(sim: Simulation) -> None:
+        await RandomWorkload(sim, random.Random(workload_seed)).run(steps)
+        await sim.finish()
+
+    return run_simulation(seed, config, script, steps=steps, scenario="random")
+
+
+def _run_one(args: tuple[int, int, frozenset[str]]) -> RunResult:
+    seed, steps, disabled = args
+    return run_seed(seed, steps, disabled)
+
+
+def run_many(
+    seeds: Iterable[int],
+    steps: int = DEFAULT_STEPS,
+    disabled: Iterable[str] = (),
+    *,
+    workers: int = 1,
+    stop_on_failure: bool = True,
+) -> Iterator[RunResult]:
+    """Yields the result of each seed in order (computed in `workers` processes when > 1);
+    with `stop_on_failure`, stops after the first failing seed."""
+    off = check_disabled(disabled)
+    jobs = ((seed, steps, off) for seed in seeds)
+    if workers <= 1:
+        for job in jobs:
+            result = _run_one(job)
+            yield result
+            if stop_on_failure and not result.ok:
+                return
+        return
+    context = multiprocessing.get_context("fork")
+    with context.Pool(workers) as pool:
+        for result in pool.imap(_run_one, jobs, chunksize=8):
+            yield result
+            if stop_on_failure and not result.ok:
+                pool.terminate()
+                return
+
+
+# The simulation running now in this process, told about the client's error logs.
+_current: Simulation | None = None
+
+
+def _capture_errors(logger: object, method_name: str, event_dict: dict[str, Any]) -> Any:
+    """A structlog processor: an error the client logs during a run (an unexpected exception
+    in a writer task, say) becomes a `client-error` violation of that run."""
+    sim = _current
+    if sim is not None and method_name in ("error", "exception", "critical"):
+        error = sys.exc_info()[1]
+        detail = str(event_dict.get("event"))
+        if error is not None:
+            detail += f": {error!r}"
+        sim.checker.violate(CLIENT_ERROR, f"the client logged {detail}")
+    return event_dict
+
+
+def _drop(logger: object, method_name: str, event_dict: dict[str, Any]) -> Any:
+    raise structlog.DropEvent
+
+
+def sim_logging(*, show: bool = False, level: int = logging.WARNING) -> None:
+    """Configures structlog for simulations: errors the client logs become `client-error`
+    violations; other events are dropped, unless `show`, when events at `level` and above
+    are rendered as configured before. (The client logs every failed bookie as a warning,
+    and a simulation fails bookies all the time.)"""
+    processors = list(structlog.get_config()["processors"]) if show else [_drop]
+    processors = [p for p in processors if p is not _capture_errors]
+    structlog.configure(
+        processors=[_capture_errors, *processors],
+        wrapper_class=structlog.make_filtering_bound_logger(
+            min(level, logging.ERROR) if show else logging.ERROR
+        ),
+        cache_logger_on_first_use=False,
+    )

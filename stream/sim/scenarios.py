@@ -1,0 +1,362 @@
+"""Directed fault schedules: the reference counterexamples as scripts, run by the real client in
+the simulated cluster. Random faults alone reach some of them only rarely; a script drives the
+network, the bookies and the writers through the exact steps, and the checker judges as in a
+random run. With the protection a script targets switched on, the same schedule must pass.
+
+- `blog-divergence` (truncate-noop): the log-divergence example of the unbounded-ledgers blog.
+  C1 has e0 on B1-B3 and e1 = B (and e2) on B1 only; C2 takes over without reaching B1,
+  finds e0 last, and appends e1 = C acknowledged by B2, B3; B1 still serves B for e1. C3 then
+  recovers B from B1 and writes it over the acknowledged C.
+- `gwq-divergence` (gwq): the same with the truncate no-op on but counted done at AQ: the no-op
+  never reaches B1, which keeps its dirty e1..e3 inside the write sets.
+- `design-new-member` (new-member-truncation): DESIGN §5's example with B1..B5: B1 keeps
+  C1's dirty A1..A20, is dropped by C2's recovery, rejoins at C2's roll at e10; C2's
+  e10 = X reaches B2, B5 only; C3 reads A10 from B1 and writes it over X.
+- `bp46-lost-fence` (phase-one-fence): BP-46 scenario 1 with terms (E=4, WQ=2, AQ=2). C1
+  opens and hangs; C2's fence misses one bookie, its recovery ends the stream at e0; another
+  bookie loses its disk (its term with it); C1 wakes and gets e0 acknowledged by those two
+  after C2 fixed the end.
+- `bp46-lost-entry` (limbo): BP-46 scenario 2. e0 is acknowledged by B1 and B3 (B2's copy
+  held back); B1 runs without the journal and crashes before a flush, losing e0; C2's
+  recovery gets explicit negatives from B1 and B2 and ends the stream before e0.
+- `zombie-writer` (term-fencing): C1 pauses, C2 takes over and fixes the end, C1 wakes and
+  appends again.
+- `lost-noop` (none: all protections on): B1 runs without the journal and holds a dirty e1,
+  flushed; C2's recovery writes its NOOP|TRUNCATE at e1 over it, and B1 crashes before its
+  next flush: the truncation (journaled) holds, the no-op (not journaled) is lost, and the
+  flushed dirty e1 is served again, where every other bookie serves the no-op.
+- `rewritten-truncate` (none: all protections on): a recovery that starts below an earlier
+  term's truncate no-op (here its EC = 1 fence answer came from a bookie that lost its disk)
+  writes that no-op back with its TRUNCATE flag, deleting the committed entries after it on
+  the bookies it reaches before reading them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+
+from stream.sim.cluster import (
+    GWQ,
+    LIMBO,
+    NEW_MEMBER_TRUNCATION,
+    PHASE_ONE_FENCE,
+    TERM_FENCING,
+    TRUNCATE_NOOP,
+    SimConfig,
+    Simulation,
+)
+from stream.sim.network import NetworkFaults
+from stream.sim.runner import RunResult, check_disabled, run_simulation
+
+# Extra latency that makes one bookie answer a reader before the others.
+_SLOW_S = 0.02
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A directed schedule: the protection it demonstrates (None: a regression to keep
+    passing... or failing, with everything on), its cluster and its script."""
+
+    name: str
+    targets: str | None
+    summary: str
+    config: SimConfig
+    script: Callable[[Simulation], Awaitable[None]]
+
+
+def _quiet_network() -> NetworkFaults:
+    return NetworkFaults(latency_min_s=0.0005, latency_max_s=0.002)
+
+
+def _lafr(sim: Simulation, bookie_id: str) -> int:
+    state = sim.bookies[bookie_id].streams.get(sim.stream_id)
+    return -1 if state is None else state.lafr
+
+
+async def _good_prefix(sim: Simulation, name: str, bookies: Iterable[str]) -> int:
+    """Appends through `name` until an entry is acknowledged and every one of `bookies` knows
+    a LAFR >= 0 (so that a recovery starts after it); returns the last id appended."""
+    writer = sim.client(name).writer
+    if writer is None:
+        return -1
+    for _ in range(5):
+        target = writer.last_add_confirmed + 1
+        sim.append(name, 1)
+        await sim.until(lambda t=target: sim.acked(t))  # type: ignore[misc]
+        await asyncio.sleep(0.01)
+        if all(_lafr(sim, b) >= 0 for b in bookies):
+            break
+    return writer.last_add_confirmed
+
+
+async def _dirty_tail(sim: Simulation, dirty: int) -> int:
+    """C1 opens on B1-B3 and gets a prefix acknowledged on all three (their LAFR past its
+    start), then appends `dirty` entries that reach B1 only, and hangs for good. Returns the
+    last id of the prefix."""
+    if await sim.open_writer("c1") is None:
+        return -1
+    good = await _good_prefix(sim, "c1", ("b1", "b2", "b3"))
+    for bookie_id in ("b2", "b3"):
+        sim.network.hold_adds("c1", bookie_id)
+    sim.append("c1", dirty)
+    await sim.until(lambda: sim.holds("b1", good + dirty) is not None)
+    sim.network.clog_node("c1")
+    return good
+
+
+async def _recover_from(sim: Simulation, name: str, fast: str, slow: Iterable[str]) -> None:
+    """Takes over with client `name`, whose reads are answered by `fast` first."""
+    for bookie_id in slow:
+        sim.network.slow(name, bookie_id, _SLOW_S)
+    await sim.open_writer(name)
+    for bookie_id in slow:
+        sim.network.restore(name, bookie_id)
+
+
+async def blog_divergence(sim: Simulation, dirty: int = 2) -> None:
+    """The blog's log divergence (and, with the no-op on and `dirty` = 3, GWQ's): B1 keeps
+    `dirty` entries of C1 past the prefix, one more than C2 appends, so that it also holds
+    the longest log when C3 takes over (a recovery reads in bulk from the longest)."""
+    sim.set_read_only("b4", True)  # C1's ensemble is B1, B2, B3
+    await _dirty_tail(sim, dirty)
+    sim.set_read_only("b4", False)  # a replacement for B1, should the recovery want one
+    sim.network.cut("c2", "b1")  # C2 never hears from B1 during its recovery
+    writer = await sim.open_writer("c2")
+    sim.network.restore("c2", "b1")
+    if writer is not None:
+        sim.network.hold_adds("c2", "b1")  # B1 is slow, not failed: no ensemble change
+        first = writer.last_add_confirmed + 1
+        sim.append("c2", 1)
+        await sim.until(lambda: sim.acked(first), timeout_s=0.2)
+        sim.network.clog_node("c2")  # C2 dies before its add reaches B1
+        sim.check()  # B1 serves its dirty entry where C2's is acknowledged
+    await _recover_from(sim, "c3", "b1", ("b2", "b3"))
+    await sim.finish()
+
+
+async def gwq_divergence(sim: Simulation) -> None:
+    """The blog's divergence with the truncate no-op, when it only needs AQ."""
+    await blog_divergence(sim, dirty=3)
+
+
+async def design_new_member(sim: Simulation) -> None:
+    """DESIGN §5's example of why a bookie joining a fragment is truncated first."""
+    for bookie_id in ("b4", "b5"):
+        sim.set_read_only(bookie_id, True)
+    # 1. C1 (term 1): e0 on B1-B3; e1..e20 = A1..A20 reach only B1; C1 dies.
+    await _dirty_tail(sim, 20)
+    # 2. C2 (term 2): B1 unreachable, so the no-op at e1 goes to B2, B3 and B4 replaces B1.
+    sim.set_read_only("b4", False)
+    sim.network.cut("c2", "b1")
+    writer = await sim.open_writer("c2")
+    sim.network.restore("c2", "b1")
+    if writer is None:
+        await sim.finish()
+        return
+    # 3. C2 fills its fragment by size and rolls at e10 onto B1, B2, B5 (the only writable
+    # bookies then); its e10 = X reaches B2 and B5, not B1; C2 dies.
+    for bookie_id in ("b3", "b4"):
+        sim.set_read_only(bookie_id, True)
+    sim.set_read_only("b5", False)
+    first = writer.last_add_confirmed + 1  # right after the no-op, in its new fragment
+    sim.append("c2", 8, size=125)  # 8 x 125 bytes fill the fragment: the next one rolls
+    await sim.until(lambda: sim.acked(first + 7), timeout_s=0.5)
+    sim.network.hold_adds("c2", "b1")
+    sim.append("c2", 1, size=125)
+    await sim.until(lambda: sim.acked(first + 8), timeout_s=0.5)
+    sim.network.clog_node("c2")
+    sim.check()
+    # 4. C3 (term 3) reads e10, B1 answering first.
+    await _recover_from(sim, "c3", "b1", ("b2", "b5"))
+    await sim.finish()
+
+
+async def bp46_lost_fence(sim: Simulation) -> None:
+    """BP-46 scenario 1 with terms: a bookie that lost its term lets the old writer commit.
+
+    E=4, WQ=2, AQ=2. The writer never resends to a bookie whose connection broke (it
+    replaces it, through a CAS the new term has already invalidated), so the old writer must
+    reach the bookie that lost its term over a connection opened after that bookie
+    restarted: C1 hangs before its first add, so it has none yet."""
+    sim.set_read_only("b5", True)
+    if await sim.open_writer("c1") is None:
+        return
+    ensemble = sim.snapshot()[2][-1].ensemble
+    sim.network.clog_node("c1")  # C1 hangs before it writes anything
+    sim.set_read_only("b5", False)
+    missed = ensemble[0]
+    sim.network.cut("c2", missed)  # C2's fence (EC = 3) misses ensemble[0]
+    await sim.open_writer("c2")  # e0's recovery read: ensemble[1] says no (QC = 1): end
+    sim.network.clog_node("c2")
+    lost = ensemble[1]
+    sim.crash(lost, lose_disk=True)  # the fence goes with the disk
+    sim.restart(lost)
+    sim.network.unclog_node("c1")  # C1 wakes up and writes e0 to ensemble[0], ensemble[1]
+    sim.append("c1", 1)
+    await sim.until(lambda: sim.acked(0), timeout_s=0.3)
+    await sim.finish()
+
+
+async def bp46_lost_entry(sim: Simulation) -> None:
+    """BP-46 scenario 2: a bookie that lost an entry answers an explicit negative for it."""
+    sim.set_read_only("b4", True)
+    if await sim.open_writer("c1") is None:
+        return
+    sim.network.hold_adds("c1", "b2")  # B2 never gets e0
+    sim.append("c1", 1)
+    await sim.until(lambda: sim.acked(0), step_s=0.0001)
+    sim.network.clog_node("c1")  # C1 hangs before its explicit LAC leaves
+    sim.crash("b1")  # no journal, no flush yet: e0 is gone from B1
+    sim.restart("b1")
+    await _recover_from(sim, "c2", "b1", ("b3",))
+    await sim.finish()
+
+
+async def zombie_writer(sim: Simulation) -> None:
+    """A paused writer wakes up after a takeover fixed the end, and appends again."""
+    if await sim.open_writer("c1") is None:
+        return
+    sim.append("c1", 2)
+    await sim.until(lambda: sim.acked(1))
+    await asyncio.sleep(0.02)
+    sim.network.clog_node("c1")
+    await sim.open_writer("c2")
+    sim.network.unclog_node("c1")
+    sim.append("c1", 1)
+    await sim.until(lambda: sim.acked(2), timeout_s=0.3)
+    await sim.finish()
+
+
+async def rewritten_truncate(sim: Simulation) -> None:
+    """A recovery starting below an earlier term's no-op writes its TRUNCATE back."""
+    sim.set_read_only("b4", True)
+    if await sim.open_writer("c1") is None:
+        return
+    sim.append("c1", 1)
+    await sim.until(lambda: sim.acked(0))
+    writer = await sim.open_writer("c2")  # term 2: NOOP|TRUNCATE at e1
+    if writer is None:
+        await sim.finish()
+        return
+    sim.append("c2", 5)  # e2..e6, on all three bookies (AQ = 3)
+    await sim.until(lambda: sim.acked(6))
+    await asyncio.sleep(0.05)
+    sim.crash("b2", lose_disk=True)  # its LAC and LAFR go with its disk
+    sim.restart("b2")
+    # EC = E - AQ + 1 = 1: B2's fence answer, first, sets where reading starts (-1).
+    await _recover_from(sim, "c3", "b2", ("b1", "b3"))
+    await sim.finish()
+
+
+async def lost_noop(sim: Simulation) -> None:
+    """A bookie without the journal loses a truncate no-op that overwrote a dirty entry."""
+    sim.set_read_only("b4", True)
+    await _dirty_tail(sim, 1)  # B1 holds a dirty e1 (not yet flushed)
+    sim.bookies["b1"].flush()  # ... now it is durable on B1
+    # C2's recovery never hears B1 (its fence and reads are held): B2 and B3 say the entry
+    # after the prefix is absent, and the no-op goes there on all three (the Add stream to B1
+    # flows), over B1's dirty entry, in B1's write cache only.
+    sim.network.hold_unary("c2", "b1")
+    if await sim.open_writer("c2") is None:
+        await sim.finish()
+        return
+    sim.network.release_unary("c2", "b1")
+    sim.crash("b1")  # before its next flush: the no-op is lost, its truncation is not
+    sim.restart("b1")
+    # One reader can only reach B1, another only B2 and B3.
+    for other in ("b2", "b3"):
+        sim.network.cut("r1", other)
+    sim.network.cut("r2", "b1")
+    await asyncio.sleep(0.05)
+    await sim.read("r1")
+    await sim.read("r2")
+    await sim.finish()
+
+
+def _config(**overrides: object) -> SimConfig:
+    base: dict[str, object] = {
+        "bookies": 4,
+        "ensemble": 3,
+        "write_quorum": 3,
+        "ack_quorum": 2,
+        "fragment_max_entries": 100,
+        "faults": _quiet_network(),
+        "flush_interval_s": 30.0,
+    }
+    base.update(overrides)
+    return SimConfig(**base)  # type: ignore[arg-type]
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario(
+            "blog-divergence",
+            TRUNCATE_NOOP,
+            "the unbounded-ledgers blog's log divergence",
+            _config(),
+            blog_divergence,
+        ),
+        Scenario(
+            "gwq-divergence",
+            GWQ,
+            "the blog's divergence when the truncate no-op only reaches AQ",
+            _config(),
+            gwq_divergence,
+        ),
+        Scenario(
+            "design-new-member",
+            NEW_MEMBER_TRUNCATION,
+            "DESIGN §5: a dropped bookie rejoins with dirty entries (B1..B5)",
+            _config(bookies=5, fragment_max_bytes=1000),
+            design_new_member,
+        ),
+        Scenario(
+            "bp46-lost-fence",
+            PHASE_ONE_FENCE,
+            "BP-46 scenario 1: lost fence status allows writes after the end was fixed",
+            _config(bookies=5, ensemble=4, write_quorum=2, ack_quorum=2),
+            bp46_lost_fence,
+        ),
+        Scenario(
+            "bp46-lost-entry",
+            LIMBO,
+            "BP-46 scenario 2: recovery truncates a previously acknowledged entry",
+            _config(journal_less=frozenset({"b1"})),
+            bp46_lost_entry,
+        ),
+        Scenario(
+            "zombie-writer",
+            TERM_FENCING,
+            "a paused writer appends after a takeover fixed the end",
+            _config(),
+            zombie_writer,
+        ),
+        Scenario(
+            "lost-noop",
+            None,
+            "a bookie without the journal loses a truncate no-op; the dirty entry it had "
+            "replaced comes back",
+            _config(journal_less=frozenset({"b1"})),
+            lost_noop,
+        ),
+        Scenario(
+            "rewritten-truncate",
+            None,
+            "a recovery writes an earlier term's NOOP|TRUNCATE back over committed entries",
+            _config(ack_quorum=3),
+            rewritten_truncate,
+        ),
+    )
+}
+
+
+def run_scenario(name: str, seed: int, disabled: Iterable[str] = ()) -> RunResult:
+    """Returns the result of directed scenario `name` under `seed` (latencies and placement
+    draws), with the protections in `disabled` off."""
+    scenario = SCENARIOS[name]
+    off = check_disabled(disabled)
+    config = SimConfig(**{**scenario.config.__dict__, "disabled": off})
+    return run_simulation(seed, config, scenario.script, steps=0, scenario=name)
