@@ -13,6 +13,7 @@ from typing import Any
 
 from rich.console import Console
 
+from stream.sim.checker import PROPERTIES
 from stream.sim.cluster import PROTECTIONS
 from stream.sim.runner import DEFAULT_STEPS, RunResult, run_many, sim_logging
 
@@ -133,13 +134,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _report_failure(out: Console, result: RunResult, args: argparse.Namespace) -> None:
-    first = result.violations[0]
+    # A safety property first: a liveness failure is often its consequence.
+    ordered = sorted(result.violations, key=lambda v: v.property not in PROPERTIES)
+    first = ordered[0]
     out.print(
         f"[red]FAILED[/] seed {result.seed}: {first.property} violated at "
         f"t={first.time_s:.4f}s: {first.details}",
         markup=True,
     )
-    for other in result.violations[1:6]:
+    for other in ordered[1:6]:
         out.print(f"  also {other}")
     out.print(f"  cluster: {result.config}")
     replay = f"streamctl sim --seeds 1 --seed {result.seed}"

@@ -89,6 +89,7 @@ def test_a_lost_noop_never_brings_back_the_entry_it_replaced() -> None:
     "fragment with the pipeline's current ensemble, which a concurrent ensemble change may "
     "already have changed (random seed 1106: an acknowledged entry lost)",
 )
+@pytest.mark.timeout(1800)  # ~100 s on two idle cores; far longer on a loaded machine
 def test_every_protection_on_passes_many_seeds() -> None:
     workers = min(2, os.cpu_count() or 1)
     failed = None
