@@ -25,6 +25,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -87,7 +88,7 @@ def proc_write_bytes(pid: int) -> int:
     raise RuntimeError("no write_bytes in /proc/PID/io")
 
 
-def log_events(bookie: BookieProcess, since_line: int = 0) -> list[dict[str, object]]:
+def log_events(bookie: BookieProcess, since_line: int = 0) -> list[dict[str, Any]]:
     """Returns the bookie's JSON log events from line `since_line` on."""
     events = []
     for line in bookie.log_path.read_text().splitlines()[since_line:]:
@@ -184,8 +185,9 @@ def run_repair(zk: ZooKeeperServer, base: Path, lost: int, size: int) -> RepairR
             time.sleep(0.01)
         repaired = time.perf_counter() - started
         events = {str(e.get("event")): e for e in log_events(victim, lines)}
-        done = events["integrity.repair_done"]
-        serving = events["bookie.serving"]
+        done: dict[str, Any] = events["integrity.repair_done"]
+        serving: dict[str, Any] = events["bookie.serving"]
+        phase_one: dict[str, Any] = events["integrity.phase_one_done"]
         # Everything is back on the victim.
         held = 0
         first = 0
@@ -203,11 +205,11 @@ def run_repair(zk: ZooKeeperServer, base: Path, lost: int, size: int) -> RepairR
         return RepairResult(
             lost=appended,
             size=size,
-            copied=int(done["copied"]),  # type: ignore[arg-type]
+            copied=int(done["copied"]),
             took_over=bool(done["took_over"]),
-            serving_s=float(serving["start_s"]),  # type: ignore[arg-type]
-            phase_one_s=float(events["integrity.phase_one_done"]["seconds"]),  # type: ignore[arg-type]
-            phase_two_s=float(done["seconds"]),  # type: ignore[arg-type]
+            serving_s=float(serving["start_s"]),
+            phase_one_s=float(phase_one["seconds"]),
+            phase_two_s=float(done["seconds"]),
             restart_to_repaired_s=repaired,
         )
     finally:

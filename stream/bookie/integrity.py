@@ -78,10 +78,12 @@ JOURNAL_BYPASS_MARKER = "JOURNAL_BYPASSED"
 UNSAFE_SKIP_ENV = "STREAMKEEPER_UNSAFE_BP46_SKIP"
 
 # Phase two bounds: streams repaired at once, ids scanned per index pass, entries per copy
-# read, payload bytes per ReadRange message, stored bytes between two flushes.
+# read, copy reads in flight per stream, payload bytes per ReadRange message, stored bytes
+# between two flushes.
 REPAIR_PARALLELISM = 4
 _SCAN_WINDOW_IDS = 65_536
-_COPY_RUN_MAX_ENTRIES = 8_192
+_COPY_RUN_MAX_ENTRIES = 4_096
+_COPY_PARALLEL_RUNS = 8
 _COPY_BATCH_BYTES = 1 << 20
 _FLUSH_EVERY_BYTES = 32 << 20
 # Deadline of one ReadRange of a copy run (a run that stops early is continued elsewhere).
@@ -326,6 +328,43 @@ def ids_to_hold(meta: StreamMeta, span: HoldSpan, bookie_id: str) -> Iterator[li
             yield ids
 
 
+def plan_copy_runs(
+    meta: StreamMeta,
+    ensemble: tuple[str, ...],
+    bookie_id: str,
+    missing: list[int],
+    rng: random.Random,
+) -> list[tuple[list[str], int, int]]:
+    """Returns the copy plan of `missing` (ascending ids of a fragment on `ensemble`): runs
+    `(peers, first, last)` of consecutive ids, at most `_COPY_RUN_MAX_ENTRIES` long, whose
+    first peer holds them all (the longest such run from `first`; ties broken at random), the
+    other peers of `first`'s write set following as fallbacks."""
+    config = meta.quorum
+    runs: list[tuple[list[str], int, int]] = []
+    i = 0
+    while i < len(missing):
+        first = missing[i]
+        peers = [b for b in config.write_set_bookies(ensemble, first) if b != bookie_id]
+        rng.shuffle(peers)
+        best, best_end = 0, i + 1
+        for k, peer in enumerate(peers):
+            j = i + 1
+            while (
+                j < len(missing)
+                and j - i < _COPY_RUN_MAX_ENTRIES
+                and missing[j] == first + (j - i)
+                and peer in config.write_set_bookies(ensemble, missing[j])
+            ):
+                j += 1
+            if j > best_end:
+                best, best_end = k, j
+        if peers:
+            peers.insert(0, peers.pop(best))
+        runs.append((peers, first, missing[best_end - 1]))
+        i = best_end
+    return runs
+
+
 # -- phase two: the repair ------------------------------------------------------------------
 
 
@@ -557,46 +596,48 @@ class Repairer:
         self, meta: StreamMeta, ensemble: tuple[str, ...], missing: list[int]
     ) -> int:
         """Copies the entries `missing` (ascending) from the other bookies of their write
-        sets, a run of consecutive ids per read; returns how many were stored. Raises
-        `_RetryRepair` when no peer returns an entry."""
-        config = meta.quorum
+        sets, one ReadRange per run of consecutive ids that one peer holds, up to
+        `_COPY_PARALLEL_RUNS` runs at once (a striped ensemble gives runs of WQ ids at most);
+        returns how many were stored. Raises `_RetryRepair` when no peer returns an entry."""
+        runs = plan_copy_runs(meta, ensemble, self._bookie_id, missing, self._rng)
+        slots = asyncio.Semaphore(_COPY_PARALLEL_RUNS)
+
+        async def copy(peers: list[str], first: int, last: int) -> int:
+            async with slots:
+                return await self._copy_run(meta.id, peers, first, last)
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(copy(*run)) for run in runs]
+        except BaseExceptionGroup as failed:
+            # The first run that failed says why (the others were cancelled with it).
+            raise failed.exceptions[0] from None
+        return sum(t.result() for t in tasks)
+
+    async def _copy_run(self, stream_id: int, peers: list[str], first: int, last: int) -> int:
+        """Copies `first..last` from `peers` (the first one holds them all), storing as the
+        batches arrive; where a peer stops, the next one is asked for the rest. Returns how
+        many entries were stored."""
         stored = 0
-        i = 0
-        while i < len(missing):
-            first = missing[i]
-            peers = [b for b in config.write_set_bookies(ensemble, first) if b != self._bookie_id]
-            self._rng.shuffle(peers)
-            got: list[pb.Entry] = []
-            for peer in peers:
-                j = i + 1
-                while (
-                    j < len(missing)
-                    and j - i < _COPY_RUN_MAX_ENTRIES
-                    and missing[j] == first + (j - i)
-                    and peer in config.write_set_bookies(ensemble, missing[j])
-                ):
-                    j += 1
-                got = await self._read_run(peer, meta.id, first, missing[j - 1])
-                if got:
-                    break
-            if not got:
-                raise _RetryRepair(f"no bookie of its write set returned entry {first}")
-            stored += self._storage.store_copies(meta.id, got)
-            size = sum(len(e.payload) for e in got)
-            metrics.REPAIR_ENTRIES_COPIED.inc(len(got))
-            metrics.REPAIR_BYTES_COPIED.inc(size)
-            i += len(got)
-            self._unflushed_bytes += size
-            if self._unflushed_bytes >= self._flush_every_bytes:
-                # Bounds the write cache: a big rebuild must not starve the writers' adds.
-                self._unflushed_bytes = 0
-                await self._wait(self._storage.request_flush())
+        position = first
+        for peer in peers:
+            if position > last:
+                break
+            got, count = await self._copy_range(peer, stream_id, position, last)
+            position += got
+            stored += count
+        if position <= last:
+            raise _RetryRepair(f"no bookie of its write set returned entry {position}")
         return stored
 
-    async def _read_run(self, peer: str, stream_id: int, first: int, last: int) -> list[pb.Entry]:
-        """Returns the entries `first..` (up to `last`) that `peer` returns in order with a good
-        checksum; stops at the first one it lacks, or on any error (an unknown answer)."""
-        got: list[pb.Entry] = []
+    async def _copy_range(
+        self, peer: str, stream_id: int, first: int, last: int
+    ) -> tuple[int, int]:
+        """Reads `first..last` from `peer` and stores each batch as it arrives, up to the first
+        entry the peer lacks or returns with a bad checksum, or any error (an unknown answer).
+        Returns (entries received in order from `first`, entries stored)."""
+        received = 0
+        stored = 0
         try:
             async for response in self._transport.read_range(
                 peer,
@@ -606,17 +647,36 @@ class Repairer:
                 max_batch_bytes=_COPY_BATCH_BYTES,
                 timeout_s=_COPY_RUN_TIMEOUT_S,
             ):
+                batch: list[pb.Entry] = []
                 for entry in response.entries:
-                    if entry.entry_id != first + len(got) or not checksum_ok(stream_id, entry):
-                        return got
-                    got.append(entry)
-                if response.code != pb.OK:
+                    expected = first + received + len(batch)
+                    if entry.entry_id != expected or not checksum_ok(stream_id, entry):
+                        break
+                    batch.append(entry)
+                stored += await self._store(stream_id, batch)
+                received += len(batch)
+                if len(batch) != len(response.entries) or response.code != pb.OK:
                     break
         except asyncio.CancelledError:
             raise
-        except Exception as e:  # any failure is an unknown answer: try another peer
+        except Exception as e:  # any failure is an unknown answer: ask another peer
             log.debug("integrity.copy_read_failed", bookie=peer, entry_id=first, error=repr(e))
-        return got
+        return received, stored
+
+    async def _store(self, stream_id: int, entries: list[pb.Entry]) -> int:
+        """Stores copied entries; flushes once enough were copied since the last flush (a big
+        rebuild must not fill the write cache and starve the writers' adds)."""
+        if not entries:
+            return 0
+        stored = self._storage.store_copies(stream_id, entries)
+        size = sum(len(e.payload) for e in entries)
+        metrics.REPAIR_ENTRIES_COPIED.inc(len(entries))
+        metrics.REPAIR_BYTES_COPIED.inc(size)
+        self._unflushed_bytes += size
+        if self._unflushed_bytes >= self._flush_every_bytes:
+            self._unflushed_bytes = 0
+            await self._wait(self._storage.request_flush())
+        return stored
 
     async def _clear_limbo(self, stream_id: int) -> None:
         await self._wait(self._storage.set_limbo(stream_id, False))
@@ -752,6 +812,7 @@ __all__ = [
     "make_repairer",
     "note_journal_mode",
     "phase_one_reason",
+    "plan_copy_runs",
     "prepare_boot",
     "protect_at_boot",
     "run_phase_one",

@@ -99,7 +99,10 @@ class _Link:
 class AddPipeline:
     """Adds entries of one stream and term to their write sets and tracks their acks.
 
-    `fixed_lac` (recovery) is carried as the LAC on every add instead of the live one.
+    `fixed_lac` (recovery) is carried as the LAC on every add instead of the live one, and the
+    LAFR stays the starting `last_entry_id`: a recovery's acks count under its local, not yet
+    committed ensemble, and a LAFR published from them could make the next takeover skip an
+    entry that the committed ensemble's write set does not hold yet.
     """
 
     def __init__(
@@ -125,6 +128,7 @@ class AddPipeline:
         self._options = options
         self._recovery = recovery
         self._fixed_lac = fixed_lac
+        self._fixed_lafr = None if fixed_lac is None else last_entry_id
         self._loop = asyncio.get_running_loop()
         self.pending: PendingAdds[str] = PendingAdds(
             config, max_in_flight=max_in_flight, last_entry_id=last_entry_id
@@ -232,14 +236,21 @@ class AddPipeline:
             self._send(link, entries)
 
     def _batch(self, entries: Sequence[PreparedEntry]) -> AddBatch:
-        lac = self.pending.lac if self._fixed_lac is None else self._fixed_lac
+        lac, lafr = self._published()
         return AddBatch(
             stream_id=self.stream_id,
             term=self.term,
             lac=lac,
-            lafr=self.pending.lafr,
+            lafr=lafr,
             recovery=self._recovery,
             entries=entries,
+        )
+
+    def _published(self) -> tuple[int, int]:
+        """Returns the (LAC, LAFR) that adds carry."""
+        return (
+            self.pending.lac if self._fixed_lac is None else self._fixed_lac,
+            self.pending.lafr if self._fixed_lafr is None else self._fixed_lafr,
         )
 
     def _send(self, link: _Link, entries: Sequence[PreparedEntry]) -> None:
@@ -403,7 +414,7 @@ class AddPipeline:
         self._lac_timer = None
         if self.closed:
             return
-        lac, lafr = self.pending.lac, self.pending.lafr
+        lac, lafr = self._published()
         for bookie_id in self.ensemble:
             link = self._links.get(bookie_id)
             if link is None or link.dead or link.blocked or link.outbox:
@@ -418,7 +429,7 @@ class AddPipeline:
     def lac_behind(self) -> bool:
         """Returns whether some live bookie of the ensemble was not sent the current LAC or
         LAFR (a closing writer publishes both: the next takeover starts reading at LAFR)."""
-        lac, lafr = self.pending.lac, self.pending.lafr
+        lac, lafr = self._published()
         for bookie_id in self.ensemble:
             link = self._links.get(bookie_id)
             if (

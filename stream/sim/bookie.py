@@ -4,12 +4,13 @@ as the real bookie (`stream.bookie.storage`), through the same pure functions: t
 (storing it deletes every higher entry), Truncate and Trim.
 
 Durability follows the real storage engine: term changes, truncations, trims and limbo are
-journaled (durable at once); entries are durable at once only with `journal_write_data`,
-otherwise at the next flush. A process crash loses what is not durable; a disk loss loses
-everything (the cookie-mismatch case). On restart after an unclean stop the bookie runs BP-46
-phase one (term := max(local, metadata term) and limbo for every non-sealed stream naming it)
-before serving, and phase two in the background: once a recovery of a newer term fixed the
-stream's end, it copies its share up to that end from its peers and clears limbo.
+journaled (durable at once); entries are durable at once only with `journal_write_data`
+(truncating no-ops always), otherwise at the next flush. A process crash loses what is not
+durable; a disk loss loses everything (the cookie-mismatch case). On restart after an unclean
+stop the bookie runs BP-46 phase one (term := max(local, metadata term) and limbo for every
+non-sealed stream naming it) before serving, and phase two in the background: once a
+recovery of a newer term fixed the stream's end, it copies its share up to that end from its
+peers and clears limbo.
 
 One deliberate difference from DESIGN §4, which marks limbo after ANY unclean start: limbo is
 set only when entries may have been lost (no `journal_write_data`, or a lost disk). A bookie
@@ -162,8 +163,11 @@ class SimBookie:
     def _store(self, stream_id: int, state: _Stream, entry: pb.Entry) -> None:
         entry_id = entry.entry_id
         state.entries[entry_id] = entry
-        if self.journal_write_data:
+        if self.journal_write_data or entry.flags & _TRUNCATE:
+            # A truncating no-op is journaled even without the journal: it may replace an
+            # older, flushed value at its id that a crash must not bring back.
             state.durable[entry_id] = entry
+            state.unflushed.discard(entry_id)
         else:
             state.unflushed.add(entry_id)
         if entry.flags & _TRUNCATE:

@@ -71,26 +71,21 @@ def test_recovery_never_rewrites_an_old_truncate() -> None:
         assert result.ok, f"rewritten-truncate seed {seed}: {_first(result)}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bookie bug found by the simulator: without the journal, a crash before a flush "
-    "loses a NOOP|TRUNCATE entry while its truncation (journaled) holds, so the flushed dirty "
-    "entry it had replaced is served again (scenario lost-noop)",
-)
 def test_a_lost_noop_never_brings_back_the_entry_it_replaced() -> None:
     for seed in SCENARIO_SEEDS:
         result = run_scenario("lost-noop", seed)
         assert result.ok, f"lost-noop seed {seed}: {_first(result)}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open bug found by the simulator: random seed 3649 (journal-less bookies b1, b3) "
-    "breaks reader agreement at entry 13, one reader sees a no-op where another sees data; "
-    "probably the lost-noop bookie bug above (seed 1106, a roll racing an ensemble change, is "
-    "fixed)",
-)
-@pytest.mark.timeout(1800)  # ~100 s on two idle cores; far longer on a loaded machine
+@pytest.mark.timeout(1800)  # ~160 s on two idle cores; far longer on a loaded machine
+def test_recovery_publishes_no_lafr_from_its_local_ensemble() -> None:
+    # A regression (random seed 3649): a paused recovery had replaced a bookie locally and its
+    # no-op reached the new write set, so the LAFR it carried named the no-op; the next takeover
+    # started after it while the committed write set still held the old writer's dirty entry.
+    result = run_seed(3649)
+    assert result.ok, f"seed 3649: {_first(result)}"
+
+
 def test_every_protection_on_passes_many_seeds() -> None:
     workers = min(2, os.cpu_count() or 1)
     failed = None

@@ -104,10 +104,9 @@ def test_journal_less_crash_loses_unflushed_entries_but_not_terms_or_truncations
     bookie.crash()
     bookie.start()
     state = bookie.streams[S]
-    # The truncation above e1 was journaled and holds; the no-op itself was not (entries
-    # skip the journal), so the flushed entry it had replaced is served again, as the real
-    # storage engine's index would.
-    assert sorted(state.entries) == [0, 1] and state.entries[1].payload == b"old"
+    # The unflushed entries are lost; the truncating no-op was journaled like its truncation
+    # (as in the real storage engine), so the flushed entry it replaced does not come back.
+    assert sorted(state.entries) == [0, 1] and state.entries[1].flags == NOOP_TRUNCATE
     assert state.term == 2 and (state.lac, state.lafr) == (1, 1)
 
 

@@ -462,12 +462,14 @@ class StreamStorage:
                         codec.REC_TERM, codec.TERM_BODY.pack(stream_id, request.term)
                     )
                 if truncates:
-                    for e in stored:
-                        if e.flags & FLAG_TRUNCATE:
-                            durable = self._journal.append(
-                                codec.REC_TRUNCATE,
-                                codec.TRUNCATE_BODY.pack(stream_id, state.term, e.entry_id),
-                            )
+                    # The no-op itself goes to the journal, not only its truncation: it may
+                    # overwrite an older, unacknowledged value at its id that a flush already
+                    # wrote to an entry log, and a crash must not bring that value back (a
+                    # positive answer, served even in limbo: divergence).
+                    noops = [e for e in stored if e.flags & FLAG_TRUNCATE]
+                    durable = self._journal.append(
+                        codec.REC_ADD, self._with_entries(request, noops).SerializeToString()
+                    )
             if stored:
                 self._store(stream_id, state, stored_ids, stored, truncates)
                 # Read under the lock: the flusher may have swapped the caches meanwhile.

@@ -5,6 +5,7 @@ planning of phase two (fixed end, spans and ids to hold)."""
 from __future__ import annotations
 
 import asyncio
+import random
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from stream.bookie.integrity import (
     ids_to_hold,
     limbo_bounds,
     phase_one_reason,
+    plan_copy_runs,
     run_phase_one,
     spans_to_hold,
 )
@@ -265,3 +267,40 @@ def test_ids_to_hold_come_in_bounded_windows() -> None:
     assert all(len(w) <= 65_536 for w in windows)
     flat = [i for w in windows for i in w]
     assert flat == list(range(200_001))
+
+
+def test_copy_runs_are_consecutive_ids_one_peer_holds() -> None:
+    rng = random.Random(1)
+    whole = meta()  # E3 W3: every peer holds every id
+    runs = plan_copy_runs(whole, ("b1", "b2", "b3"), "b1", [*range(0, 5000), 7000, 7001], rng)
+    assert [(first, last) for _, first, last in runs] == [(0, 4095), (4096, 4999), (7000, 7001)]
+    assert all(sorted(peers) == ["b2", "b3"] for peers, _, _ in runs)
+    # E3 W2, b2 at index 1 holds e with e % 3 in (0, 1): entries 3 and 6 (with b1) and 4
+    # (with b3); 3 and 4 are consecutive but no peer holds both, so they are two runs.
+    striped = meta(ensemble=3, write_quorum=2, ack_quorum=2)
+    runs = plan_copy_runs(striped, ("b1", "b2", "b3"), "b2", [3, 4, 6], rng)
+    assert runs == [(["b1"], 3, 3), (["b3"], 4, 4), (["b1"], 6, 6)]
+    for peers, first, last in runs:
+        for entry_id in range(first, last + 1):
+            assert peers[0] in striped.quorum.write_set_bookies(("b1", "b2", "b3"), entry_id)
+        assert "b2" not in peers
+
+
+def test_a_truncate_noop_survives_a_crash_without_the_journal(tmp_path: Path) -> None:
+    # The no-op overwrites an older, unacknowledged value at its id that a flush already put
+    # in an entry log. Losing the no-op in a crash would bring that value back as a positive
+    # answer (served even in limbo): the no-op itself goes through the journal.
+    config = make_config(tmp_path, journal_write_data=False)
+    storage, _ = open_storage(config)
+    wait(storage.add_batch(add_request(7, 1, [entry(7, i) for i in range(8)])).durable)
+    flush(storage)
+    noop = entry(7, 5, b"", flags=pb.NOOP | pb.TRUNCATE)
+    wait(storage.add_batch(add_request(7, 2, [noop, entry(7, 6, b"new")])).durable)
+    storage, _ = crash_and_reopen(storage, config)
+    try:
+        assert storage.read(7, 5).entry == noop
+        assert storage.read(7, 6).code == pb.NO_SUCH_ENTRY  # lost: limbo and repair's job
+        assert storage.read(7, 7).code == pb.NO_SUCH_ENTRY  # truncated for good
+        assert storage.stream_state(7).term == 2
+    finally:
+        storage.close()
