@@ -740,6 +740,12 @@ class AsyncStreamWriter:
         if self._error is not None:
             raise self._error
 
+    def abort(self) -> None:
+        """Stops the writer at once, without flushing: pending and later appends fail with
+        `WriterClosedError`. Appends not yet acknowledged may or may not be kept: the next
+        writer's takeover decides. `close()` still releases the writer's resources."""
+        self._fail(WriterClosedError("writer aborted", stream=self.name))
+
     async def close(self) -> None:
         """Flushes, publishes the final LAC to the ensemble, closes the streams and
         unregisters the writer. The stream stays OPEN in this term: the next writer takes

@@ -23,7 +23,7 @@ import structlog
 from stream.client.options import Protections, ReaderOptions, WriterOptions
 from stream.client.reader import AsyncStreamReader
 from stream.client.recovery import WriterIdentity
-from stream.client.writer import AsyncStreamWriter, WriterClosedError
+from stream.client.writer import AsyncStreamWriter
 from stream.errors import StreamError
 from stream.metadata import paths
 from stream.metadata.bookies import BookieRegistration, BookieRegistry
@@ -628,9 +628,5 @@ class Simulation:
 def _abort(writer: AsyncStreamWriter) -> None:
     """Stops `writer` at once, without flushing: its pending appends fail. A writer whose tasks
     are merely cancelled restarts its roll from `_roll`'s `finally`, so it must be stopped
-    first (the client has no public abort yet)."""
-    abort = getattr(writer, "abort", None)
-    if abort is not None:
-        abort()
-    elif writer.error is None:
-        writer._fail(WriterClosedError("simulation over", stream=writer.name))
+    first."""
+    writer.abort()
