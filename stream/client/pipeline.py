@@ -209,8 +209,12 @@ class AddPipeline:
         max_inflight = self._options.inflight_batches_per_bookie
         max_entries = self._options.batch_max_entries
         max_bytes = self._options.batch_max_bytes
+        pipelined_min = self._options.pipelined_batch_min_entries
         outbox = link.outbox
-        while outbox and len(link.inflight) < max_inflight:
+        inflight = link.inflight
+        while outbox and (
+            not inflight or (len(inflight) < max_inflight and len(outbox) >= pipelined_min)
+        ):
             if len(outbox) <= max_entries:
                 entries: list[PreparedEntry] = list(outbox)
                 outbox.clear()

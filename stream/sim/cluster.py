@@ -90,6 +90,9 @@ def fast_writer_options(protections: Protections) -> WriterOptions:
         window_entries=64,
         batch_max_entries=16,
         inflight_batches_per_bookie=4,
+        # Every batch pipelined at once (no waiting for a full one): the most batches in flight
+        # and the most interleavings for the checker.
+        pipelined_batch_min_entries=1,
         add_timeout_s=0.25,
         explicit_lac_delay_s=0.002,
         fence_timeout_s=0.1,
