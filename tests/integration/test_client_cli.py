@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -46,3 +47,28 @@ def test_create_append_tail_info(cluster: SandboxCluster) -> None:
     assert info.returncode == 0, info.stderr
     for expected in ("term", "OPEN", "LAC", "first entry", "fragments", "bookie-"):
         assert expected in info.stdout
+
+
+def test_bench_append_and_tail_report_their_figures(cluster: SandboxCluster) -> None:
+    # The benchmarks' contract, not their speed: each run prints a table and, with --json, one
+    # JSON line of figures per run, with every entry appended accounted for.
+    appended = streamctl(
+        cluster.metadata, "bench", "append", "--existing", "--json", "--sizes", "100",
+        "--writers", "1,2", "--quorums", "e3w2a2", "--seconds", "0.5", "--paced",
+    )  # fmt: skip
+    assert appended.returncode == 0, appended.stderr
+    runs = [json.loads(line) for line in appended.stdout.splitlines() if line.startswith("{")]
+    assert [(r["writers"], r["target_rate"] is None) for r in runs] == [
+        (1, True),
+        (2, True),
+        (1, False),
+    ]
+    assert all(r["entries"] > 0 and r["p50_ms"] <= r["p99_ms"] for r in runs)
+    assert "entries/s" in appended.stdout
+    tailed = streamctl(
+        cluster.metadata, "bench", "tail", "--existing", "--json",
+        "--total-bytes", str(4 << 20), "--entry-size", "4096",
+    )  # fmt: skip
+    assert tailed.returncode == 0, tailed.stderr
+    (figures,) = [json.loads(line) for line in tailed.stdout.splitlines() if line.startswith("{")]
+    assert figures["entries"] == 1024
