@@ -25,6 +25,15 @@ def test_varint_matches_protobuf(value: int) -> None:
     )
 
 
+def test_varint_matches_protobuf_at_every_length_boundary() -> None:
+    for shift in range(7, 64, 7):
+        for value in (2**shift - 1, 2**shift, 2**shift + 1):
+            if value >= 1 << 63:
+                continue  # known_lac is an int64
+            expected = pb.ReadLacRequest(known_lac=value).SerializeToString()
+            assert b"\x10" + varint(value) == expected, value
+
+
 @given(
     st.integers(min_value=1, max_value=(1 << 63) - 1),
     ids,
