@@ -5,12 +5,12 @@ as the real bookie (`stream.bookie.storage`), through the same pure functions: t
 
 Durability follows the real storage engine: term changes, truncations, trims and limbo are
 journaled (durable at once); entries are durable at once only with `journal_write_data`
-(truncating no-ops always), otherwise at the next flush. A process crash loses what is not
-durable; a disk loss loses everything (the cookie-mismatch case). On restart after an unclean
-stop the bookie runs BP-46 phase one (term := max(local, metadata term) and limbo for every
-non-sealed stream naming it) before serving, and phase two in the background: once a
-recovery of a newer term fixed the stream's end, it copies its share up to that end from its
-peers and clears limbo.
+(recovery write-backs and truncating no-ops always), otherwise at the next flush. A process
+crash loses what is not durable; a disk loss loses everything (the cookie-mismatch case). On
+restart after an unclean stop the bookie runs BP-46 phase one (term := max(local, metadata
+term) and limbo for every non-sealed stream naming it) before serving, and phase two in the
+background: once a recovery of a newer term fixed the stream's end, it copies its share up to
+that end from its peers and clears limbo.
 
 One deliberate difference from DESIGN §4, which marks limbo after ANY unclean start: limbo is
 set only when entries may have been lost (no `journal_write_data`, or a lost disk). A bookie
@@ -160,12 +160,13 @@ class SimBookie:
 
     # ------------------------------------------------------------------ storing
 
-    def _store(self, stream_id: int, state: _Stream, entry: pb.Entry) -> None:
+    def _store(self, stream_id: int, state: _Stream, entry: pb.Entry, recovery: bool) -> None:
         entry_id = entry.entry_id
         state.entries[entry_id] = entry
-        if self.journal_write_data or entry.flags & _TRUNCATE:
-            # A truncating no-op is journaled even without the journal: it may replace an
-            # older, flushed value at its id that a crash must not bring back.
+        if self.journal_write_data or recovery or entry.flags & _TRUNCATE:
+            # Recovery write-backs and truncating no-ops are journaled even without the
+            # journal: they may replace an older, flushed value at their id that a crash must
+            # not bring back.
             state.durable[entry_id] = entry
             state.unflushed.discard(entry_id)
         else:
@@ -237,7 +238,7 @@ class SimBookie:
             elif entry.entry_id < state.first_entry_id:
                 codes.append(int(Code.TRIMMED))
             else:
-                self._store(stream_id, state, entry)
+                self._store(stream_id, state, entry, request.recovery)
                 codes.append(OK)
         self._advance_lac(stream_id, state, request.lac, request.lafr)
         if self.journal_write_data and (entries or decision is TermDecision.ACCEPT_NEW):
@@ -546,7 +547,7 @@ class SimBookie:
                             break
                 if copy is None:
                     return False
-                self._store(stream_id, state, copy)
+                self._store(stream_id, state, copy, False)
         state.limbo = False
         self._trace.record("phase2", b=self.bookie_id, s=stream_id, end=end)
         return True

@@ -329,7 +329,12 @@ def check_final_state(
             lacking = [i for i in ids if i not in copy]
             assert not lacking, f"{name}: {bookie.bookie_id} lacks {lacking[:20]}"
             differ = [i for i in ids if i in read and copy[i] != read[i]]
-            assert not differ, f"{name}: {bookie.bookie_id} diverges at {differ[:20]}"
+            assert not differ, (
+                f"{name}: {bookie.bookie_id} diverges at {differ[:20]}: "
+                + ", ".join(
+                    f"{i}: holds {copy[i][:40]!r}, read {read[i][:40]!r}" for i in differ[:5]
+                )
+            )
 
 
 @pytest.fixture

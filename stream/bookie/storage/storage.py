@@ -461,14 +461,17 @@ class StreamStorage:
                     durable = self._journal.append(
                         codec.REC_TERM, codec.TERM_BODY.pack(stream_id, request.term)
                     )
-                if truncates:
-                    # The no-op itself goes to the journal, not only its truncation: it may
-                    # overwrite an older, unacknowledged value at its id that a flush already
-                    # wrote to an entry log, and a crash must not bring that value back (a
-                    # positive answer, served even in limbo: divergence).
-                    noops = [e for e in stored if e.flags & FLAG_TRUNCATE]
+                if stored and (truncates or request.recovery):
+                    # Recovery write-backs and truncate no-ops go to the journal even so: they
+                    # may overwrite an older value at their id (an earlier term's unacknowledged
+                    # entry or no-op) that a flush already wrote to an entry log, and a crash
+                    # must not bring that value back (a positive answer, served even in limbo:
+                    # divergence). They are rare: a takeover's few entries.
                     durable = self._journal.append(
-                        codec.REC_ADD, self._with_entries(request, noops).SerializeToString()
+                        codec.REC_ADD,
+                        (
+                            request if all_stored else self._with_entries(request, stored)
+                        ).SerializeToString(),
                     )
             if stored:
                 self._store(stream_id, state, stored_ids, stored, truncates)

@@ -65,9 +65,10 @@ def add_request(
     *,
     lac: int = -1,
     lafr: int = -1,
+    recovery: bool = False,
 ) -> pb.AddRequest:
     """Returns an AddRequest, parsed back from bytes as the gRPC layer hands it over."""
-    request = pb.AddRequest(stream_id=stream_id, term=term, lac=lac, lafr=lafr)
+    request = pb.AddRequest(stream_id=stream_id, term=term, lac=lac, lafr=lafr, recovery=recovery)
     request.entries.extend(entries)
     return pb.AddRequest.FromString(request.SerializeToString())
 
