@@ -168,7 +168,7 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         raise ConnectorOptionError(
             "exactly one of the options 'streams' (comma list) and 'streamPattern' (regex) "
             "must be given",
-            option="streams" if has_streams else "streamPattern",
+            option="streams",
         )
     streams: tuple[str, ...] = ()
     pattern: str | None = None
