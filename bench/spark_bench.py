@@ -31,7 +31,7 @@ from spark_connector.schema import ARROW_SCHEMA, SCHEMA
 from stream.client import StreamClient
 from stream.sandbox.cluster import SandboxCluster
 
-PARTITION_ENTRIES = 50_000
+PARTITION_ENTRIES = int(os.environ.get("SPARK_BENCH_PARTITION_ENTRIES", "50000"))
 
 
 @dataclass(frozen=True)
