@@ -140,3 +140,25 @@ def test_latest_start_reads_only_entries_appended_after_the_query_began(
     assert sorted(r[2] for r in output(spark, tmp_path)) == [
         payload(stream_name, i) for i in range(50, 70)
     ]
+
+
+def test_a_batch_replayed_after_a_crash_reads_the_same_rows(
+    spark: Any, spark_cluster: Any, client: StreamClient, stream_name: str, tmp_path: Path
+) -> None:
+    append(client, stream_name, 1000)
+    options = {"streams": stream_name, "startingOffsets": "earliest",
+               "maxEntriesPerTrigger": "300"}
+    run_available_now(spark, spark_cluster.metadata, tmp_path, **options)
+    # A crash after batch 3 was planned (its offsets logged) and before it was committed:
+    # neither the checkpoint nor the file sink knows it happened.
+    for done in (tmp_path / "checkpoint" / "commits", tmp_path / "data" / "_spark_metadata"):
+        for name in ("3", ".3.crc"):
+            (done / name).unlink()
+    assert len(output(spark, tmp_path)) == 900
+    append(client, stream_name, 500, start=1000)  # the LAC moves on meanwhile
+
+    query = run_available_now(spark, spark_cluster.metadata, tmp_path, **options)
+    batches = [(p["batchId"], p["numInputRows"]) for p in query.recentProgress]
+    assert batches[0] == (3, 100)  # the replay ends where the logged batch ended
+    rows = sorted(output(spark, tmp_path), key=lambda r: r[1])
+    assert [r[2] for r in rows] == [payload(stream_name, i) for i in range(1500)]
