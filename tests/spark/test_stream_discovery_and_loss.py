@@ -69,3 +69,23 @@ def test_trimming_behind_a_stopped_query_fails_it_or_is_skipped(
     reader = client.open_reader(stream_name)
     retained = [e.entry_id for e in reader.read(first_retained, reader.last_add_confirmed())]
     assert sorted(kept) == list(range(300)) + retained
+
+
+def test_stream_pattern_matching_nothing_yet_waits_for_the_first_stream(
+    spark: Any, spark_cluster: Any, client: StreamClient, tmp_path: Path
+) -> None:
+    name = f"q{uuid.uuid4().hex[:8]}-late"
+    query = start_query(spark, spark_cluster.metadata, tmp_path,
+                        {"processingTime": "100 milliseconds"},
+                        streamPattern=name.replace("-late", "-.*"))
+    try:
+        deadline = time.monotonic() + 60
+        while not query.recentProgress and time.monotonic() < deadline:
+            time.sleep(0.2)
+        append(client, name, 5)
+        while len(output(spark, tmp_path)) < 5 and time.monotonic() < deadline:
+            assert query.exception() is None, str(query.exception())
+            time.sleep(0.3)
+    finally:
+        query.stop()
+    assert sorted(r[2] for r in output(spark, tmp_path)) == [payload(name, i) for i in range(5)]
