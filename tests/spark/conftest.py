@@ -16,10 +16,8 @@ from stream.client import StreamClient
 from stream.sandbox.cluster import SandboxCluster
 from stream.sandbox.zookeeper import ZooKeeperServer
 
-pyspark = pytest.importorskip(
-    "pyspark", minversion="4.0", reason="pyspark>=4.0 is not installed (pip install '.[spark]')"
-)
-pytest.importorskip("pyarrow", reason="pyarrow is not installed (pip install '.[spark]')")
+# Every test module here starts with pytest.importorskip("pyspark", ...) and ("pyarrow"): without
+# the spark extra (pip install '.[spark]') they are skipped with that reason.
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,9 @@ from typing import Any
 
 import pytest
 
+pytest.importorskip("pyspark", minversion="4.0", reason="needs the spark extra (pyspark)")
+pytest.importorskip("pyarrow", reason="needs the spark extra (pyarrow)")
+
 from spark_connector.errors import DataLossError
 from spark_connector.partition_reader import ROWS_PER_BATCH, read_range
 from spark_connector.ranges import StreamRange

@@ -7,6 +7,9 @@ import pickle
 
 import pytest
 
+pytest.importorskip("pyspark", minversion="4.0", reason="needs the spark extra (pyspark)")
+pytest.importorskip("pyarrow", reason="needs the spark extra (pyarrow)")
+
 from spark_connector.errors import ConnectorOptionError
 from spark_connector.options import parse_sink_options, parse_source_options
 from spark_connector.ranges import StreamRange, limit_offsets, ordered, split_range

@@ -10,6 +10,9 @@ from typing import Any
 
 import pytest
 
+pytest.importorskip("pyspark", minversion="4.0", reason="needs the spark extra (pyspark)")
+pytest.importorskip("pyarrow", reason="needs the spark extra (pyarrow)")
+
 from stream.client import StreamClient
 from tests.spark.conftest import append, payload
 from tests.spark.test_streaming_read import output, run_available_now, start_query

@@ -8,6 +8,9 @@ from typing import Any
 
 import pytest
 
+pytest.importorskip("pyspark", minversion="4.0", reason="needs the spark extra (pyspark)")
+pytest.importorskip("pyarrow", reason="needs the spark extra (pyarrow)")
+
 from stream.client import StreamClient
 from tests.spark.conftest import append, payload
 

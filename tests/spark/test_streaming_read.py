@@ -12,6 +12,9 @@ from typing import Any
 
 import pytest
 
+pytest.importorskip("pyspark", minversion="4.0", reason="needs the spark extra (pyspark)")
+pytest.importorskip("pyarrow", reason="needs the spark extra (pyarrow)")
+
 from spark_connector.schema import SCHEMA
 from stream.client import StreamClient
 from tests.spark.conftest import append, payload
