@@ -25,6 +25,13 @@ class BatchReader(DataSourceReader):
         bounds = catalog.all_bounds(missing_ok=False)
         start = catalog.resolve(options.starting, "startingOffsets", bounds, "earliest")
         end = catalog.resolve(options.ending, "endingOffsets", bounds, "latest")
+        for name, entry_id in start.items():
+            if entry_id > bounds[name].next_entry_id:
+                raise ConnectorOptionError(
+                    f"option 'startingOffsets' asks for stream {name!r} from entry {entry_id}, "
+                    f"beyond its last committed entry {bounds[name].next_entry_id - 1}",
+                    option="startingOffsets", stream=name,
+                )
         for name, entry_id in end.items():
             if entry_id > bounds[name].next_entry_id:
                 raise ConnectorOptionError(

@@ -64,6 +64,10 @@ def test_starting_and_ending_offsets_bound_the_read(
                 startingOffsets=json.dumps({stream_name: -2}),
                 endingOffsets=json.dumps({stream_name: 5}))
     assert sorted(r[1] for r in rows) == list(range(5))
+    for option, value in (("startingOffsets", 101), ("endingOffsets", 101)):
+        with pytest.raises(Exception, match=f"option '{option}' asks for stream .* beyond"):
+            read(spark, spark_cluster.metadata, streams=stream_name,
+                 **{option: json.dumps({stream_name: value})})
 
 
 def test_noop_entries_of_a_takeover_never_appear(
