@@ -16,9 +16,8 @@ from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMess
 from pyspark.sql.types import BinaryType, StringType, StructType
 
 from spark_connector.clients import client_for
-from spark_connector.errors import ConnectorOptionError
 from spark_connector.options import SinkOptions
-from stream.errors import StreamError
+from stream.errors import InvalidArgumentError, StreamError
 
 log = structlog.get_logger(__name__)
 
@@ -50,10 +49,10 @@ class StreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, options: SinkOptions, schema: StructType) -> None:
         field = next((f for f in schema.fields if f.name == PAYLOAD), None)
         if field is None or not isinstance(field.dataType, BinaryType | StringType):
-            raise ConnectorOptionError(
+            raise InvalidArgumentError(
                 "the streamkeeper sink needs a column 'payload' of type binary or string; "
                 f"got columns {schema.simpleString()}",
-                option="stream", stream=options.stream,
+                stream=options.stream,
             )
         self._options = options
 
