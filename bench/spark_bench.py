@@ -1,0 +1,160 @@
+"""The Spark connector's read throughput: rows/s and MB/s of a local[2] availableNow query
+from a stream of 1 KiB entries into parquet, against the same query over a synthetic
+in-memory Python source (same schema, same partition sizes, Arrow batches) in the same run;
+their ratio is the connector's own cost.
+
+Starts a real ZooKeeper and three bookie processes in a temporary directory, preloads the
+stream with one writer, then runs: a warm-up query, the synthetic query, the connector query.
+
+    PYTHONPATH=. .venv/bin/python bench/spark_bench.py --entries 100000
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import SparkSession
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
+
+import spark_connector
+from spark_connector.schema import ARROW_SCHEMA, SCHEMA
+from stream.client import StreamClient
+from stream.sandbox.cluster import SandboxCluster
+
+PARTITION_ENTRIES = int(os.environ.get("SPARK_BENCH_PARTITION_ENTRIES", "50000"))
+
+
+@dataclass(frozen=True)
+class SyntheticRange(InputPartition):
+    first: int
+    last: int
+    size: int
+
+
+class SyntheticReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, entries: int, size: int) -> None:
+        self.entries, self.size = entries, size
+
+    def initialOffset(self) -> dict:
+        return {"n": 0}
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        pass
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        return {"n": self.entries}
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        return [
+            SyntheticRange(lo, min(lo + PARTITION_ENTRIES, end["n"]) - 1, self.size)
+            for lo in range(start["n"], end["n"], PARTITION_ENTRIES)
+        ]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, SyntheticRange)
+        base = b"x" * (partition.size - 16)
+        now_us = int(time.time() * 1e6)
+        for lo in range(partition.first, partition.last + 1, 8192):
+            ids = list(range(lo, min(lo + 8192, partition.last + 1)))
+            yield pa.RecordBatch.from_arrays(
+                [
+                    pa.array(["synthetic"] * len(ids), pa.string()),
+                    pa.array(ids, pa.int64()),
+                    pa.array([b"%016d" % i + base for i in ids], pa.binary()),
+                    pa.array([now_us] * len(ids), pa.int64()).cast(
+                        ARROW_SCHEMA.field("timestamp").type
+                    ),
+                ],
+                schema=ARROW_SCHEMA,
+            )
+
+
+class SyntheticSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "synthetic"
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        return SyntheticReader(int(self.options["entries"]), int(self.options["size"]))
+
+
+def timed_query(spark: SparkSession, fmt: str, out: Path, **options: str) -> float:
+    reader = spark.readStream.format(fmt)
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    began = time.monotonic()
+    query = (
+        reader.load().writeStream.format("parquet")
+        .option("path", str(out / "data"))
+        .option("checkpointLocation", str(out / "checkpoint"))
+        .trigger(availableNow=True).start()
+    )
+    query.awaitTermination()
+    if query.exception() is not None:
+        raise SystemExit(f"query failed: {query.exception()}")
+    return time.monotonic() - began
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--entries", type=int, default=100_000)
+    parser.add_argument("--size", type=int, default=1024)
+    args = parser.parse_args()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    with tempfile.TemporaryDirectory(prefix="spark-bench-") as tmp:
+        work = Path(tmp)
+        with SandboxCluster(work / "cluster", bookies=3) as cluster:
+            client = StreamClient.connect(cluster.metadata)
+            client.create_stream("bench", fragment_max_entries=200_000, fragment_max_bytes=1 << 30)
+            base = b"y" * (args.size - 16)
+            with client.open_writer("bench") as writer:
+                for i in range(args.entries):
+                    writer.append_async(b"%016d" % i + base)
+                writer.flush()
+            client.close()
+            spark = (
+                SparkSession.builder.master("local[2]")
+                .config("spark.ui.enabled", "false")
+                .config("spark.driver.bindAddress", "127.0.0.1")
+                .config("spark.sql.shuffle.partitions", "2")
+                .getOrCreate()
+            )
+            try:
+                spark_connector.register(spark)
+                spark.dataSource.register(SyntheticSource)
+                timed_query(spark, "synthetic", work / "warmup", entries="1000",
+                            size=str(args.size))
+                synthetic_s = timed_query(spark, "synthetic", work / "synthetic",
+                                          entries=str(args.entries), size=str(args.size))
+                connector_s = timed_query(
+                    spark, "streamkeeper", work / "connector", metadata=cluster.metadata,
+                    streams="bench", startingOffsets="earliest",
+                    entriesPerPartition=str(PARTITION_ENTRIES),
+                )
+                rows = spark.read.parquet(str(work / "connector" / "data")).count()
+            finally:
+                spark.stop()
+    assert rows == args.entries, rows
+    mb = args.entries * args.size / 1e6
+    for label, seconds in (("synthetic", synthetic_s), ("streamkeeper", connector_s)):
+        print(f"{label:>12}: {args.entries} rows in {seconds:6.2f} s = "
+              f"{args.entries / seconds:9.0f} rows/s, {mb / seconds:7.1f} MB/s")
+    print(f"ratio streamkeeper/synthetic rows/s: {synthetic_s / connector_s:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,231 @@
+"""The `streamkeeper` data source's options (named after Spark's Kafka source), parsed and
+checked once on the driver into a `SourceOptions` value that pickles to the executors."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from spark_connector.errors import ConnectorOptionError
+from stream.errors import InvalidArgumentError
+from stream.metadata.model import validate_stream_name
+
+# Kafka's JSON offsets use -2 for earliest and -1 for latest; so do ours.
+EARLIEST = -2
+LATEST = -1
+
+DEFAULT_ENTRIES_PER_PARTITION = 50_000
+
+# Spark hands options to Python sources with lower-cased keys; these are the documented names.
+_READ_OPTIONS = (
+    "metadata",
+    "streams",
+    "streamPattern",
+    "startingOffsets",
+    "endingOffsets",
+    "maxEntriesPerTrigger",
+    "failOnDataLoss",
+    "entriesPerPartition",
+)
+_WRITE_OPTIONS = ("metadata", "stream")
+# Spark adds these itself (e.g. `path` from `load(path)`); they are not ours to reject.
+_SPARK_OPTIONS = ("path", "checkpointlocation")
+
+# A start or end position per stream: "earliest", "latest", or {stream: entry id | -2 | -1}.
+Positions = str | dict[str, int]
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """What a reader needs: `metadata` connect string, the stream list or pattern, and the
+    positions and limits; every field already checked."""
+
+    metadata: str
+    streams: tuple[str, ...]
+    stream_pattern: str | None
+    starting: Positions
+    ending: Positions
+    max_entries_per_trigger: int | None
+    fail_on_data_loss: bool
+    entries_per_partition: int
+
+    def pattern_matches(self, name: str) -> bool:
+        pattern = self.stream_pattern
+        return pattern is not None and re.fullmatch(pattern, name) is not None
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    """What the streaming writer needs: `metadata` and the target `stream`."""
+
+    metadata: str
+    stream: str
+
+
+def _lowered(options: Mapping[str, str], known: tuple[str, ...]) -> dict[str, str]:
+    names = {name.lower(): name for name in known}
+    out: dict[str, str] = {}
+    for key, value in options.items():
+        low = key.lower()
+        if low in _SPARK_OPTIONS:
+            continue
+        if low not in names:
+            raise ConnectorOptionError(
+                f"unknown option {key!r} of the streamkeeper data source; known: "
+                + ", ".join(known),
+                option=key,
+            )
+        out[names[low]] = value
+    return out
+
+
+def _metadata(values: dict[str, str]) -> str:
+    metadata = values.get("metadata", "").strip()
+    if not metadata:
+        raise ConnectorOptionError(
+            "option 'metadata' is required: the ZooKeeper connect string HOST:PORT/ROOT",
+            option="metadata",
+        )
+    return metadata
+
+
+def _stream_name(name: str, option: str) -> str:
+    try:
+        return validate_stream_name(name)
+    except InvalidArgumentError as e:
+        raise ConnectorOptionError(f"option {option!r}: {e.message}", option=option,
+                                   stream=name) from None
+
+
+def _positive_int(values: dict[str, str], option: str) -> int | None:
+    raw = values.get(option)
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise ConnectorOptionError(
+            f"option {option!r} must be a positive integer, got {raw!r}", option=option
+        )
+    return value
+
+
+def _bool(values: dict[str, str], option: str, default: bool) -> bool:
+    raw = values.get(option)
+    if raw is None:
+        return default
+    if raw.strip().lower() in ("true", "false"):
+        return raw.strip().lower() == "true"
+    raise ConnectorOptionError(f"option {option!r} must be true or false, got {raw!r}",
+                               option=option)
+
+
+def parse_positions(raw: str | None, option: str, default: str, allow_latest: bool,
+                    allow_earliest: bool = True) -> Positions:
+    """Returns "earliest", "latest" or `{stream: entry id}` (entry ids >= 0, or -2 / -1)."""
+    if raw is None:
+        return default
+    word = raw.strip().lower()
+    if word in ("earliest", "latest"):
+        if (word == "latest" and not allow_latest) or (word == "earliest" and not allow_earliest):
+            raise ConnectorOptionError(f"option {option!r} cannot be {word!r}", option=option)
+        return word
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= EARLIEST for v in parsed.values()
+    ):
+        raise ConnectorOptionError(
+            f"option {option!r} must be 'earliest', 'latest' or JSON like "
+            f'{{"stream": next_entry_id}} (-2 earliest, -1 latest), got {raw!r}',
+            option=option,
+        )
+    out: dict[str, int] = {}
+    for name, value in parsed.items():
+        _stream_name(name, option)
+        if value == LATEST and not allow_latest:
+            raise ConnectorOptionError(f"option {option!r} cannot use -1 (latest)", option=option)
+        if value == EARLIEST and not allow_earliest:
+            raise ConnectorOptionError(f"option {option!r} cannot use -2 (earliest)",
+                                       option=option)
+        out[name] = value
+    return out
+
+
+def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
+    """Returns the checked reader options; raises `ConnectorOptionError` naming the option."""
+    values = _lowered(options, _READ_OPTIONS)
+    metadata = _metadata(values)
+    has_streams = bool(values.get("streams", "").strip())
+    has_pattern = bool(values.get("streamPattern", "").strip())
+    if has_streams == has_pattern:
+        raise ConnectorOptionError(
+            "exactly one of the options 'streams' (comma list) and 'streamPattern' (regex) "
+            "must be given",
+            option="streams",
+        )
+    streams: tuple[str, ...] = ()
+    pattern: str | None = None
+    if has_streams:
+        names = [s.strip() for s in values["streams"].split(",") if s.strip()]
+        streams = tuple(dict.fromkeys(_stream_name(n, "streams") for n in names))
+    else:
+        pattern = values["streamPattern"].strip()
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise ConnectorOptionError(
+                f"option 'streamPattern' is not a valid regex: {e}", option="streamPattern"
+            ) from None
+    if streaming and "endingOffsets" in values:
+        raise ConnectorOptionError(
+            "option 'endingOffsets' applies to batch reads only", option="endingOffsets"
+        )
+    if not streaming and "maxEntriesPerTrigger" in values:
+        raise ConnectorOptionError(
+            "option 'maxEntriesPerTrigger' applies to streaming reads only",
+            option="maxEntriesPerTrigger",
+        )
+    starting = parse_positions(
+        values.get("startingOffsets"), "startingOffsets",
+        "latest" if streaming else "earliest", allow_latest=streaming,
+    )
+    ending = parse_positions(
+        values.get("endingOffsets"), "endingOffsets", "latest", allow_latest=True,
+        allow_earliest=False,
+    )
+    for option, positions in (("startingOffsets", starting), ("endingOffsets", ending)):
+        if isinstance(positions, dict) and streams:
+            extra = sorted(set(positions) - set(streams))
+            if extra:
+                raise ConnectorOptionError(
+                    f"option {option!r} names streams not in 'streams': {', '.join(extra)}",
+                    option=option,
+                )
+    return SourceOptions(
+        metadata=metadata,
+        streams=streams,
+        stream_pattern=pattern,
+        starting=starting,
+        ending=ending,
+        max_entries_per_trigger=_positive_int(values, "maxEntriesPerTrigger"),
+        fail_on_data_loss=_bool(values, "failOnDataLoss", True),
+        entries_per_partition=_positive_int(values, "entriesPerPartition")
+        or DEFAULT_ENTRIES_PER_PARTITION,
+    )
+
+
+def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
+    """Returns the checked writer options; raises `ConnectorOptionError` naming the option."""
+    values = _lowered(options, _WRITE_OPTIONS)
+    metadata = _metadata(values)
+    stream = values.get("stream", "").strip()
+    if not stream:
+        raise ConnectorOptionError("option 'stream' is required to write", option="stream")
+    return SinkOptions(metadata=metadata, stream=_stream_name(stream, "stream"))

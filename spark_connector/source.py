@@ -1,0 +1,40 @@
+"""The `streamkeeper` Python data source: batch and streaming reads, streaming writes."""
+
+from __future__ import annotations
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+)
+from pyspark.sql.types import StructType
+
+from spark_connector.batch_reader import BatchReader
+from spark_connector.options import parse_sink_options, parse_source_options
+from spark_connector.schema import SCHEMA
+from spark_connector.stream_reader import StreamReader
+
+NAME = "streamkeeper"
+
+
+class StreamkeeperDataSource(DataSource):
+    """`format("streamkeeper")`; options as in DESIGN §8 (see `spark_connector.options`)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return BatchReader(parse_source_options(self.options, streaming=False))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return StreamReader(parse_source_options(self.options, streaming=True))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        from spark_connector.stream_writer import StreamWriter
+
+        return StreamWriter(parse_sink_options(self.options), schema)

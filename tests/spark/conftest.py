@@ -1,0 +1,99 @@
+"""Fixtures of the Spark connector tests: one real cluster (ZooKeeper + 3 bookie processes)
+and one local[2] SparkSession for the whole session; each test uses streams of its own."""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stream.client import StreamClient
+from stream.sandbox.cluster import SandboxCluster
+from stream.sandbox.zookeeper import ZooKeeperServer
+
+# Every test module here starts with pytest.importorskip("pyspark", ...) and ("pyarrow"): without
+# the spark extra (pip install '.[spark]') they are skipped with that reason.
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(zookeeper: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory
+                  ) -> Iterator[SandboxCluster]:
+    """Three bookies on the session's ZooKeeper, under a root of their own."""
+    cluster = SandboxCluster(
+        tmp_path_factory.mktemp("spark-cluster"),
+        bookies=3,
+        root=f"/streamkeeper-spark-{uuid.uuid4().hex[:8]}",
+        zookeeper=zookeeper,
+    )
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def client(spark_cluster: SandboxCluster) -> Iterator[StreamClient]:
+    c = StreamClient.connect(spark_cluster.metadata)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One local[2] SparkSession (UI off, loopback only) with the connector registered."""
+    from pyspark.sql import SparkSession
+
+    import spark_connector
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    # Executors' Python workers must import this worktree's packages.
+    root = str(Path(__file__).resolve().parents[2])
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (root, os.environ.get("PYTHONPATH", "")) if p
+    )
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("streamkeeper-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.local.dir", str(tmp_path_factory.mktemp("spark-local")))
+        .getOrCreate()
+    )
+    spark_connector.register(session)
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+@pytest.fixture
+def stream_name() -> str:
+    return f"s-{uuid.uuid4().hex[:10]}"
+
+
+def payload(stream: str, i: int) -> bytes:
+    """Returns a distinct, checkable payload for entry number `i` of `stream`."""
+    return f"{stream}:{i:08d}".encode()
+
+
+def append(client: StreamClient, stream: str, count: int, start: int = 0, **create: Any) -> None:
+    """Creates `stream` (if needed) and appends payload(stream, start..start+count-1)."""
+    client.create_stream(stream, **create)
+    with client.open_writer(stream) as writer:
+        futures = [writer.append_async(payload(stream, i)) for i in range(start, start + count)]
+        writer.flush()
+        for f in futures:
+            f.result()

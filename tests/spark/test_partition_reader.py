@@ -1,0 +1,50 @@
+"""The executor side without Spark: one `StreamRange` read from a real cluster into Arrow
+batches of the schema's exact types, and ranges that retention trimmed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark", minversion="4.0", reason="needs the spark extra (pyspark)")
+pytest.importorskip("pyarrow", reason="needs the spark extra (pyarrow)")
+
+from spark_connector.errors import DataLossError
+from spark_connector.partition_reader import ROWS_PER_BATCH, read_range
+from spark_connector.ranges import StreamRange
+from spark_connector.schema import ARROW_SCHEMA
+from stream.client import StreamClient
+from tests.spark.conftest import append, payload
+
+pytestmark = [pytest.mark.spark, pytest.mark.integration]
+
+
+def test_a_range_reads_as_arrow_batches_of_the_schema(
+    spark_cluster: Any, client: StreamClient, stream_name: str
+) -> None:
+    count = ROWS_PER_BATCH + 100
+    append(client, stream_name, count)
+    batches = list(read_range(StreamRange(spark_cluster.metadata, stream_name, 5, count - 1,
+                                          True)))
+    assert [b.num_rows for b in batches] == [ROWS_PER_BATCH, count - 5 - ROWS_PER_BATCH]
+    assert all(b.schema.equals(ARROW_SCHEMA) for b in batches)
+    ids = [i for b in batches for i in b.column("entry_id").to_pylist()]
+    assert ids == list(range(5, count))
+    assert batches[0].column("payload")[0].as_py() == payload(stream_name, 5)
+    assert set(batches[0].column("stream").to_pylist()) == {stream_name}
+
+
+def test_a_trimmed_range_fails_or_continues_at_the_first_retained_entry(
+    spark_cluster: Any, client: StreamClient, stream_name: str
+) -> None:
+    append(client, stream_name, 300, fragment_max_entries=100)
+    first_retained = client.trim(stream_name, before_entry_id=250)
+    assert first_retained == 200
+    with pytest.raises(DataLossError, match=r"entries 50\.\.199 .* were trimmed"):
+        list(read_range(StreamRange(spark_cluster.metadata, stream_name, 50, 299, True)))
+    part = StreamRange(spark_cluster.metadata, stream_name, 50, 299, False)
+    ids = [i for b in read_range(part) for i in b.column("entry_id").to_pylist()]
+    assert ids == list(range(200, 300))
+    part = StreamRange(spark_cluster.metadata, stream_name, 50, 150, False)
+    assert list(read_range(part)) == []

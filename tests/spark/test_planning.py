@@ -1,0 +1,90 @@
+"""The pure parts of the connector: option parsing, range splitting, read limits, offsets."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+
+pytest.importorskip("pyspark", minversion="4.0", reason="needs the spark extra (pyspark)")
+pytest.importorskip("pyarrow", reason="needs the spark extra (pyarrow)")
+
+from spark_connector.errors import ConnectorOptionError
+from spark_connector.options import parse_sink_options, parse_source_options
+from spark_connector.ranges import StreamRange, limit_offsets, ordered, split_range
+
+pytestmark = pytest.mark.spark
+
+META = {"metadata": "127.0.0.1:2181/streamkeeper"}
+
+
+def test_split_range_cuts_at_fragments_and_size() -> None:
+    assert split_range(0, 9, [0], 4) == [(0, 3), (4, 7), (8, 9)]
+    assert split_range(3, 12, [0, 5, 10], 100) == [(3, 4), (5, 9), (10, 12)]
+    assert split_range(5, 4, [0], 10) == []
+    pieces = split_range(17, 1234, [0, 100, 250, 900], 64)
+    covered = [i for lo, hi in pieces for i in range(lo, hi + 1)]
+    assert covered == list(range(17, 1235))
+    assert all(hi - lo < 64 for lo, hi in pieces)
+
+
+def test_limit_offsets_shares_the_budget_and_never_passes_latest() -> None:
+    assert limit_offsets({"a": 0, "b": 0}, {"a": 100, "b": 100}, 50) == {"a": 25, "b": 25}
+    assert limit_offsets({"a": 0, "b": 95}, {"a": 100, "b": 100}, 50) == {"a": 45, "b": 100}
+    assert limit_offsets({"a": 7}, {"a": 9}, 1000) == {"a": 9}
+    for budget in range(1, 40):
+        end = limit_offsets({"a": 3, "b": 0, "c": 10}, {"a": 13, "b": 2, "c": 30}, budget)
+        assert sum(end.values()) - 13 == min(budget, 32)
+
+
+def test_offsets_serialise_in_one_key_order() -> None:
+    assert json.dumps(ordered({"b": 1, "a": 2})) == json.dumps(ordered({"a": 2, "b": 1}))
+    assert list(limit_offsets({"z": 0, "a": 0}, {"z": 5, "a": 5}, 3)) == ["a", "z"]
+
+
+def test_stream_range_pickles_and_checks_its_bounds() -> None:
+    part = StreamRange("h:1/r", "s", 3, 9, True)
+    assert pickle.loads(pickle.dumps(part)) == part
+    with pytest.raises(ValueError):
+        StreamRange("h:1/r", "s", 9, 3, True)
+
+
+def test_source_options_are_parsed_case_insensitively() -> None:
+    parsed = parse_source_options(
+        {**META, "STREAMS": "b, a,b", "startingoffsets": '{"a": 4, "b": -2}',
+         "maxentriespertrigger": "10", "failondataloss": "FALSE"},
+        streaming=True,
+    )
+    assert parsed.streams == ("b", "a")
+    assert parsed.starting == {"a": 4, "b": -2}
+    assert parsed.max_entries_per_trigger == 10
+    assert parsed.fail_on_data_loss is False
+    assert parse_source_options({**META, "streams": "a"}, streaming=True).starting == "latest"
+    assert parse_source_options({**META, "streams": "a"}, streaming=False).starting == "earliest"
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"streams": "a", "startingOffsets": '{"b": 1}'}, "startingOffsets"),
+        ({"streams": "a", "startingOffsets": '{"a": -3}'}, "startingOffsets"),
+        ({"streams": "a", "startingOffsets": '[1]'}, "startingOffsets"),
+        ({"streams": "a", "endingOffsets": '{"a": 1}'}, "endingOffsets"),
+        ({"streams": "a", "maxEntriesPerTrigger": "-1"}, "maxEntriesPerTrigger"),
+        ({"streams": "a", "maxEntriesPerTrigger": "ten"}, "maxEntriesPerTrigger"),
+        ({}, "streams"),
+    ],
+)
+def test_malformed_streaming_options_name_the_option(options: dict[str, str], named: str) -> None:
+    with pytest.raises(ConnectorOptionError, match=named) as failed:
+        parse_source_options({**META, **options}, streaming=True)
+    assert failed.value.context["option"] == named
+
+
+def test_sink_options() -> None:
+    assert parse_sink_options({**META, "stream": "out"}).stream == "out"
+    with pytest.raises(ConnectorOptionError, match="'stream' is required"):
+        parse_sink_options(META)
+    with pytest.raises(ConnectorOptionError, match="unknown option 'streams'"):
+        parse_sink_options({**META, "stream": "out", "streams": "x"})
