@@ -42,6 +42,6 @@ stamp=$(cat pyproject.toml setup.py proto/streamkeeper/v1/*.proto | sha256sum | 
 if [ "$(cat .venv/.setup-stamp 2>/dev/null)" != "$stamp" ] || [ ! -f stream/wire/bookie_pb2.py ]; then
   echo "setup: installing the package into .venv" >&2
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-  .venv/bin/python -m pip install -q -e '.[dev]'
+  .venv/bin/python -m pip install -q -e '.[dev,spark]'
   echo "$stamp" > .venv/.setup-stamp
 fi
