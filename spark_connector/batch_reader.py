@@ -25,25 +25,25 @@ class BatchReader(DataSourceReader):
         bounds = catalog.all_bounds(missing_ok=False)
         start = catalog.resolve(options.starting, "startingOffsets", bounds, "earliest")
         end = catalog.resolve(options.ending, "endingOffsets", bounds, "latest")
-        for name, entry_id in start.items():
-            if entry_id > bounds[name].next_entry_id:
-                raise ConnectorOptionError(
-                    f"option 'startingOffsets' asks for stream {name!r} from entry {entry_id}, "
-                    f"beyond its last committed entry {bounds[name].next_entry_id - 1}",
-                    option="startingOffsets", stream=name,
-                )
+        for option, offsets, word in (
+            ("startingOffsets", start, "from"),
+            ("endingOffsets", end, "up to"),
+        ):
+            for name, entry_id in offsets.items():
+                if entry_id > bounds[name].next_entry_id:
+                    raise ConnectorOptionError(
+                        f"option {option!r} asks for stream {name!r} {word} entry {entry_id}, "
+                        f"beyond its last committed entry {bounds[name].next_entry_id - 1}",
+                        option=option,
+                        stream=name,
+                    )
         for name, entry_id in end.items():
-            if entry_id > bounds[name].next_entry_id:
-                raise ConnectorOptionError(
-                    f"option 'endingOffsets' asks for stream {name!r} up to entry {entry_id}, "
-                    f"beyond its last committed entry {bounds[name].next_entry_id - 1}",
-                    option="endingOffsets", stream=name,
-                )
             if entry_id < start[name]:
                 raise ConnectorOptionError(
                     f"option 'endingOffsets' ({entry_id}) is before 'startingOffsets' "
                     f"({start[name]}) for stream {name!r}",
-                    option="endingOffsets", stream=name,
+                    option="endingOffsets",
+                    stream=name,
                 )
         self._partitions = catalog.plan(start, end, bounds)
 

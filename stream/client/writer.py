@@ -63,6 +63,13 @@ class WriterClosedError(StreamError):
     """The writer was closed; appends are refused."""
 
 
+class _Superseded(Exception):
+    """The pipeline (term) a metadata change was planned for was closed or replaced meanwhile:
+    the change is dropped. Committing it with the next term's version would graft the old
+    term's ensemble onto the new term (a replacement that never received the new term's
+    entries, and that the old pipeline then fed its own; found by the BP-46 crash test)."""
+
+
 class AsyncStreamWriter:
     """Writes one stream in one term (re-engaging in a new term when allowed). Build it, then
     `await open()` (the takeover); `append`/`submit_threadsafe`, `flush`, `close`."""
@@ -494,6 +501,8 @@ class AsyncStreamWriter:
                 if not failed:
                     return
                 await self._replace(pipeline, failed[0])
+        except _Superseded:
+            pass  # the writer moved on to another term: its own pipeline decides
         except InvalidTermError as e:
             self._changing = False
             self._on_fenced(e.current_term)  # type: ignore[attr-defined]
@@ -517,7 +526,7 @@ class AsyncStreamWriter:
         meta = self._meta
         assert meta is not None
         while True:
-            if self._error is not None or pipeline is not self._pipeline:
+            if self._error is not None or pipeline is not self._pipeline or pipeline.closed:
                 return
             if loop.time() > deadline or len(tried) >= _MAX_CANDIDATES_TRIED:
                 raise NotEnoughBookiesError(
@@ -555,7 +564,7 @@ class AsyncStreamWriter:
                 self._options,
                 enabled=self._options.protections.new_member_truncation,
             )
-            if refused or pipeline is not self._pipeline:
+            if refused or pipeline is not self._pipeline or pipeline.closed:
                 continue
             pinned = pipeline.pending.pinned_bookies()
             change = plan_ensemble_change(
@@ -568,7 +577,8 @@ class AsyncStreamWriter:
                 change.first_entry_id, pipeline.ensemble, created_ms=self._clock.now_ms()
             )
             await self._commit(
-                functools.partial(self._add_fragment, meta.id, fragment, change.replaces_last)
+                functools.partial(self._add_fragment, meta.id, fragment, change.replaces_last),
+                pipeline,
             )
             self._fragment = fragment
             self._fragment_bytes = pipeline.held_payload_bytes(change.first_entry_id)
@@ -582,20 +592,29 @@ class AsyncStreamWriter:
     ) -> tuple[StreamMeta, int]:
         return await self._metadata.add_fragment(stream_id, version, fragment, replaces)
 
-    async def _commit(self, change: Callable[[int], Awaitable[tuple[StreamMeta, int]]]) -> None:
-        """Runs one metadata CAS with the writer's version; after losing to a same-term change
-        (retention), rereads and retries; a newer term raises `InvalidTermError`."""
+    async def _commit(
+        self, change: Callable[[int], Awaitable[tuple[StreamMeta, int]]], pipeline: AddPipeline
+    ) -> None:
+        """Runs one metadata CAS for `pipeline`'s term with the writer's version; after losing
+        to a same-term change (retention), rereads and retries; a newer term raises
+        `InvalidTermError`, and `_Superseded` when the writer moved on to another pipeline
+        (a re-engaged term) meanwhile."""
         assert self._meta is not None
+        term = self._term
         for _ in range(self._options.cas_attempts):
+            if pipeline is not self._pipeline or pipeline.closed or self._term != term:
+                raise _Superseded()
             try:
                 self._meta, self._version = await change(self._version)
                 return
             except BadVersionError:
                 meta, version, _ = await self._metadata.get_snapshot(self._meta.id)
-                if meta.term != self._term or meta.state is not StreamState.OPEN:
+                if pipeline is not self._pipeline or pipeline.closed or self._term != term:
+                    raise _Superseded() from None
+                if meta.term != term or meta.state is not StreamState.OPEN:
                     raise InvalidTermError(
                         "another writer took over the stream",
-                        term=self._term,
+                        term=term,
                         current_term=meta.term,
                         stream=self.name,
                     ) from None
@@ -654,7 +673,8 @@ class AsyncStreamWriter:
             )
             new = Fragment(last + 1, ensemble, created_ms=now_ms)
             await self._commit(
-                lambda version: self._metadata.roll_fragment(meta.id, version, closed, new)
+                lambda version: self._metadata.roll_fragment(meta.id, version, closed, new),
+                pipeline,
             )
             pipeline.roll(last + 1, ensemble)
             self._fragment = new
@@ -668,6 +688,8 @@ class AsyncStreamWriter:
                 closed_last_entry_id=last,
                 ensemble=list(ensemble),
             )
+        except _Superseded:
+            pass  # the writer moved on to another term: its own pipeline decides
         except InvalidTermError as e:
             self._rolling = False
             self._on_fenced(e.current_term)  # type: ignore[attr-defined]

@@ -3,6 +3,7 @@ ZooKeeper of tests/conftest.py, each under its own metadata root."""
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,6 +15,26 @@ from stream.sandbox.cluster import SandboxCluster
 from stream.sandbox.zookeeper import ZooKeeperServer
 
 ClusterFactory = Callable[..., SandboxCluster]
+
+
+@contextlib.contextmanager
+def running_cluster(
+    zookeeper: ZooKeeperServer, path: Path, bookies: int = 3, **bookie_settings: Any
+) -> Iterator[SandboxCluster]:
+    """A started cluster of `bookies` bookie processes under a metadata root of its own,
+    stopped on exit (for fixtures shared by a module or the session)."""
+    cluster = SandboxCluster(
+        path,
+        bookies=bookies,
+        root=f"/streamkeeper-{uuid.uuid4().hex[:12]}",
+        zookeeper=zookeeper,
+        bookie_settings=bookie_settings,
+    )
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
@@ -31,6 +30,7 @@ from stream.sandbox.cluster import SandboxCluster
 from stream.sandbox.zookeeper import ZooKeeperServer
 from stream.wire import bookie_pb2 as pb
 from stream.wire import bookie_pb2_grpc
+from tests.integration.conftest import running_cluster
 
 pytestmark = pytest.mark.integration
 
@@ -159,26 +159,14 @@ def cluster(
     zookeeper: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[SandboxCluster]:
     """Three bookies shared by this module's tests (each test has its own stream)."""
-    sandbox = SandboxCluster(
-        tmp_path_factory.mktemp("takeover-zombie"),
-        bookies=3,
-        root=f"/streamkeeper-{uuid.uuid4().hex[:12]}",
-        zookeeper=zookeeper,
-    )
-    sandbox.start()
-    try:
+    with running_cluster(zookeeper, tmp_path_factory.mktemp("takeover-zombie")) as sandbox:
         yield sandbox
-    finally:
-        sandbox.stop()
 
 
 @pytest.fixture(scope="module")
 def client(cluster: SandboxCluster) -> Iterator[StreamClient]:
-    c = StreamClient.connect(cluster.metadata)
-    try:
+    with StreamClient.connect(cluster.metadata) as c:
         yield c
-    finally:
-        c.close()
 
 
 # ---------------------------------------------------------------------- reading it all back

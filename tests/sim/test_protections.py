@@ -77,7 +77,6 @@ def test_a_lost_noop_never_brings_back_the_entry_it_replaced() -> None:
         assert result.ok, f"lost-noop seed {seed}: {_first(result)}"
 
 
-@pytest.mark.timeout(1800)  # ~160 s on two idle cores; far longer on a loaded machine
 def test_recovery_publishes_no_lafr_from_its_local_ensemble() -> None:
     # A regression (random seed 3649): a paused recovery had replaced a bookie locally and its
     # no-op reached the new write set, so the LAFR it carried named the no-op; the next takeover
@@ -86,6 +85,7 @@ def test_recovery_publishes_no_lafr_from_its_local_ensemble() -> None:
     assert result.ok, f"seed 3649: {_first(result)}"
 
 
+@pytest.mark.timeout(1800)  # ~160 s on two idle cores; far longer on a loaded machine
 def test_every_protection_on_passes_many_seeds() -> None:
     workers = min(2, os.cpu_count() or 1)
     failed = None

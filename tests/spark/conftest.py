@@ -15,35 +15,25 @@ import pytest
 from stream.client import StreamClient
 from stream.sandbox.cluster import SandboxCluster
 from stream.sandbox.zookeeper import ZooKeeperServer
+from tests.integration.conftest import running_cluster
 
 # Every test module here starts with pytest.importorskip("pyspark", ...) and ("pyarrow"): without
 # the spark extra (pip install '.[spark]') they are skipped with that reason.
 
 
 @pytest.fixture(scope="session")
-def spark_cluster(zookeeper: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory
-                  ) -> Iterator[SandboxCluster]:
+def spark_cluster(
+    zookeeper: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SandboxCluster]:
     """Three bookies on the session's ZooKeeper, under a root of their own."""
-    cluster = SandboxCluster(
-        tmp_path_factory.mktemp("spark-cluster"),
-        bookies=3,
-        root=f"/streamkeeper-spark-{uuid.uuid4().hex[:8]}",
-        zookeeper=zookeeper,
-    )
-    cluster.start()
-    try:
+    with running_cluster(zookeeper, tmp_path_factory.mktemp("spark-cluster")) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture(scope="session")
 def client(spark_cluster: SandboxCluster) -> Iterator[StreamClient]:
-    c = StreamClient.connect(spark_cluster.metadata)
-    try:
+    with StreamClient.connect(spark_cluster.metadata) as c:
         yield c
-    finally:
-        c.close()
 
 
 @pytest.fixture(scope="session")
