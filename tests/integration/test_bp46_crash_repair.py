@@ -422,12 +422,6 @@ def summary(log: RoundLog, appenders: dict[str, Appender]) -> str:
     )
 
 
-@pytest.mark.skip(
-    reason="issue 5 open: about one run in five, the 'idle' stream ends with one bookie of a "
-    "write set holding no-ops at two ids (the first two entries of a burst, right after a "
-    "phase-two repair takeover raced the writer's reengage takeover) where the others hold "
-    "never-acknowledged data; see the issue note"
-)
 @pytest.mark.timeout(600)  # ~1.5 min on an idle 2-core machine; restarts slow down under load
 def test_kill9_one_bookie_at_a_time_20_rounds(workload: tuple) -> None:
     cluster, client, appenders = workload
