@@ -22,6 +22,7 @@ Nothing here reads real time or global randomness.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -43,6 +44,7 @@ from kazoo.exceptions import (
 )
 from kazoo.protocol.states import EventType, KazooState, WatchedEvent, ZnodeStat
 
+from stream.client.zk_metadata import ZkMetadata
 from stream.errors import MetadataError
 from stream.metadata.bookies import BookieRegistry
 from stream.metadata.connection import (
@@ -50,9 +52,7 @@ from stream.metadata.connection import (
     SessionListener,
     SessionState,
 )
-from stream.metadata.model import Fragment, RetentionPolicy, StreamMeta, StreamState, WriterInfo
 from stream.metadata.streams import StreamStore
-from stream.protocol import BookieCandidate
 from stream.sim.network import ZK_NODE
 
 if TYPE_CHECKING:
@@ -677,136 +677,23 @@ class SimMetadataSession:
         self._zk.stop()
 
 
-class SimMetadata:
+class SimMetadata(ZkMetadata):
     """The client's `MetadataPort` in simulation: every call crosses the simulated network from
     `node` to the ZooKeeper node, runs the real `StreamStore`/`BookieRegistry` call there at one
-    virtual instant, and its answer (or error) crosses back."""
+    virtual instant, and its answer (or error) crosses back. The port's methods are
+    `ZkMetadata`'s; only how a call runs, and how a watch is delivered, differ."""
 
     def __init__(self, network: SimNetwork, node: str, session: SimMetadataSession) -> None:
+        # Not super().__init__: that would start the real port's thread pool.
         self._network = network
         self.node = node
-        self.session = session
-        self.store = StreamStore(session, clock_ms=network.now_ms)
+        self.session = session  # type: ignore[assignment]
+        self.store = StreamStore(session, clock_ms=network.now_ms)  # type: ignore[arg-type]
         self.registry = BookieRegistry(session)  # type: ignore[arg-type]
+        self._addresses = {}
 
-    async def _call(self, fn: Callable[[], T]) -> T:
-        return await self._network.call_zk(self.node, fn)
-
-    async def create_stream(
-        self,
-        name: str,
-        ensemble: int,
-        write_quorum: int,
-        ack_quorum: int,
-        fragment_max_entries: int,
-        fragment_max_bytes: int,
-        fragment_max_age_s: float | None = None,
-        retention: RetentionPolicy | None = None,
-    ) -> StreamMeta:
-        return await self._call(
-            lambda: self.store.create_stream(
-                name,
-                ensemble,
-                write_quorum,
-                ack_quorum,
-                fragment_max_entries,
-                fragment_max_bytes,
-                fragment_max_age_s,
-                retention,
-            )
-        )
-
-    async def get_stream(self, name: str) -> tuple[StreamMeta, int]:
-        return await self._call(lambda: self.store.get_stream(name))
-
-    async def get_snapshot(self, stream_id: int) -> tuple[StreamMeta, int, list[Fragment]]:
-        return await self._call(lambda: self.store.get_snapshot(stream_id))
-
-    async def begin_takeover(
-        self, stream_id: int, expected_version: int
-    ) -> tuple[StreamMeta, int, Fragment | None]:
-        return await self._call(lambda: self.store.begin_takeover(stream_id, expected_version))
-
-    async def finish_recovery(
-        self,
-        stream_id: int,
-        expected_version: int,
-        term: int,
-        fragments_changed: Sequence[Fragment],
-        new_fragments: Sequence[Fragment],
-        first_entry_id_of_term: int,
-    ) -> tuple[StreamMeta, int]:
-        return await self._call(
-            lambda: self.store.finish_recovery(
-                stream_id,
-                expected_version,
-                term,
-                fragments_changed,
-                new_fragments,
-                first_entry_id_of_term,
-            )
-        )
-
-    async def add_fragment(
-        self, stream_id: int, expected_version: int, new_fragment: Fragment, replaces_first_id: bool
-    ) -> tuple[StreamMeta, int]:
-        return await self._call(
-            lambda: self.store.add_fragment(
-                stream_id, expected_version, new_fragment, replaces_first_id
-            )
-        )
-
-    async def roll_fragment(
-        self,
-        stream_id: int,
-        expected_version: int,
-        closed_fragment: Fragment,
-        new_fragment: Fragment,
-    ) -> tuple[StreamMeta, int]:
-        return await self._call(
-            lambda: self.store.roll_fragment(
-                stream_id, expected_version, closed_fragment, new_fragment
-            )
-        )
-
-    async def set_state(
-        self, stream_id: int, expected_version: int, state: StreamState
-    ) -> tuple[StreamMeta, int]:
-        return await self._call(lambda: self.store.set_state(stream_id, expected_version, state))
-
-    async def set_retention(
-        self, stream_id: int, retention: RetentionPolicy | None
-    ) -> tuple[StreamMeta, int]:
-        return await self._call(lambda: self.store.set_retention(stream_id, retention))
-
-    async def trim_fragments(
-        self,
-        stream_id: int,
-        expected_version: int,
-        fragment_first_ids_to_delete: Sequence[int],
-        new_first_entry_id: int,
-    ) -> tuple[StreamMeta, int]:
-        return await self._call(
-            lambda: self.store.trim_fragments(
-                stream_id, expected_version, fragment_first_ids_to_delete, new_first_entry_id
-            )
-        )
-
-    async def delete_stream(self, name: str) -> None:
-        await self._call(lambda: self.store.delete_stream(name))
-
-    async def register_writer(self, stream_id: int, info: WriterInfo) -> None:
-        await self._call(lambda: self.store.register_writer(stream_id, info))
-
-    async def unregister_writer(self, stream_id: int) -> None:
-        await self._call(lambda: self.store.unregister_writer(stream_id))
-
-    async def available_bookies(self) -> list[BookieCandidate]:
-        found = await self._call(self.registry.available)
-        return [
-            BookieCandidate(bookie_id, writable=not reg.read_only)
-            for bookie_id, reg in sorted(found.items())
-        ]
+    async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return await self._network.call_zk(self.node, functools.partial(fn, *args, **kwargs))
 
     def watch_meta(
         self, stream_id: int, callback: Callable[[int | None], None]
@@ -844,6 +731,9 @@ class SimMetadata:
 
         arm()
         return stop
+
+    def close(self) -> None:
+        """Nothing to stop (no thread pool in simulation)."""
 
 
 def schedule_on(loop: asyncio.AbstractEventLoop) -> Callable[[Callable[[], object]], object]:
