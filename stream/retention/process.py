@@ -12,6 +12,7 @@ from pathlib import Path
 import structlog
 
 from stream.errors import StreamError
+from stream.sandbox.processes import terminate
 
 log = structlog.get_logger(__name__)
 
@@ -89,14 +90,8 @@ class RetentionProcess:
         `timeout_s`) and returns its exit code, None when it never started."""
         if self.process is None:
             return None
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                log.error("retention_process.sigterm_timeout", id=self.instance_id)
-                self.process.kill()
-                self.process.wait()
+        if terminate(self.process, timeout_s):
+            log.error("retention_process.sigterm_timeout", id=self.instance_id)
         return self.process.returncode
 
     def wait_logged(self, event: str, timeout_s: float = 30.0) -> None:

@@ -14,6 +14,7 @@ import grpc
 import structlog
 
 from stream.errors import StreamError
+from stream.sandbox.processes import terminate
 from stream.sandbox.zookeeper import free_port
 from stream.wire import bookie_pb2 as pb
 from stream.wire import bookie_pb2_grpc
@@ -204,14 +205,8 @@ class BookieProcess:
         `timeout_s`. None when the process was not running."""
         if self.process is None:
             return None
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                log.error("bookie_process.sigterm_timeout", bookie=self.bookie_id)
-                self.process.kill()
-                self.process.wait()
+        if terminate(self.process, timeout_s):
+            log.error("bookie_process.sigterm_timeout", bookie=self.bookie_id)
         return self.process.returncode
 
     def restart(self, *, clean: bool = True, wait: bool = True) -> BookieProcess:
