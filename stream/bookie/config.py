@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stream.errors import ConfigError
+from stream.autorecovery.settings import AutoRecoverySettings
+from stream.errors import ConfigError, InvalidArgumentError
 
 _BOOKIE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _MiB = 1 << 20
@@ -89,6 +90,17 @@ class BookieConfig:
     shutdown_grace_ms: int = 2_000  # on SIGTERM: time for in-flight requests to finish
     log_level: str = "info"
 
+    # Auto-recovery (DESIGN §7) in this process: an auditor candidate and replication workers
+    # (stream.autorecovery.settings documents each key).
+    autorecovery: bool = True
+    lost_bookie_recovery_delay_ms: int = 30_000
+    open_stream_replication_delay_ms: int = 30_000
+    audit_interval_ms: int = 600_000
+    scrub_interval_ms: int = 3_600_000
+    scrub_full_interval_ms: int = 86_400_000  # 0 = never
+    replication_workers: int = 1
+    replication_rate_bytes: int = 0  # per worker; 0 = unlimited
+
     def __post_init__(self) -> None:
         if not _BOOKIE_ID.match(self.bookie_id):
             raise ConfigError(
@@ -149,10 +161,28 @@ class BookieConfig:
                 "entry_log_size_limit_bytes must hold at least one entry",
                 key="entry_log_size_limit_bytes",
             )
+        self.autorecovery_settings()  # checks the auto-recovery keys
         if self.log_level.lower() not in {"debug", "info", "warning", "error"}:
             raise ConfigError(
                 "log_level must be debug|info|warning|error", key="log_level", value=self.log_level
             )
+
+    def autorecovery_settings(self) -> AutoRecoverySettings:
+        """Returns the auto-recovery settings of this bookie's keys."""
+        keys = (
+            "lost_bookie_recovery_delay_ms",
+            "open_stream_replication_delay_ms",
+            "audit_interval_ms",
+            "scrub_interval_ms",
+            "scrub_full_interval_ms",
+            "replication_workers",
+            "replication_rate_bytes",
+        )
+        try:
+            return AutoRecoverySettings(**{k: getattr(self, k) for k in keys})
+        except InvalidArgumentError as e:
+            key = next((k for k in keys if k in e.context), "autorecovery")
+            raise ConfigError(e.message, key=key, value=e.context.get(key)) from None
 
     # Resolved directories.
     @property

@@ -64,6 +64,7 @@ from stream.errors import (
 from stream.metadata.model import Fragment, StreamMeta, StreamState
 from stream.metadata.streams import StreamSealedError
 from stream.protocol.invariant import invariant
+from stream.protocol.rereplication import plan_copy_runs
 from stream.wire import bookie_pb2 as pb
 
 if TYPE_CHECKING:
@@ -328,43 +329,6 @@ def ids_to_hold(meta: StreamMeta, span: HoldSpan, bookie_id: str) -> Iterator[li
             yield ids
 
 
-def plan_copy_runs(
-    meta: StreamMeta,
-    ensemble: tuple[str, ...],
-    bookie_id: str,
-    missing: list[int],
-    rng: random.Random,
-) -> list[tuple[list[str], int, int]]:
-    """Returns the copy plan of `missing` (ascending ids of a fragment on `ensemble`): runs
-    `(peers, first, last)` of consecutive ids, at most `_COPY_RUN_MAX_ENTRIES` long, whose
-    first peer holds them all (the longest such run from `first`; ties broken at random), the
-    other peers of `first`'s write set following as fallbacks."""
-    config = meta.quorum
-    runs: list[tuple[list[str], int, int]] = []
-    i = 0
-    while i < len(missing):
-        first = missing[i]
-        peers = [b for b in config.write_set_bookies(ensemble, first) if b != bookie_id]
-        rng.shuffle(peers)
-        best, best_end = 0, i + 1
-        for k, peer in enumerate(peers):
-            j = i + 1
-            while (
-                j < len(missing)
-                and j - i < _COPY_RUN_MAX_ENTRIES
-                and missing[j] == first + (j - i)
-                and peer in config.write_set_bookies(ensemble, missing[j])
-            ):
-                j += 1
-            if j > best_end:
-                best, best_end = k, j
-        if peers:
-            peers.insert(0, peers.pop(best))
-        runs.append((peers, first, missing[best_end - 1]))
-        i = best_end
-    return runs
-
-
 # -- phase two: the repair ------------------------------------------------------------------
 
 
@@ -599,7 +563,14 @@ class Repairer:
         sets, one ReadRange per run of consecutive ids that one peer holds, up to
         `_COPY_PARALLEL_RUNS` runs at once (a striped ensemble gives runs of WQ ids at most);
         returns how many were stored. Raises `_RetryRepair` when no peer returns an entry."""
-        runs = plan_copy_runs(meta, ensemble, self._bookie_id, missing, self._rng)
+        runs = plan_copy_runs(
+            meta.quorum,
+            ensemble,
+            self._bookie_id,
+            missing,
+            self._rng,
+            max_run_entries=_COPY_RUN_MAX_ENTRIES,
+        )
         slots = asyncio.Semaphore(_COPY_PARALLEL_RUNS)
 
         async def copy(peers: list[str], first: int, last: int) -> int:

@@ -94,6 +94,8 @@ class Bookie:
         self._published: Any = None  # the registration last written to ZooKeeper
         self._stopping = False
         self._stopped = False
+        self._autorecovery: Any = None
+        self._drain_watch_stopped = False
 
     # -- start ------------------------------------------------------------------------------
 
@@ -206,6 +208,14 @@ class Bookie:
             self._tasks.append(
                 asyncio.create_task(self._phase_two(repairer, limbo_bounds), name="phase-two")
             )
+        self._watch_draining()
+        if config.autorecovery:
+            from stream.autorecovery.service import AutoRecovery
+
+            self._autorecovery = AutoRecovery(
+                self._session, config.autorecovery_settings(), identifier=config.bookie_id
+            )
+            self._autorecovery.start()
         # Retention: trim below metadata's first retained entry even when a Trim was missed.
         from stream.bookie.reconcile import MetadataReconciler
 
@@ -238,7 +248,7 @@ class Bookie:
         disk = self._service.disk_status if self._service else None
         return BookieRegistration(
             address=self.config.listen,
-            read_only=bool(disk and disk.read_only),
+            read_only=bool(self._service and self._service.read_only),
             free_bytes=disk.free_bytes if disk else 0,
         )
 
@@ -262,6 +272,43 @@ class Bookie:
                 if attempts == 1 or attempts % 20 == 0:
                     log.info("bookie.register_retry", error=str(e), attempts=attempts)
                 await asyncio.sleep(_REGISTER_RETRY_S)
+
+    # -- draining (decommission) -----------------------------------------------------------
+
+    def _watch_draining(self) -> None:
+        """Follows `/bookies/draining/<bookie_id>`: while it exists the bookie is read-only
+        (writers move their fragments off it) and says so in its registration."""
+        from kazoo.recipe.watchers import DataWatch
+
+        from stream.metadata import paths
+
+        loop = asyncio.get_running_loop()
+
+        def on_data(data: bytes | None, stat: Any, event: Any = None) -> bool | None:
+            if self._drain_watch_stopped:
+                return False
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(self._set_draining, data is not None)
+            return None
+
+        DataWatch(self._session.zk, paths.bookie_draining(self.config.bookie_id), on_data)
+
+    def _set_draining(self, draining: bool) -> None:
+        if self._service is None or self._stopping or self._service.draining == draining:
+            return
+        self._service.set_draining(draining)
+        self._tasks.append(asyncio.create_task(self._publish_registration(), name="publish"))
+
+    async def _publish_registration(self) -> None:
+        """Rewrites the registration (read-only flag, free space) once registered."""
+        if not self._registered:
+            return
+        registration = self._registration()
+        try:
+            await asyncio.to_thread(self._registry.update, self.config.bookie_id, registration)
+            self._published = registration
+        except Exception as e:
+            log.warning("bookie.registration_update_failed", error=repr(e))
 
     # -- disk checks ------------------------------------------------------------------------
 
@@ -293,11 +340,7 @@ class Bookie:
             moved = abs(registration.free_bytes - published.free_bytes)
             if registration.read_only == published.read_only and moved * 100 <= status.total_bytes:
                 continue
-            try:
-                await asyncio.to_thread(self._registry.update, self.config.bookie_id, registration)
-                self._published = registration
-            except Exception as e:
-                log.warning("bookie.registration_update_failed", error=repr(e))
+            await self._publish_registration()
 
     # -- stop -------------------------------------------------------------------------------
 
@@ -307,7 +350,11 @@ class Bookie:
         if self._stopped:
             return
         self._stopping = True
+        self._drain_watch_stopped = True
         log.info("bookie.stopping", bookie_id=self.config.bookie_id)
+        if self._autorecovery is not None:
+            autorecovery, self._autorecovery = self._autorecovery, None
+            await asyncio.to_thread(autorecovery.stop)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

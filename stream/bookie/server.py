@@ -180,6 +180,7 @@ class BookieService(bookie_pb2_grpc.BookieServicer):
         self._instance_id = instance_id
         self._start_report = start_report
         self._disk = disk_status
+        self._draining = False
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         # Long polls waiting for a stream's LAC to move: stream id -> their futures.
@@ -200,11 +201,31 @@ class BookieService(bookie_pb2_grpc.BookieServicer):
 
     @property
     def read_only(self) -> bool:
-        return self._disk is not None and self._disk.read_only
+        """Read-only: the disk is nearly full, or the bookie is being drained (decommission:
+        writers move their fragments elsewhere; reads and recovery adds are still served)."""
+        return self._draining or (self._disk is not None and self._disk.read_only)
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    def _read_only_reason(self) -> str:
+        return (
+            "bookie is read-only (draining)"
+            if self._draining
+            else "bookie is read-only (disk full)"
+        )
+
+    def set_draining(self, draining: bool) -> None:
+        """Switches drain mode (`/bookies/draining/<bookie_id>` exists)."""
+        if draining != self._draining:
+            log.warning("bookie.draining" if draining else "bookie.drain_cancelled")
+        self._draining = draining
+        metrics.READ_ONLY.set(1 if self.read_only else 0)
 
     def set_disk_status(self, status: DiskStatus) -> None:
         """Records the latest disk check; read-only mode follows it."""
-        if self.read_only != status.read_only:
+        if (self._disk is not None and self._disk.read_only) != status.read_only:
             log.warning(
                 "bookie.read_only" if status.read_only else "bookie.writable",
                 fullest_dir=status.fullest_dir,
@@ -212,7 +233,7 @@ class BookieService(bookie_pb2_grpc.BookieServicer):
                 threshold=self._config.disk_usage_threshold,
             )
         self._disk = status
-        metrics.READ_ONLY.set(1 if status.read_only else 0)
+        metrics.READ_ONLY.set(1 if self.read_only else 0)
 
     @property
     def add_streams(self) -> int:
@@ -289,7 +310,7 @@ class BookieService(bookie_pb2_grpc.BookieServicer):
         if self.read_only and not request.recovery:
             # Recovery write-backs are still taken, as BookKeeper serves high-priority adds
             # on a read-only bookie: a takeover must be able to finish.
-            return self._add_rejected(request, READ_ONLY, "bookie is read-only (disk full)")
+            return self._add_rejected(request, READ_ONLY, self._read_only_reason())
         outcome = self._storage.add_batch(request, raw)
         codes: list[int] = outcome.codes
         response = pb.AddResponse(
@@ -490,7 +511,7 @@ class BookieService(bookie_pb2_grpc.BookieServicer):
             return pb.TruncateResponse(
                 code=READ_ONLY,
                 bookie_term=self._stream_term(request.stream_id),
-                message="bookie is read-only (disk full)",
+                message=self._read_only_reason(),
             )
         outcome = self._storage.truncate(request.stream_id, request.term, request.after_entry_id)
         await _await_durable(outcome.durable)

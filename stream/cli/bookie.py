@@ -12,7 +12,7 @@ from stream.errors import InvalidArgumentError, StreamError
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Adds `bookie start|fix-cookie|info|state` to `streamctl`."""
+    """Adds `bookie start|fix-cookie|info|state|decommission` to `streamctl`."""
     bookie = subparsers.add_parser("bookie", help="run or inspect a bookie")
     sub = bookie.add_subparsers(dest="bookie_command", metavar="SUBCOMMAND", required=True)
 
@@ -39,6 +39,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     state.add_argument("--stream-id", type=int, required=True, help="the stream's numeric id")
     state.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
     state.set_defaults(handler=_state)
+
+    from stream.cli.autorecovery import add_decommission
+
+    add_decommission(sub)
 
 
 def _start(args: argparse.Namespace) -> int:

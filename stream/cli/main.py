@@ -14,7 +14,7 @@ from stream.logging import configure_logging
 DEFAULT_METADATA = "127.0.0.1:2181/streamkeeper"
 
 # Modules under stream.cli that add subcommands, in help order.
-COMMAND_MODULES = ("bookie", "sandbox", "streams", "retention", "bench", "sim")
+COMMAND_MODULES = ("bookie", "sandbox", "streams", "retention", "autorecovery", "bench", "sim")
 
 
 def build_parser() -> argparse.ArgumentParser:

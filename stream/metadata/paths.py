@@ -12,10 +12,23 @@ BOOKIES = "/bookies"
 BOOKIES_AVAILABLE = "/bookies/available"
 BOOKIES_COOKIES = "/bookies/cookies"
 UNDERREPLICATED = "/underreplicated"
+# Auto-recovery (DESIGN §7): one marker per under-replicated fragment, the workers' ephemeral
+# locks on them, the auditor's election, and the bookies being drained (decommissioned).
+UNDERREPLICATED_FRAGMENTS = "/underreplicated/fragments"
+UNDERREPLICATED_LOCKS = "/underreplicated/locks"
+AUDITOR_ELECTION = "/auditor/leader"
+BOOKIES_DRAINING = "/bookies/draining"
 INSTANCE_ID = "/instanceid"
 
 # Persistent parents that `MetadataSession.connect` creates when missing.
-BASE_LAYOUT = (STREAMS_BY_NAME, BOOKIES_AVAILABLE, BOOKIES_COOKIES, UNDERREPLICATED)
+BASE_LAYOUT = (
+    STREAMS_BY_NAME,
+    BOOKIES_AVAILABLE,
+    BOOKIES_COOKIES,
+    BOOKIES_DRAINING,
+    UNDERREPLICATED_FRAGMENTS,
+    UNDERREPLICATED_LOCKS,
+)
 
 # Fragment znode names are zero-padded so that ZooKeeper's lexical order is entry order.
 FRAGMENT_NAME_DIGITS = 20
@@ -65,3 +78,23 @@ def bookie_available(bookie_id: str) -> str:
 def bookie_cookie(bookie_id: str) -> str:
     """Returns the cookie znode of `bookie_id`."""
     return f"{BOOKIES_COOKIES}/{bookie_id}"
+
+
+def marker_name(stream_id: int, first_entry_id: int) -> str:
+    """Returns the name of the under-replication marker of a fragment (and of its lock)."""
+    return f"{stream_id}-{fragment_name(first_entry_id)}"
+
+
+def underreplicated_marker(name: str) -> str:
+    """Returns the marker znode `name` (see `marker_name`)."""
+    return f"{UNDERREPLICATED_FRAGMENTS}/{name}"
+
+
+def underreplicated_lock(name: str) -> str:
+    """Returns the ephemeral lock znode of marker `name`."""
+    return f"{UNDERREPLICATED_LOCKS}/{name}"
+
+
+def bookie_draining(bookie_id: str) -> str:
+    """Returns the znode that marks `bookie_id` as being drained."""
+    return f"{BOOKIES_DRAINING}/{bookie_id}"

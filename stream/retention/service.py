@@ -47,7 +47,7 @@ from stream.client.entries import checksum_ok
 from stream.client.grpc_transport import GrpcTransport
 from stream.client.options import WriterOptions
 from stream.client.ports import BookieTransport, Clock, SystemClock
-from stream.client.recovery import Takeover, WriterIdentity, send_lac
+from stream.client.recovery import Takeover, WriterIdentity, close_after_takeover, send_lac
 from stream.client.zk_metadata import ZkMetadata
 from stream.errors import (
     InvalidArgumentError,
@@ -758,26 +758,22 @@ class RetentionService:
                 result.last_entry_id,
                 self.settings.bookie_timeout_s,
             )
-            version = result.version
-            for _ in range(_CAS_ATTEMPTS):
-                try:
-                    await self._metadata.roll_fragment(meta.id, version, closed, fresh)
-                    log.info(
-                        "retention.idle_closed",
-                        stream=meta.name,
-                        term=result.term,
-                        last_entry_id=result.last_entry_id,
-                    )
-                    return True
-                except BadVersionError:
-                    current_meta, version, fragments = await self._read(meta.id)
-                    if (
-                        current_meta.term != result.term
-                        or not fragments
-                        or fragments.first_entry_ids[-1] != closed.first_entry_id
-                    ):
-                        return False  # a writer took over meanwhile: the stream is its own
-            return False
+            if not await close_after_takeover(
+                transport=transport,
+                metadata=self._metadata,
+                result=result,
+                closed=closed,
+                fresh=fresh,
+                options=self._writer_options,
+            ):
+                return False  # a writer took over meanwhile: the stream is its own
+            log.info(
+                "retention.idle_closed",
+                stream=meta.name,
+                term=result.term,
+                last_entry_id=result.last_entry_id,
+            )
+            return True
         finally:
             with contextlib.suppress(StreamError):
                 await self._metadata.unregister_writer(meta.id)

@@ -17,6 +17,12 @@ from stream.sandbox.zookeeper import ZooKeeperServer
 ClusterFactory = Callable[..., SandboxCluster]
 
 
+def _settings(bookie_settings: dict[str, Any]) -> dict[str, Any]:
+    """Auto-recovery stays off unless a test turns it on: a test that kills a bookie must not
+    have the auditor repair fragments under it after the delay."""
+    return {"autorecovery": False, **bookie_settings}
+
+
 @contextlib.contextmanager
 def running_cluster(
     zookeeper: ZooKeeperServer, path: Path, bookies: int = 3, **bookie_settings: Any
@@ -28,7 +34,7 @@ def running_cluster(
         bookies=bookies,
         root=f"/streamkeeper-{uuid.uuid4().hex[:12]}",
         zookeeper=zookeeper,
-        bookie_settings=bookie_settings,
+        bookie_settings=_settings(bookie_settings),
     )
     cluster.start()
     try:
@@ -49,7 +55,7 @@ def cluster_factory(zookeeper: ZooKeeperServer, tmp_path: Path) -> Iterator[Clus
             bookies=bookies,
             root=f"/streamkeeper-{uuid.uuid4().hex[:12]}",
             zookeeper=zookeeper,
-            bookie_settings=bookie_settings,
+            bookie_settings=_settings(bookie_settings),
         )
         made.append(cluster)
         return cluster.start()

@@ -5,7 +5,6 @@ planning of phase two (fixed end, spans and ids to hold)."""
 from __future__ import annotations
 
 import asyncio
-import random
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,6 @@ from stream.bookie.integrity import (
     ids_to_hold,
     limbo_bounds,
     phase_one_reason,
-    plan_copy_runs,
     run_phase_one,
     spans_to_hold,
 )
@@ -267,23 +265,6 @@ def test_ids_to_hold_come_in_bounded_windows() -> None:
     assert all(len(w) <= 65_536 for w in windows)
     flat = [i for w in windows for i in w]
     assert flat == list(range(200_001))
-
-
-def test_copy_runs_are_consecutive_ids_one_peer_holds() -> None:
-    rng = random.Random(1)
-    whole = meta()  # E3 W3: every peer holds every id
-    runs = plan_copy_runs(whole, ("b1", "b2", "b3"), "b1", [*range(0, 5000), 7000, 7001], rng)
-    assert [(first, last) for _, first, last in runs] == [(0, 4095), (4096, 4999), (7000, 7001)]
-    assert all(sorted(peers) == ["b2", "b3"] for peers, _, _ in runs)
-    # E3 W2, b2 at index 1 holds e with e % 3 in (0, 1): entries 3 and 6 (with b1) and 4
-    # (with b3); 3 and 4 are consecutive but no peer holds both, so they are two runs.
-    striped = meta(ensemble=3, write_quorum=2, ack_quorum=2)
-    runs = plan_copy_runs(striped, ("b1", "b2", "b3"), "b2", [3, 4, 6], rng)
-    assert runs == [(["b1"], 3, 3), (["b3"], 4, 4), (["b1"], 6, 6)]
-    for peers, first, last in runs:
-        for entry_id in range(first, last + 1):
-            assert peers[0] in striped.quorum.write_set_bookies(("b1", "b2", "b3"), entry_id)
-        assert "b2" not in peers
 
 
 def test_a_truncate_noop_survives_a_crash_without_the_journal(tmp_path: Path) -> None:

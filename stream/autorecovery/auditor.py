@@ -1,0 +1,302 @@
+"""The auditor (DESIGN §7): finds the fragments that name a lost or draining bookie and marks
+them under-replicated; closes, by a takeover, the open last fragment of a stream without a
+live writer so that it can be repaired; runs the scrub. One auditor leads at a time (the
+election is in `stream.autorecovery.service`); two for a moment only duplicate work, since
+marks are idempotent and every metadata change is a CAS.
+
+A bookie is lost once it has been missing from `/bookies/available` for
+`lost_bookie_recovery_delay_ms`: the clock starts when the auditor sees it go, or, for a
+bookie already gone when the auditor started, when an audit finds a fragment naming it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import structlog
+
+from stream.autorecovery.settings import AutoRecoverySettings
+from stream.autorecovery.worker import sealed_last
+from stream.client.options import WriterOptions
+from stream.client.ports import BookieTransport, Clock, SystemClock
+from stream.client.recovery import (
+    Takeover,
+    TakeoverResult,
+    WriterIdentity,
+    close_after_takeover,
+    send_lac,
+)
+from stream.client.zk_metadata import ZkMetadata
+from stream.errors import InvalidTermError, NotEnoughBookiesError, StreamError, StreamNotFoundError
+from stream.metadata import Fragment, StreamMeta, StreamSealedError
+from stream.metadata.underreplication import Marker, UnderreplicationStore
+from stream.protocol import choose_replacement
+from stream.protocol.rereplication import FragmentView, audit_fragments, replacement_ensemble
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass
+class AuditReport:
+    """What one audit pass did."""
+
+    streams: int = 0
+    marked: int = 0
+    open_left_to_writer: int = 0
+    open_waiting: int = 0
+    takeovers: int = 0
+    errors: int = 0
+    seconds: float = 0.0
+    # Bookies counted lost / draining in this pass.
+    bad: dict[str, str] = field(default_factory=dict)
+
+
+class Auditor:
+    """Audit passes over every stream; the caller decides when (see `AutoRecovery`)."""
+
+    def __init__(
+        self,
+        *,
+        metadata: ZkMetadata,
+        transport: BookieTransport,
+        settings: AutoRecoverySettings,
+        identifier: str,
+        rng: random.Random | None = None,
+        clock: Clock | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._metadata = metadata
+        self._store = UnderreplicationStore(metadata.session)
+        self._transport = transport
+        self._settings = settings
+        self._rng = rng or random.Random()
+        self._clock = clock or SystemClock()
+        self._monotonic = monotonic
+        self._identity = WriterIdentity(f"auditor-{identifier}", socket.gethostname(), os.getpid())
+        self._writer_options = WriterOptions(
+            takeover_deadline_s=max(30.0, settings.bookie_timeout_ms / 1000 * 3)
+        )
+        # Bookies missing from the registry: since when (monotonic).
+        self.missing_since: dict[str, float] = {}
+        self._last_available: set[str] | None = None
+        # Open last fragments naming a bad bookie with no live writer: since when.
+        self._open_since: dict[tuple[int, int], float] = {}
+
+    # -- who is lost -----------------------------------------------------------------------
+
+    async def bad_bookies(self) -> dict[str, str]:
+        """Returns the bookies whose fragments must be re-replicated now, with the reason:
+        lost (missing for the delay) or draining."""
+        available = {c.bookie_id for c in await self._metadata.available_bookies()}
+        now = self._monotonic()
+        if self._last_available is not None:
+            for bookie_id in self._last_available - available:
+                self.missing_since.setdefault(bookie_id, now)
+        for bookie_id in available:
+            if self.missing_since.pop(bookie_id, None) is not None:
+                log.info("autorecovery.bookie_back", bookie=bookie_id)
+        self._last_available = available
+        delay_s = self._settings.lost_bookie_recovery_delay_ms / 1000
+        bad = {b: "lost" for b, since in self.missing_since.items() if now - since >= delay_s}
+        for bookie_id in await asyncio.to_thread(self._store.draining):
+            bad.setdefault(bookie_id, "draining")
+        return bad
+
+    def next_deadline(self) -> float | None:
+        """Returns when (monotonic) a missing bookie turns lost or an open fragment's grace
+        ends, whichever is first; None when nothing waits."""
+        delay_s = self._settings.lost_bookie_recovery_delay_ms / 1000
+        grace_s = self._settings.open_stream_replication_delay_ms / 1000
+        now = self._monotonic()
+        times = [t + delay_s for t in self.missing_since.values() if t + delay_s > now]
+        times += [t + grace_s for t in self._open_since.values()]
+        return min(times, default=None)
+
+    # -- one pass --------------------------------------------------------------------------
+
+    async def audit(self, may_continue: Callable[[], bool] = lambda: True) -> AuditReport:
+        """Looks at every stream once; returns what it did."""
+        started = self._monotonic()
+        report = AuditReport(bad=await self.bad_bookies())
+        budget = self._settings.max_takeovers_per_audit
+        seen_open: set[tuple[int, int]] = set()
+        for stream_id in await asyncio.to_thread(self._metadata.store.stream_ids):
+            if not may_continue():
+                break
+            report.streams += 1
+            try:
+                budget -= await self._audit_stream(stream_id, report, budget, seen_open)
+            except StreamNotFoundError:
+                continue
+            except StreamError as e:
+                report.errors += 1
+                log.warning("autorecovery.audit_stream_failed", stream_id=stream_id, error=str(e))
+        for key in set(self._open_since) - seen_open:
+            del self._open_since[key]
+        report.seconds = self._monotonic() - started
+        log.info(
+            "autorecovery.audit",
+            streams=report.streams,
+            marked=report.marked,
+            takeovers=report.takeovers,
+            open_left_to_writer=report.open_left_to_writer,
+            open_waiting=report.open_waiting,
+            bad=report.bad,
+            errors=report.errors,
+            seconds=round(report.seconds, 3),
+        )
+        return report
+
+    async def _audit_stream(
+        self,
+        stream_id: int,
+        report: AuditReport,
+        budget: int,
+        seen_open: set[tuple[int, int]],
+    ) -> int:
+        """Marks the stream's fixed fragments that name a bad bookie; returns the takeovers
+        run (at most `budget`) for its open last fragment."""
+        meta, _, fragments = await self._metadata.get_snapshot(stream_id)
+        now = self._monotonic()
+        available = self._last_available or set()
+        for fragment in fragments:
+            for bookie_id in fragment.ensemble:
+                if bookie_id not in available:
+                    # Gone before this auditor started: its delay starts now.
+                    self.missing_since.setdefault(bookie_id, now)
+        bad = report.bad
+        if not bad:
+            return 0
+        findings = audit_fragments(
+            [FragmentView(f.first_entry_id, f.ensemble, f.last_entry_id) for f in fragments],
+            bad,
+            first_retained=meta.first_entry_id,
+            sealed_last=sealed_last(meta),
+        )
+        used = 0
+        for finding in findings:
+            if finding.fixed:
+                reason = "lost" if any(bad[b] == "lost" for b in finding.bookies) else "draining"
+                marker = Marker(
+                    meta.id, finding.first_entry_id, finding.bookies, reason, self._clock.now_ms()
+                )
+                if await asyncio.to_thread(self._store.mark, marker):
+                    report.marked += 1
+                continue
+            key = (meta.id, finding.first_entry_id)
+            if await asyncio.to_thread(self._metadata.store.writer_alive, meta.id):
+                report.open_left_to_writer += 1  # its ensemble change replaces the bookie
+                continue
+            seen_open.add(key)
+            since = self._open_since.setdefault(key, now)
+            if now - since < self._settings.open_stream_replication_delay_ms / 1000:
+                report.open_waiting += 1
+                continue
+            if used >= budget:
+                continue
+            used += 1
+            if await self._close_open_tail(meta, fragments[finding.index], set(bad)):
+                report.takeovers += 1
+                self._open_since.pop(key, None)
+                seen_open.discard(key)
+                # Its fragments are fixed now: mark them in this pass.
+                await self._audit_stream(stream_id, report, 0, seen_open)
+        return used
+
+    async def _close_open_tail(self, meta: StreamMeta, last: Fragment, bad: set[str]) -> bool:
+        """Takes over a stream whose open last fragment names a bad bookie and has no live
+        writer: the recovery fixes its end (a lost bookie that misses the no-op is replaced
+        by the recovery itself); a last fragment that still names a bad bookie (a draining
+        one takes recovery adds) is closed at the no-op and followed by an empty fragment
+        without it. Returns whether the stream moved on."""
+        log.info(
+            "autorecovery.takeover",
+            stream=meta.name,
+            stream_id=meta.id,
+            first_entry_id=last.first_entry_id,
+            term=meta.term + 1,
+        )
+        try:
+            result = await Takeover(
+                meta.name,
+                transport=self._transport,
+                metadata=self._metadata,
+                clock=self._clock,
+                rng=self._rng,
+                options=self._writer_options,
+                identity=self._identity,
+            ).run()
+        except (StreamSealedError, InvalidTermError) as e:
+            log.info("autorecovery.takeover_yielded", stream=meta.name, reason=str(e))
+            return False
+        except StreamError as e:
+            log.warning("autorecovery.takeover_failed", stream=meta.name, error=str(e))
+            return False
+        try:
+            await send_lac(
+                self._transport,
+                meta.id,
+                result.term,
+                result.last_fragment.ensemble,
+                result.last_entry_id,
+                self._settings.bookie_timeout_ms / 1000,
+            )
+            if any(b in bad for b in result.last_fragment.ensemble):
+                return await self._roll_away(result, bad)
+            return True
+        finally:
+            await self._unregister(meta.id)
+
+    async def _roll_away(self, result: TakeoverResult, bad: set[str]) -> bool:
+        """Closes the last fragment at the takeover's no-op and opens an empty one with the
+        bad bookies replaced."""
+        current = result.last_fragment
+        candidates = await self._metadata.available_bookies()
+        replacements: dict[str, str] = {}
+        try:
+            for bookie_id in current.ensemble:
+                if bookie_id in bad:
+                    replacements[bookie_id] = choose_replacement(
+                        current.ensemble,
+                        current.ensemble.index(bookie_id),
+                        candidates,
+                        self._rng,
+                        exclude={*bad, *replacements.values()},
+                    )
+        except NotEnoughBookiesError as e:
+            log.warning("autorecovery.no_replacement", stream=result.meta.name, error=str(e))
+            return False
+        ensemble = replacement_ensemble(current.ensemble, replacements)
+        now_ms = self._clock.now_ms()
+        if result.last_entry_id < current.first_entry_id:
+            return False  # an empty last fragment: the next writer's first add moves it
+        closed = Fragment(
+            current.first_entry_id,
+            current.ensemble,
+            created_ms=current.created_ms,
+            last_entry_id=result.last_entry_id,
+            bytes=current.bytes,
+            first_timestamp_ms=current.first_timestamp_ms,
+            last_timestamp_ms=result.last_timestamp_ms or current.last_timestamp_ms,
+        )
+        fresh = Fragment(result.last_entry_id + 1, ensemble, created_ms=now_ms)
+        return await close_after_takeover(
+            transport=self._transport,
+            metadata=self._metadata,
+            result=result,
+            closed=closed,
+            fresh=fresh,
+            options=self._writer_options,
+        )
+
+    async def _unregister(self, stream_id: int) -> None:
+        try:
+            await self._metadata.unregister_writer(stream_id)
+        except StreamError as e:
+            log.debug("autorecovery.unregister_failed", stream_id=stream_id, error=str(e))

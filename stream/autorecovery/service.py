@@ -1,0 +1,265 @@
+"""Auto-recovery as a service: an auditor candidate and replication workers on one metadata
+session, in a bookie process (`autorecovery = true`) or standalone (`streamctl autorecovery
+run`). Every instance contends for `/auditor/leader` (kazoo's Lock recipe); the leader audits
+when a bookie's delay ends, when the set of lost or draining bookies changes, when an open
+fragment's grace ends, and every `audit_interval_ms`; it also runs the scrub. Workers run in
+every instance, leader or not."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import socket
+import threading
+import time
+import uuid
+from typing import Any
+
+import structlog
+from kazoo.exceptions import CancelledError as KazooCancelledError
+from kazoo.exceptions import KazooException
+
+from stream.autorecovery.auditor import Auditor
+from stream.autorecovery.scrub import Scrubber
+from stream.autorecovery.settings import AutoRecoverySettings
+from stream.autorecovery.worker import ReplicationWorker
+from stream.client.grpc_transport import GrpcTransport
+from stream.client.zk_metadata import ZkMetadata
+from stream.errors import StreamError
+from stream.metadata import MetadataSession, SessionState, paths
+from stream.metadata.bookies import BookieRegistry
+from stream.metadata.underreplication import UnderreplicationStore
+
+log = structlog.get_logger(__name__)
+
+_ELECTION_BACKOFF_S = 1.0
+
+
+class AutoRecovery:
+    """Auditor candidate plus `settings.replication_workers` workers on `session` (not
+    owned). `run()` blocks until `stop()`; `start()` runs it on a daemon thread."""
+
+    def __init__(
+        self,
+        session: MetadataSession,
+        settings: AutoRecoverySettings | None = None,
+        *,
+        identifier: str | None = None,
+        auditor: bool = True,
+    ) -> None:
+        self.settings = settings or AutoRecoverySettings()
+        self.identifier = identifier or (
+            f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        )
+        self._session = session
+        self._with_auditor = auditor
+        self._stopping = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None  # the leading auditor's
+        self._stopped: asyncio.Event | None = None
+        self._pending_lock: Any = None
+        self._thread: threading.Thread | None = None
+        self.workers: list[ReplicationWorker] = []
+        self.leading = False
+        self.audits = 0
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def run(self) -> None:
+        asyncio.run(self._serve())
+
+    def start(self) -> threading.Thread:
+        """Runs the service on a daemon thread (its own event loop: copies and audits stay
+        off the caller's loop)."""
+        self._thread = threading.Thread(target=self.run, name="autorecovery", daemon=True)
+        self._thread.start()
+        return self._thread
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stops the auditor and the workers (a copy in progress is abandoned: its lock goes,
+        the marker stays). Thread-safe."""
+        self._stopping = True
+        pending = self._pending_lock
+        if pending is not None:
+            with contextlib.suppress(Exception):
+                pending.cancel()
+        for worker in self.workers:
+            worker.stop()
+        loop, stopped = self._loop, self._stopped
+        if loop is not None and stopped is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(stopped.set)
+        self._wake_up()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+
+    def _wake_up(self) -> None:
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(wake.set)
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self._stopped = asyncio.Event()
+        if self._stopping:
+            return
+        metadata = ZkMetadata(self._session)
+        transport = GrpcTransport(metadata.bookie_address)
+        self.workers = [
+            ReplicationWorker(
+                metadata=metadata,
+                transport=transport,
+                settings=self.settings,
+                identifier=f"{self.identifier}/w{i}",
+            )
+            for i in range(self.settings.replication_workers)
+        ]
+        store = UnderreplicationStore(self._session)
+        watch = None
+        if self.workers:
+            watch = await asyncio.to_thread(store.watch_markers, lambda _: self._wake_workers())
+        log.info(
+            "autorecovery.started",
+            id=self.identifier,
+            workers=len(self.workers),
+            auditor=self._with_auditor,
+        )
+        tasks = [asyncio.create_task(w.run()) for w in self.workers]
+        if self._with_auditor:
+            tasks.append(asyncio.create_task(self._contend(metadata, transport)))
+        try:
+            await self._stopped.wait()
+        finally:
+            if watch is not None:
+                watch.stop()
+            for worker in self.workers:
+                worker.stop()
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            with contextlib.suppress(Exception):
+                await transport.close()
+            metadata.close()
+            log.info("autorecovery.stopped", id=self.identifier)
+
+    def _wake_workers(self) -> None:
+        for worker in self.workers:
+            worker.wake_up()
+
+    # -- the auditor's election --------------------------------------------------------------
+
+    async def _contend(self, metadata: ZkMetadata, transport: GrpcTransport) -> None:
+        while not self._stopping:
+            lock = self._session.zk.Lock(paths.AUDITOR_ELECTION, self.identifier)
+            self._pending_lock = lock
+            try:
+                acquired = await asyncio.to_thread(lock.acquire)
+            except KazooCancelledError:
+                return
+            except (KazooException, StreamError) as e:
+                log.warning("autorecovery.election_failed", error=repr(e))
+                await asyncio.sleep(_ELECTION_BACKOFF_S)
+                continue
+            finally:
+                self._pending_lock = None
+            if not acquired:
+                continue
+            generation = self._session.session_generation
+            self.leading = True
+            log.info("autorecovery.auditor_elected", id=self.identifier)
+            try:
+                await self._lead(metadata, transport, lock, generation)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("autorecovery.auditor_failed")
+                await asyncio.sleep(_ELECTION_BACKOFF_S)
+            finally:
+                self.leading = False
+                with contextlib.suppress(Exception):
+                    await asyncio.to_thread(lock.release)
+
+    async def _holds(self, lock: Any, generation: int) -> bool:
+        """Returns whether our lock node still exists on our current session."""
+        node = lock.node
+        if node is None or self._session.session_generation != generation:
+            return False
+        try:
+            stat = await asyncio.to_thread(
+                self._session.retry,
+                self._session.zk.exists,
+                f"{paths.AUDITOR_ELECTION}/{node}",
+            )
+        except StreamError:
+            return False
+        return stat is not None and stat.ephemeralOwner == self._session.session_id
+
+    async def _lead(
+        self, metadata: ZkMetadata, transport: GrpcTransport, lock: Any, generation: int
+    ) -> None:
+        settings = self.settings
+        auditor = Auditor(
+            metadata=metadata,
+            transport=transport,
+            settings=settings,
+            identifier=self.identifier,
+            rng=random.Random(),
+        )
+        scrubber = Scrubber(
+            metadata=metadata, transport=transport, timeout_s=settings.bookie_timeout_ms / 1000
+        )
+        registry = BookieRegistry(self._session)
+        watch = await asyncio.to_thread(registry.watch_available, lambda _: self._wake_up())
+        store = UnderreplicationStore(self._session)
+        drain_watch = await asyncio.to_thread(store.watch_draining, lambda _: self._wake_up())
+
+        def on_session(state: SessionState) -> None:
+            if state is SessionState.LOST:
+                self._wake_up()
+
+        self._session.add_session_listener(on_session)
+        now = time.monotonic()
+        next_audit = now
+        next_scrub = now + settings.scrub_interval_ms / 1000
+        full_s = settings.scrub_full_interval_ms / 1000
+        next_full = now + full_s if full_s else float("inf")
+        last_bad: dict[str, str] | None = None
+        try:
+            while not self._stopping and await self._holds(lock, generation):
+                assert self._wake is not None
+                self._wake.clear()
+                bad = await auditor.bad_bookies()
+                now = time.monotonic()
+                deadline = auditor.next_deadline()
+                if (
+                    now >= next_audit
+                    or bad != last_bad
+                    or (deadline is not None and deadline <= now)
+                ):
+                    report = await auditor.audit(lambda: not self._stopping)
+                    self.audits += 1
+                    last_bad = report.bad
+                    next_audit = time.monotonic() + settings.audit_interval_ms / 1000
+                now = time.monotonic()
+                if now >= next_scrub:
+                    full = now >= next_full
+                    await scrubber.scrub(full=full, may_continue=lambda: not self._stopping)
+                    next_scrub = time.monotonic() + settings.scrub_interval_ms / 1000
+                    if full:
+                        next_full = time.monotonic() + full_s
+                deadline = auditor.next_deadline()
+                wake_at = min(
+                    next_audit, next_scrub, deadline if deadline is not None else next_audit
+                )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), max(wake_at - time.monotonic(), 0.05))
+        finally:
+            watch.stop()
+            drain_watch.stop()
+            self._session.remove_session_listener(on_session)
