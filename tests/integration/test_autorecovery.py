@@ -332,6 +332,23 @@ def test_a_worker_killed_mid_copy_leaves_the_marker_for_another(
             assert store.marker(marker.name) is not None
             wait_for(lambda: store.lock_info(marker.name) is None, 30, "the dead worker's lock")
             assert store.marker(marker.name) is not None  # still there for another
+            listed = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "stream.cli.main",
+                    "--metadata",
+                    cluster.metadata,
+                    "underreplicated",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env={**os.environ, "COLUMNS": "200"},
+            )
+            assert listed.returncode == 0, listed.stderr
+            assert "under-replicated fragments: 1" in listed.stdout
+            assert "slow" in listed.stdout and "lost" in listed.stdout and victim in listed.stdout
 
             import asyncio
 

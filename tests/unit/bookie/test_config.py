@@ -85,6 +85,14 @@ def test_unknown_key_is_named() -> None:
         ("shutdown_grace_ms", -1),
         ("log_level", "verbose"),
         ("data_dir", 5),
+        ("autorecovery", "on"),
+        ("lost_bookie_recovery_delay_ms", -1),
+        ("open_stream_replication_delay_ms", -1),
+        ("audit_interval_ms", 0),
+        ("scrub_interval_ms", 0),
+        ("scrub_full_interval_ms", -1),
+        ("replication_workers", -1),
+        ("replication_rate_bytes", -1),
     ],
 )
 def test_bad_value_is_named(key: str, value: Any) -> None:
