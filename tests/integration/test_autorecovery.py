@@ -527,3 +527,88 @@ def test_the_scrub_finds_a_bookie_that_lost_entries(cluster_factory: ClusterFact
         assert read_all(client, "scrubbed") == expected
     finally:
         client.close()
+
+
+def test_the_auditor_waits_out_the_delays(cluster_factory: ClusterFactory) -> None:
+    """On a clock of its own: a bookie back within the lost-bookie delay costs nothing; after
+    the delay its closed fragments are marked; the open last fragment of a stream without a
+    writer waits for its grace, then a takeover closes it and it is marked too."""
+    import asyncio
+
+    from stream.autorecovery.auditor import Auditor
+
+    cluster = cluster_factory(4)
+    client = StreamClient.connect(cluster.metadata)
+    now = [1000.0]
+    try:
+        client.create_stream(
+            "audited", ensemble=3, write_quorum=3, ack_quorum=2, fragment_max_entries=100
+        )
+        expected = fill(client, "audited", 350)
+        settings = AutoRecoverySettings(
+            lost_bookie_recovery_delay_ms=30_000, open_stream_replication_delay_ms=60_000
+        )
+        with session_of(cluster) as session:
+            last = fragments_of(session, "audited")[-1]
+            victim = last.ensemble[0]
+            closed_naming = sum(
+                1 for f in fragments_of(session, "audited")[:-1] if victim in f.ensemble
+            )
+            store = UnderreplicationStore(session)
+
+            async def audit_at(t: float) -> Any:
+                now[0] = t
+                return await auditor.audit()
+
+            async def scenario() -> None:
+                nonlocal auditor
+                metadata = ZkMetadata(session)
+                transport = GrpcTransport(metadata.bookie_address)
+                auditor = Auditor(
+                    metadata=metadata,
+                    transport=transport,
+                    settings=settings,
+                    identifier="test",
+                    monotonic=lambda: now[0],
+                )
+                try:
+                    assert (await audit_at(1000)).bad == {}
+                    # Gone and back within the delay: nothing.
+                    cluster.bookie(victim).kill9()
+                    await asyncio.to_thread(
+                        wait_for, lambda: victim not in cluster.registered_bookies(), 30, "gone"
+                    )
+                    assert (await audit_at(1001)).bad == {}
+                    assert (await audit_at(1025)).bad == {}
+                    cluster.bookie(victim).restart()
+                    await asyncio.to_thread(
+                        wait_for, lambda: victim in cluster.registered_bookies(), 30, "back"
+                    )
+                    assert (await audit_at(1040)).bad == {}
+                    assert store.markers() == []
+                    # Gone for good: marked once the delay has passed since it left.
+                    cluster.bookie(victim).kill9()
+                    await asyncio.to_thread(
+                        wait_for, lambda: victim not in cluster.registered_bookies(), 30, "gone"
+                    )
+                    assert (await audit_at(1050)).marked == 0
+                    report = await audit_at(1079)
+                    assert report.bad == {} and report.marked == 0
+                    report = await audit_at(1081)
+                    assert report.bad == {victim: "lost"}
+                    assert report.marked == closed_naming and report.open_waiting == 1
+                    assert (await audit_at(1130)).takeovers == 0  # grace runs from 1081
+                    report = await audit_at(1142)
+                    assert report.takeovers == 1 and report.marked == 1
+                finally:
+                    await transport.close()
+                    metadata.close()
+
+            auditor: Any = None
+            asyncio.run(scenario())
+            firsts = {m.first_entry_id for m in store.markers()}
+            assert last.first_entry_id in firsts and len(firsts) == closed_naming + 1
+            assert victim not in fragments_of(session, "audited")[-1].ensemble
+        assert read_all(client, "audited") == expected
+    finally:
+        client.close()
