@@ -30,6 +30,7 @@ from stream.client.zk_metadata import ZkMetadata
 from stream.errors import StreamError
 from stream.metadata import MetadataSession, SessionState, paths
 from stream.metadata.bookies import BookieRegistry
+from stream.metadata.election import holds_lock
 from stream.metadata.underreplication import UnderreplicationStore
 
 log = structlog.get_logger(__name__)
@@ -186,19 +187,10 @@ class AutoRecovery:
                     await asyncio.to_thread(lock.release)
 
     async def _holds(self, lock: Any, generation: int) -> bool:
-        """Returns whether our lock node still exists on our current session."""
-        node = lock.node
-        if node is None or self._session.session_generation != generation:
+        """Returns whether we still lead: our lock node, on the session we were elected on."""
+        if self._session.session_generation != generation:
             return False
-        try:
-            stat = await asyncio.to_thread(
-                self._session.retry,
-                self._session.zk.exists,
-                f"{paths.AUDITOR_ELECTION}/{node}",
-            )
-        except StreamError:
-            return False
-        return stat is not None and stat.ephemeralOwner == self._session.session_id
+        return await holds_lock(self._session, lock, paths.AUDITOR_ELECTION)
 
     async def _lead(
         self, metadata: ZkMetadata, transport: GrpcTransport, lock: Any, generation: int

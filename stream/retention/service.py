@@ -67,6 +67,7 @@ from stream.metadata import (
     StreamSealedError,
     StreamState,
 )
+from stream.metadata.election import holds_lock
 from stream.protocol import Code
 from stream.retention.fragments import FragmentWindow, StaleFragments, read_fragments
 from stream.retention.policy import IdleAction, idle_action, idle_candidate, plan_retention
@@ -348,19 +349,7 @@ class RetentionService:
             await self._pause(max(self.settings.interval_s - elapsed, 0.0))
 
     async def _holds(self, lock: Any) -> bool:
-        """Returns whether the lock's node still exists and belongs to our current session
-        (kazoo's `is_acquired` stays True after the session that held it expired)."""
-        node = lock.node
-        if node is None:
-            return False
-        try:
-            stat = await asyncio.to_thread(
-                self._session.retry, self._session.zk.exists, f"{ELECTION_PATH}/{node}"
-            )
-        except StreamError as e:
-            log.warning("retention.leadership_unknown", error=str(e))
-            return False
-        return stat is not None and stat.ephemeralOwner == self._session.session_id
+        return await holds_lock(self._session, lock, ELECTION_PATH)
 
     async def _pause(self, seconds: float) -> None:
         """Returns after `seconds`, or earlier on stop() or a session change."""

@@ -612,3 +612,30 @@ def test_the_auditor_waits_out_the_delays(cluster_factory: ClusterFactory) -> No
         assert read_all(client, "audited") == expected
     finally:
         client.close()
+
+
+def test_one_auditor_leads_at_a_time(metadata_root: str) -> None:
+    from stream.autorecovery.service import AutoRecovery
+
+    sessions = [MetadataSession.connect(metadata_root, session_timeout_s=4.0) for _ in range(2)]
+    services = [
+        AutoRecovery(s, AutoRecoverySettings(replication_workers=0), identifier=f"a{i}")
+        for i, s in enumerate(sessions)
+    ]
+    try:
+        for service in services:
+            service.start()
+        wait_for(lambda: any(s.leading for s in services), 30, "a leader")
+        time.sleep(1.0)
+        assert [s.leading for s in services].count(True) == 1
+        leader = next(s for s in services if s.leading)
+        other = next(s for s in services if not s.leading)
+        assert leader.audits >= 1
+        leader.stop()
+        wait_for(lambda: other.leading, 30, "the other candidate to lead")
+        assert not leader.leading
+    finally:
+        for service in services:
+            service.stop()
+        for session in sessions:
+            session.close()
