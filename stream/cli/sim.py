@@ -57,6 +57,11 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--keep-going", action="store_true", help="run every seed even after a failure")
     p.add_argument(
+        "--reengage",
+        action="store_true",
+        help="random runs whose writers take over again when superseded (reengage=True)",
+    )
+    p.add_argument(
         "--trace", action="store_true", help="print the last trace events of a failing seed"
     )
     p.set_defaults(handler=run)
@@ -80,6 +85,7 @@ def _results(args: argparse.Namespace) -> Any:
             args.disable,
             workers=args.workers,
             stop_on_failure=not args.keep_going,
+            reengage=args.reengage,
         )
     from stream.sim.scenarios import run_scenario
 
@@ -150,6 +156,8 @@ def _report_failure(out: Console, result: RunResult, args: argparse.Namespace) -
         replay += f" --scenario {args.scenario}"
     else:
         replay += f" --steps {args.steps}"
+        if args.reengage:
+            replay += " --reengage"
     if args.disable:
         replay += " --disable " + " ".join(sorted(set(args.disable)))
     out.print(f"  replay: {replay} --trace")

@@ -304,9 +304,10 @@ class Simulation:
 
     # ------------------------------------------------------------------ writers
 
-    async def open_writer(self, name: str) -> AsyncStreamWriter | None:
+    async def open_writer(self, name: str, *, reengage: bool = False) -> AsyncStreamWriter | None:
         """Takes the stream over from client `name` with a new writer (a new term, its
-        recovery); returns it, or None when the takeover failed."""
+        recovery); returns it, or None when the takeover failed. With `reengage` the writer
+        takes the stream back whenever another supersedes it."""
         client = self.client(name)
         writer = AsyncStreamWriter(
             STREAM_NAME,
@@ -316,6 +317,7 @@ class Simulation:
             rng=client.rng,
             options=self.writer_options,
             identity=WriterIdentity(name),
+            reengage=reengage,
         )
         self.trace.record("takeover", c=name)
         try:
@@ -332,12 +334,12 @@ class Simulation:
         self.trace.record("opened", c=name, t=writer.term)
         return writer
 
-    def start_takeover(self, name: str) -> None:
+    def start_takeover(self, name: str, *, reengage: bool = False) -> None:
         """Starts a takeover by client `name` in the background (unless one is running)."""
         client = self.client(name)
         if client.opening is not None and not client.opening.done():
             return
-        client.opening = self.spawn(self.open_writer(name))
+        client.opening = self.spawn(self.open_writer(name, reengage=reengage))
 
     def append(self, name: str, count: int, *, size: int = 0) -> int:
         """Appends `count` payloads (padded to `size` bytes) through client `name`'s current

@@ -110,9 +110,12 @@ def describe(config: SimConfig) -> str:
 class RandomWorkload:
     """Random steps: appends, reads, competing takeovers and faults of every kind."""
 
-    def __init__(self, sim: Simulation, rng: random.Random) -> None:
+    def __init__(self, sim: Simulation, rng: random.Random, *, reengage: bool = False) -> None:
+        """With `reengage`, every writer takes the stream over again when superseded (the
+        client's `reengage=True`), so writers keep competing to the end."""
         self.sim = sim
         self.rng = rng
+        self.reengage = reengage
         self.writers = [f"c{i}" for i in range(1, rng.choice((2, 3, 3)) + 1)]
         self.readers = ["r1", "r2"]
         self._actions: list[tuple[int, Callable[[], None]]] = [
@@ -131,7 +134,7 @@ class RandomWorkload:
 
     async def run(self, steps: int) -> None:
         sim = self.sim
-        sim.start_takeover(self.writers[0])
+        sim.start_takeover(self.writers[0], reengage=self.reengage)
         for _ in range(steps):
             if not any(sim.client(w).writer for w in self.writers) and not self._opening():
                 self.takeover()
@@ -158,7 +161,7 @@ class RandomWorkload:
         self.sim.spawn(self.sim.read(self.rng.choice(self.readers), self.rng.randint(3, 20)))
 
     def takeover(self) -> None:
-        self.sim.start_takeover(self.rng.choice(self.writers))
+        self.sim.start_takeover(self.rng.choice(self.writers), reengage=self.reengage)
 
     def crash(self) -> None:
         sim = self.sim
@@ -285,24 +288,32 @@ def run_simulation(
     return _result(holder[0], steps, scenario, config, loop)
 
 
-def run_seed(seed: int, steps: int = DEFAULT_STEPS, disabled: Iterable[str] = ()) -> RunResult:
+def run_seed(
+    seed: int,
+    steps: int = DEFAULT_STEPS,
+    disabled: Iterable[str] = (),
+    *,
+    reengage: bool = False,
+) -> RunResult:
     """Returns the result of the random run of `seed`: `steps` random actions, then the final
-    takeover, read and checks. Same seed, same result (and trace digest)."""
+    takeover, read and checks. Same seed, same result (and trace digest). With `reengage`
+    the writers re-engage when superseded (another family of runs per seed)."""
     off = check_disabled(disabled)
     master = random.Random(seed)
     config = random_config(random.Random(master.getrandbits(64)), off)
     workload_seed = master.getrandbits(64)
 
     async def script(sim: Simulation) -> None:
-        await RandomWorkload(sim, random.Random(workload_seed)).run(steps)
+        await RandomWorkload(sim, random.Random(workload_seed), reengage=reengage).run(steps)
         await sim.finish()
 
-    return run_simulation(seed, config, script, steps=steps, scenario="random")
+    scenario = "random-reengage" if reengage else "random"
+    return run_simulation(seed, config, script, steps=steps, scenario=scenario)
 
 
-def _run_one(args: tuple[int, int, frozenset[str]]) -> RunResult:
-    seed, steps, disabled = args
-    return run_seed(seed, steps, disabled)
+def _run_one(args: tuple[int, int, frozenset[str], bool]) -> RunResult:
+    seed, steps, disabled, reengage = args
+    return run_seed(seed, steps, disabled, reengage=reengage)
 
 
 def run_many(
@@ -312,11 +323,12 @@ def run_many(
     *,
     workers: int = 1,
     stop_on_failure: bool = True,
+    reengage: bool = False,
 ) -> Iterator[RunResult]:
     """Yields the result of each seed in order (computed in `workers` processes when > 1);
     with `stop_on_failure`, stops after the first failing seed."""
     off = check_disabled(disabled)
-    jobs = ((seed, steps, off) for seed in seeds)
+    jobs = ((seed, steps, off, reengage) for seed in seeds)
     if workers <= 1:
         for job in jobs:
             result = _run_one(job)

@@ -23,6 +23,7 @@ SCENARIO_SEEDS = range(5)
 RANDOM_FINDS = (TERM_FENCING,)
 RANDOM_SEEDS = 100
 SWEEP_SEEDS = 5000
+REENGAGE_SEEDS = 400
 
 
 def _first(result: RunResult) -> str:
@@ -93,3 +94,15 @@ def test_every_protection_on_passes_many_seeds() -> None:
         if not result.ok:
             failed = result
     assert failed is None, f"seed {failed.seed}: {_first(failed)}"
+
+
+@pytest.mark.timeout(900)
+def test_reengaging_writers_pass_many_seeds() -> None:
+    # Writers that take the stream back whenever superseded (reengage=True) keep competing to
+    # the end of each run: every property must hold for them too.
+    workers = min(2, os.cpu_count() or 1)
+    failed = None
+    for result in run_many(range(REENGAGE_SEEDS), workers=workers, reengage=True):
+        if not result.ok:
+            failed = result
+    assert failed is None, f"seed {failed.seed} (reengage): {_first(failed)}"
