@@ -6,8 +6,11 @@ from __future__ import annotations
 import datetime
 from dataclasses import dataclass, field
 
+import crc32c
+
 from stream.client.ports import PreparedEntry
 from stream.protocol import EntryFlag, entry_checksum
+from stream.protocol.checksum import ENTRY_HEADER
 from stream.wire import bookie_pb2 as pb
 
 _ENTRIES_TAG = b"\x3a"
@@ -16,6 +19,12 @@ _NOOP = int(EntryFlag.NOOP)
 
 
 _SMALL_VARINTS = [bytes([i]) for i in range(0x80)]
+# A varint's low group with the continuation bit set; field 1 (entry_id) of ids below 128.
+_CONTINUED = [bytes([i | 0x80]) for i in range(0x80)]
+_ENTRY_ID_FIELD = [b"\x08" + bytes([i]) for i in range(0x80)]
+_new_prepared = tuple.__new__
+_pack_header = ENTRY_HEADER.pack
+_crc32c = crc32c.crc32c
 
 
 def varint(value: int) -> bytes:
@@ -80,6 +89,59 @@ def prepare_entry(
     tail = b"\x28" + varint(crc)
     framed = b"".join((_ENTRIES_TAG, varint(len(head) + size + len(tail)), head, payload, tail))
     return PreparedEntry(entry_id, framed, size, timestamp_ms)
+
+
+def prepare_entries(
+    stream_id: int, first_entry_id: int, timestamp_ms: int, payloads: list[bytes]
+) -> list[PreparedEntry]:
+    """Returns `payloads` prepared as entries `first_entry_id`, `first_entry_id + 1`, ... with
+    flags 0 and one timestamp: exactly what `prepare_entry` gives for each (a unit test
+    compares them), at a fraction of the cost. What a run shares is encoded once: the
+    timestamp, each payload size (with its field tags), the entry id's varint above its low
+    7 bits, and the frame header of each entry length."""
+    prepared: list[PreparedEntry] = []
+    append = prepared.append
+    pack = _pack_header
+    crc = _crc32c
+    join = b"".join
+    new = _new_prepared
+    continued = _CONTINUED
+    stamp_field = b"\x18" + varint(timestamp_ms) + b"\x22"
+    middles: dict[int, bytes] = {}  # payload size -> timestamp and size fields
+    frames: dict[int, bytes] = {}  # Entry length -> its field-7 tag and length
+    high = -1
+    id_high = b""
+    entry_id = first_entry_id
+    for payload in payloads:
+        size = len(payload)
+        middle = middles.get(size)
+        if middle is None:
+            middle = middles[size] = stamp_field + varint(size)
+        if entry_id < 0x80:
+            id_field = _ENTRY_ID_FIELD[entry_id]
+        else:
+            if entry_id >> 7 != high:
+                high = entry_id >> 7
+                id_high = varint(high)
+            id_field = b"\x08" + continued[entry_id & 0x7F] + id_high
+        crc_field = b"\x28" + varint(crc(payload, crc(pack(stream_id, entry_id, 0, timestamp_ms))))
+        body = len(id_field) + len(middle) + size + len(crc_field)
+        frame = frames.get(body)
+        if frame is None:
+            frame = frames[body] = _ENTRIES_TAG + varint(body)
+        append(
+            new(
+                PreparedEntry,
+                (
+                    entry_id,
+                    join((frame, id_field, middle, payload, crc_field)),
+                    size,
+                    timestamp_ms,
+                ),
+            )
+        )
+        entry_id += 1
+    return prepared
 
 
 def checksum_ok(stream_id: int, entry: pb.Entry) -> bool:

@@ -46,8 +46,9 @@ class WriterOptions:
 
     # Entries appended but not yet acknowledged; a full window blocks `append_async`.
     window_entries: int = 8192
-    # Bytes (encoded entries) held by the pipeline until they reach their whole write set;
-    # with `window_entries` this bounds the writer's memory.
+    # Payload bytes held by the pipeline until they reach their whole write set; with
+    # `window_entries` this bounds the writer's memory (plus a few dozen bytes of framing per
+    # entry).
     window_bytes: int = 64 << 20
     # Bound on one AddRequest: entries and bytes (bookies accept 64 MiB messages by default).
     batch_max_entries: int = 2048

@@ -10,6 +10,9 @@ applies it here with `apply_change`. Runs on the event loop thread only.
 from __future__ import annotations
 
 import asyncio
+import bisect
+import itertools
+import operator
 from collections import deque
 from collections.abc import Sequence
 from typing import Protocol
@@ -35,6 +38,8 @@ _INVALID_TERM = int(Code.INVALID_TERM)
 _TOO_BUSY = int(Code.TOO_BUSY)
 # Backoff after a TOO_BUSY answer: doubles from the first value up to the second.
 _BUSY_BACKOFF_S = (0.005, 0.5)
+_framed = operator.attrgetter("framed")
+_payload_bytes = operator.attrgetter("payload_bytes")
 
 
 class PipelineOwner(Protocol):
@@ -169,8 +174,19 @@ class AddPipeline:
         return self._write_sets[entry_id % self.config.ensemble]
 
     def has_room(self) -> bool:
-        """Returns whether one more entry fits (entries and bytes held, both bounded)."""
+        """Returns whether one more entry fits (entries and payload bytes held, both
+        bounded)."""
         return self.pending.has_room() and self.held_bytes < self._options.window_bytes
+
+    def room_for(self, prefix_bytes: list[int]) -> int:
+        """Returns how many of the next `len(prefix_bytes) - 1` entries fit, `prefix_bytes[i]`
+        being the payload bytes of the first `i` of them: the first `i` before which
+        `has_room()` would not hold, as if they were added one by one."""
+        count = len(prefix_bytes) - 1
+        by_bytes = bisect.bisect_left(
+            prefix_bytes, self._options.window_bytes - self.held_bytes, 0, count
+        )
+        return max(min(count, self.pending.room(), by_bytes), 0)
 
     def held_payload_bytes(self, from_entry_id: int) -> int:
         """Returns the payload bytes of the held entries with id >= `from_entry_id`."""
@@ -185,10 +201,35 @@ class AddPipeline:
         write_set = self._write_sets[entry_id % self.config.ensemble]
         self.pending.add(entry_id, write_set)
         self.held[entry_id] = entry
-        self.held_bytes += len(entry.framed)
+        self.held_bytes += entry.payload_bytes
         links = self._links
         for bookie_id in write_set:
             links[bookie_id].outbox.append(entry)
+
+    def add_run(self, entries: list[PreparedEntry]) -> None:
+        """Tracks and queues `entries` (consecutive ids from `next_entry_id`): the same as
+        `add` for each in turn, with C-level loops (one outbox extend per bookie when every
+        write set is the whole ensemble)."""
+        if not entries:
+            return
+        first = entries[0].entry_id
+        end = first + len(entries)
+        invariant(entries[-1].entry_id == end - 1, "a run has consecutive ids", first=first)
+        write_sets = self._write_sets
+        start = first % len(write_sets)
+        rotated = write_sets[start:] + write_sets[:start]
+        sets = list(itertools.islice(itertools.cycle(rotated), len(entries)))
+        self.pending.add_run(first, sets)
+        self.held.update(zip(range(first, end), entries, strict=True))
+        self.held_bytes += sum(map(_payload_bytes, entries))
+        links = self._links
+        if self.config.ensemble == self.config.write_quorum:
+            for bookie_id in write_sets[0]:
+                links[bookie_id].outbox.extend(entries)
+        else:
+            for entry, write_set in zip(entries, sets, strict=True):
+                for bookie_id in write_set:
+                    links[bookie_id].outbox.append(entry)
 
     def send_extra(self, bookie_id: str, entry: PreparedEntry) -> asyncio.Future[pb.AddResponse]:
         """Sends `entry` to `bookie_id` outside its write set (the truncate no-op goes to the
@@ -218,7 +259,7 @@ class AddPipeline:
             if len(outbox) <= max_entries:
                 entries: list[PreparedEntry] = list(outbox)
                 outbox.clear()
-                size = sum(len(e.framed) for e in entries)
+                size = sum(map(len, map(_framed, entries)))
                 if size > max_bytes and len(entries) > 1:
                     # Rare: keep the tail for the next batch.
                     kept, size = [], 0
@@ -353,12 +394,10 @@ class AddPipeline:
 
     def _forget_up_to(self, lafr: int, previous: int) -> None:
         held = self.held
-        released = 0
-        for entry_id in range(previous + 1, lafr + 1):
-            entry = held.pop(entry_id, None)
-            if entry is not None:
-                released += len(entry.framed)
-        self.held_bytes -= released
+        released = list(map(held.pop, range(previous + 1, lafr + 1), itertools.repeat(None)))
+        if None in released:
+            released = [entry for entry in released if entry is not None]
+        self.held_bytes -= sum(map(_payload_bytes, released))
         self._progress.set()
 
     def _fail(self, link: _Link, reason: str) -> None:

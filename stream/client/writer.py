@@ -9,9 +9,11 @@ when it is idle) or from the loop itself (`append`). Everything else runs on the
 from __future__ import annotations
 
 import asyncio
+import bisect
 import concurrent.futures
 import functools
 import itertools
+import operator
 import random
 import threading
 from collections import deque
@@ -20,7 +22,7 @@ from typing import Any
 
 import structlog
 
-from stream.client.entries import prepare_entry, varint
+from stream.client.entries import prepare_entries
 from stream.client.futures import AppendFuture
 from stream.client.options import WriterOptions
 from stream.client.pipeline import AddPipeline
@@ -52,6 +54,9 @@ log = structlog.get_logger(__name__)
 # Entries moved from the queue into the pipeline per loop turn, so that answers get processed
 # between large runs of appends.
 _DRAIN_MAX_ENTRIES = 4096
+# Appends taken from the queue at a time by a drain (a run prepared and added as a whole).
+_DRAIN_RUN_ENTRIES = 256
+_second = operator.itemgetter(1)
 # Bound on placements tried for one roll or replacement.
 _MAX_CANDIDATES_TRIED = 8
 _INVALID_STATE = (asyncio.InvalidStateError, concurrent.futures.InvalidStateError)
@@ -320,28 +325,40 @@ class AsyncStreamWriter:
         queue = self._queue
         stream_id = self._meta.id
         now_ms = self._clock.now_ms()
-        now_varint = varint(now_ms)
         added = 0
         added_bytes = 0
         unresolved = self._unresolved
-        while queue:
-            if not pipeline.has_room():
+        popleft = queue.popleft
+        while queue and added < _DRAIN_MAX_ENTRIES:
+            # Runs of entries: each is checked against the window and the fragment's bounds
+            # as a whole (exactly as entry by entry), then prepared and added in C-level loops.
+            wanted = min(len(queue), _DRAIN_MAX_ENTRIES - added, _DRAIN_RUN_ENTRIES)
+            if pipeline.pending.room() <= 0:
                 break
-            if self._fragment_full(added_bytes):
-                self._start_roll()
+            taken = [popleft() for _ in range(wanted)]
+            payloads = [payload for payload, _ in taken]
+            prefix_bytes = list(itertools.accumulate(map(len, payloads), initial=0))
+            fits = pipeline.room_for(prefix_bytes)
+            fragment_fits = self._fragment_room(prefix_bytes, added_bytes)
+            count = min(fits, fragment_fits)
+            if count < wanted:
+                queue.extendleft(reversed(taken[count:]))
+                del payloads[count:], taken[count:]
+            if count:
+                entries = prepare_entries(stream_id, pipeline.next_entry_id, now_ms, payloads)
+                pipeline.add_run(entries)
+                if not unresolved:
+                    self._unresolved_first_id = entries[0].entry_id
+                unresolved.extend(map(_second, taken))
+                added += count
+                added_bytes += prefix_bytes[count]
+            if count < wanted:
+                if fragment_fits < fits:
+                    self._start_roll()
                 break
-            payload, future = queue.popleft()
-            entry_id = pipeline.next_entry_id
-            pipeline.add(prepare_entry(stream_id, entry_id, 0, now_ms, payload, now_varint))
-            if not unresolved:
-                self._unresolved_first_id = entry_id
-            unresolved.append(future)
-            added += 1
-            added_bytes += len(payload)
-            if added >= _DRAIN_MAX_ENTRIES:
-                assert self._loop is not None
-                self._loop.call_soon(self._drain)
-                break
+        if added >= _DRAIN_MAX_ENTRIES and queue:
+            assert self._loop is not None
+            self._loop.call_soon(self._drain)
         if added:
             if self._fragment_first_ts is None:
                 self._fragment_first_ts = now_ms
@@ -356,17 +373,23 @@ class AsyncStreamWriter:
                 assert self._loop is not None
                 self._loop.call_soon(self._drain)
 
-    def _fragment_full(self, pending_bytes: int) -> bool:
+    def _fragment_room(self, prefix_bytes: list[int], pending_bytes: int) -> int:
+        """Returns how many of the next `len(prefix_bytes) - 1` entries fit in the current
+        fragment (`prefix_bytes[i]`: payload bytes of the first `i`; `pending_bytes`: added by
+        this drain, not yet counted). A fragment holding entries is full once it reached
+        `fragment_max_entries`, `fragment_max_bytes` or `fragment_max_age_s`."""
         assert self._pipeline is not None and self._fragment is not None and self._meta
+        count = len(prefix_bytes) - 1
         entries = self._pipeline.next_entry_id - self._fragment.first_entry_id
-        if entries <= 0:
-            return False
         meta = self._meta
-        if entries >= meta.fragment_max_entries:
-            return True
-        if self._fragment_bytes + pending_bytes >= meta.fragment_max_bytes:
-            return True
-        return self._fragment_too_old()
+        if self._fragment_too_old():
+            fits = 0
+        else:
+            bytes_left = meta.fragment_max_bytes - self._fragment_bytes - pending_bytes
+            by_bytes = bisect.bisect_left(prefix_bytes, bytes_left, 0, count)
+            fits = min(count, max(meta.fragment_max_entries - entries, 0), by_bytes)
+        # An empty fragment is never full: its first entry always goes in.
+        return max(fits, min(count, 1 - entries))
 
     def _fragment_too_old(self) -> bool:
         assert self._meta is not None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Generic, TypeVar
 
 from stream.errors import InvalidArgumentError
@@ -88,6 +89,10 @@ class PendingAdds(Generic[B]):
         """Return whether one more entry may be added within `max_in_flight`."""
         return self.in_flight < self._max_in_flight
 
+    def room(self) -> int:
+        """Return how many more entries may be added within `max_in_flight`."""
+        return self._max_in_flight - self.in_flight
+
     def add(self, entry_id: int, write_set: Sequence[B]) -> None:
         """Start tracking `entry_id`, which will be sent to the WQ distinct bookies of
         `write_set`. The id must be `next_entry_id` and `has_room()` must hold."""
@@ -114,6 +119,38 @@ class PendingAdds(Generic[B]):
                 self._checked_write_sets.add(members)
         self._pending[entry_id] = _PendingEntry(members, ())
         self._next_entry_id = entry_id + 1
+
+    def add_run(self, first_entry_id: int, write_sets: Sequence[Sequence[B]]) -> None:
+        """Start tracking `first_entry_id`, `first_entry_id + 1`, ... with `write_sets` in
+        order: the same as `add` for each in turn (a property test checks this), each distinct
+        write set checked once. The first id must be `next_entry_id` and `room()` must be at
+        least `len(write_sets)`."""
+        count = len(write_sets)
+        if first_entry_id != self._next_entry_id:
+            invariant(
+                False,
+                "entries are added in id order without gaps",
+                entry_id=first_entry_id,
+                expected=self._next_entry_id,
+            )
+        if self._next_entry_id - 1 - self._lafr + count > self._max_in_flight:
+            invariant(False, "add beyond max_in_flight", limit=self._max_in_flight, count=count)
+        members = list(map(tuple, write_sets))
+        for write_set in set(members) - self._checked_write_sets:
+            invariant(
+                len(write_set) == self._config.write_quorum
+                and len(set(write_set)) == len(write_set),
+                "a write set holds WQ distinct bookies",
+                entry_id=first_entry_id,
+                write_set=write_set,
+            )
+            if len(self._checked_write_sets) < _MAX_CHECKED_WRITE_SETS:
+                self._checked_write_sets.add(write_set)
+        end = first_entry_id + count
+        self._pending.update(
+            zip(range(first_entry_id, end), map(_PendingEntry, members, repeat(())), strict=True)
+        )
+        self._next_entry_id = end
 
     def on_ack(self, entry_id: int, bookie: B) -> list[int]:
         """Record that `bookie` durably stored `entry_id`; return the ids newly acknowledged

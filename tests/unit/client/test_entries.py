@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stream.client.entries import checksum_ok, prepare_entry, varint
+from stream.client.entries import checksum_ok, prepare_entries, prepare_entry, varint
 from stream.client.ports import AddBatch
 from stream.protocol import EntryFlag, entry_checksum
 from stream.wire import bookie_pb2 as pb
@@ -79,3 +79,28 @@ def test_a_corrupted_entry_fails_its_checksum() -> None:
     entry.payload = b"payloaD"
     assert not checksum_ok(9, entry)
     assert not checksum_ok(10, prepare_entry(9, 1, 0, 5, b"payload").entry())
+
+
+@given(
+    st.integers(min_value=1, max_value=(1 << 63) - 1),
+    st.integers(min_value=0, max_value=(1 << 63) - 300),
+    stamps,
+    st.lists(st.binary(max_size=300), max_size=300),
+)
+def test_prepared_run_is_prepare_entry_of_each(
+    stream_id: int, first_entry_id: int, stamp: int, payloads: list[bytes]
+) -> None:
+    run = prepare_entries(stream_id, first_entry_id, stamp, payloads)
+    assert run == [
+        prepare_entry(stream_id, first_entry_id + i, 0, stamp, payload)
+        for i, payload in enumerate(payloads)
+    ]
+
+
+def test_prepared_run_across_varint_boundaries() -> None:
+    payloads = [bytes(range(n % 256)) * (n % 5) for n in range(400)]
+    for first in (0, 100, 16_000, 2**21 - 200, 2**35 - 7, 2**62):
+        run = prepare_entries(7, first, 1_700_000_000_000, payloads)
+        assert run == [
+            prepare_entry(7, first + i, 0, 1_700_000_000_000, p) for i, p in enumerate(payloads)
+        ]

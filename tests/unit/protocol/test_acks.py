@@ -271,12 +271,21 @@ def test_on_acks_equals_on_ack_per_entry(
     acknowledged_batched: list[int] = []
 
     for _ in range(data.draw(st.integers(0, 40))):
-        action = data.draw(st.sampled_from(["add", "add", "acks", "acks", "acks", "replace"]))
+        action = data.draw(st.sampled_from(["add", "run", "acks", "acks", "acks", "replace"]))
         if action == "add" and one.has_room():
             entry_id = one.next_entry_id
             write_set = config.write_set_bookies(ensemble, entry_id)
             one.add(entry_id, write_set)
             batched.add(entry_id, write_set)
+        elif action == "run" and one.has_room():
+            # add_run is add for each entry in turn.
+            assert batched.room() == window - batched.in_flight
+            first = one.next_entry_id
+            count = data.draw(st.integers(0, batched.room()))
+            write_sets = [config.write_set_bookies(ensemble, first + i) for i in range(count)]
+            for i, write_set in enumerate(write_sets):
+                one.add(first + i, write_set)
+            batched.add_run(first, write_sets)
         elif action == "acks":
             known = list(range(start + 1, one.next_entry_id))
             if not known:
@@ -306,3 +315,15 @@ def test_on_acks_equals_on_ack_per_entry(
         for x in one.entries_not_fully_replicated():
             assert batched.write_set(x) == one.write_set(x)
             assert batched.ack_set(x) == one.ack_set(x)
+
+
+def test_add_run_checks_like_add() -> None:
+    pending = tracker(max_in_flight=4)
+    with pytest.raises(InvariantViolation):
+        pending.add_run(1, [ENSEMBLE])  # not next_entry_id
+    with pytest.raises(InvariantViolation):
+        pending.add_run(0, [ENSEMBLE] * 5)  # beyond max_in_flight
+    with pytest.raises(InvariantViolation):
+        pending.add_run(0, [("b0", "b0", "b1")])  # not WQ distinct bookies
+    pending.add_run(0, [ENSEMBLE] * 4)
+    assert (pending.next_entry_id, pending.room()) == (4, 0)
