@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from stream.autorecovery import metrics
 from stream.autorecovery.settings import AutoRecoverySettings
 from stream.autorecovery.worker import sealed_last
 from stream.client.options import WriterOptions
@@ -140,6 +141,8 @@ class Auditor:
         for key in set(self._open_since) - seen_open:
             del self._open_since[key]
         report.seconds = self._monotonic() - started
+        metrics.AUDITS.inc()
+        metrics.LOST_BOOKIES.set(sum(1 for r in report.bad.values() if r == "lost"))
         log.info(
             "autorecovery.audit",
             streams=report.streams,
@@ -188,6 +191,7 @@ class Auditor:
                 )
                 if await asyncio.to_thread(self._store.mark, marker):
                     report.marked += 1
+                    metrics.MARKED.labels(reason=reason).inc()
                 continue
             key = (meta.id, finding.first_entry_id)
             if await asyncio.to_thread(self._metadata.store.writer_alive, meta.id):
@@ -203,6 +207,7 @@ class Auditor:
             used += 1
             if await self._close_open_tail(meta, fragments[finding.index], set(bad)):
                 report.takeovers += 1
+                metrics.TAKEOVERS.inc()
                 self._open_since.pop(key, None)
                 seen_open.discard(key)
                 # Its fragments are fixed now: mark them in this pass.

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from stream.autorecovery import metrics
 from stream.autorecovery.worker import sealed_last
 from stream.client.entries import checksum_ok
 from stream.client.ports import BookieTransport, Clock, SystemClock
@@ -151,6 +152,7 @@ class Scrubber:
             )
             if await asyncio.to_thread(self._store.mark, marker):
                 report.marked += 1
+                metrics.MARKED.labels(reason="scrub").inc()
 
     async def _holds_ids(
         self, meta: StreamMeta, bookie_id: str, ids: list[int], report: ScrubReport

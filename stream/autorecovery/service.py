@@ -21,6 +21,7 @@ import structlog
 from kazoo.exceptions import CancelledError as KazooCancelledError
 from kazoo.exceptions import KazooException
 
+from stream.autorecovery import metrics
 from stream.autorecovery.auditor import Auditor
 from stream.autorecovery.scrub import Scrubber
 from stream.autorecovery.settings import AutoRecoverySettings
@@ -173,6 +174,7 @@ class AutoRecovery:
                 continue
             generation = self._session.session_generation
             self.leading = True
+            metrics.AUDITOR_LEADING.set(1)
             log.info("autorecovery.auditor_elected", id=self.identifier)
             try:
                 await self._lead(metadata, transport, lock, generation)
@@ -183,6 +185,7 @@ class AutoRecovery:
                 await asyncio.sleep(_ELECTION_BACKOFF_S)
             finally:
                 self.leading = False
+                metrics.AUDITOR_LEADING.set(0)
                 with contextlib.suppress(Exception):
                     await asyncio.to_thread(lock.release)
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from stream.autorecovery import metrics
 from stream.autorecovery.settings import AutoRecoverySettings
 from stream.client.entries import checksum_ok, write_back_entry
 from stream.client.ports import AddBatch, AddStream, BookieTransport
@@ -155,6 +156,7 @@ class ReplicationWorker:
                 with contextlib.suppress(StreamError):
                     await asyncio.to_thread(self._store.unlock, name)
             self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+            metrics.MARKERS_WORKED.labels(outcome=outcome).inc()
             if outcome in ("failed", "open"):
                 backoff = _RETRY_S if due is None or outcome == "open" else due[1] * 2
                 backoff = min(backoff, _RETRY_MAX_S)
@@ -246,6 +248,9 @@ class ReplicationWorker:
         self.total.entries += progress.entries
         self.total.bytes += progress.bytes
         self.total.fragments += 1
+        metrics.FRAGMENTS_REPLICATED.inc()
+        metrics.ENTRIES_COPIED.inc(progress.entries)
+        metrics.BYTES_COPIED.inc(progress.bytes)
         log.info(
             "autorecovery.replicated",
             stream=meta.name,

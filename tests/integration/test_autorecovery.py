@@ -59,6 +59,17 @@ def naming(session: MetadataSession, names: list[str], bookie_id: str) -> int:
     return sum(1 for name in names for f in fragments_of(session, name) if bookie_id in f.ensemble)
 
 
+def metric(bookie: Any, name: str) -> float:
+    """Returns the value of an unlabelled metric on `bookie`'s Prometheus endpoint."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{bookie.metrics_address}/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise AssertionError(f"no metric {name} on {bookie.bookie_id}")
+
+
 def wait_for(check: Any, timeout_s: float, what: str) -> float:
     started = time.monotonic()
     while not check():
@@ -175,6 +186,11 @@ def test_a_bookie_lost_for_good_is_replicated_away(cluster_factory: ClusterFacto
             for name in names:
                 assert read_all(client, name) == expected[name]
                 assert_three_live_copies(cluster, session, name, {victim})
+            live = [b for b in cluster.bookies if b.bookie_id != victim]
+            assert sum(metric(b, "streamkeeper_autorecovery_auditor_leading") for b in live) == 1
+            assert sum(
+                metric(b, "streamkeeper_autorecovery_fragments_replicated_total") for b in live
+            ) > 0
     finally:
         stop_writer.set()
         client.close()
