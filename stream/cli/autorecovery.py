@@ -171,7 +171,8 @@ def fragments_naming(session: Any, bookie_id: str) -> int:
 
 
 def _decommission(args: argparse.Namespace) -> int:
-    from stream.metadata import validate_bookie_id
+    from stream.errors import InvalidArgumentError
+    from stream.metadata import BookieRegistry, validate_bookie_id
     from stream.metadata.underreplication import UnderreplicationStore
     from stream.retention.units import parse_duration
 
@@ -184,6 +185,9 @@ def _decommission(args: argparse.Namespace) -> int:
             store.set_draining(bookie_id, False)
             console.print(f"{bookie_id} is no longer draining")
             return 0
+        registry = BookieRegistry(session)
+        if registry.read_cookie(bookie_id) is None and bookie_id not in registry.available():
+            raise InvalidArgumentError("unknown bookie: it never registered", bookie=bookie_id)
         store.set_draining(bookie_id, True)
         total = fragments_naming(session, bookie_id)
         console.print(f"draining {bookie_id}: {total} fragments name it")

@@ -188,9 +188,10 @@ def test_a_bookie_lost_for_good_is_replicated_away(cluster_factory: ClusterFacto
                 assert_three_live_copies(cluster, session, name, {victim})
             live = [b for b in cluster.bookies if b.bookie_id != victim]
             assert sum(metric(b, "streamkeeper_autorecovery_auditor_leading") for b in live) == 1
-            assert sum(
-                metric(b, "streamkeeper_autorecovery_fragments_replicated_total") for b in live
-            ) > 0
+            assert (
+                sum(metric(b, "streamkeeper_autorecovery_fragments_replicated_total") for b in live)
+                > 0
+            )
     finally:
         stop_writer.set()
         client.close()
@@ -447,6 +448,23 @@ def test_decommission_drains_a_live_bookie_unnoticed(cluster_factory: ClusterFac
             # A bookie of both last fragments (two 3-of-4 ensembles share two).
             shared = set(fragments_of(session, "busy")[-1].ensemble)
             victim = sorted(shared & set(fragments_of(session, "quiet")[-1].ensemble))[0]
+            typo = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "stream.cli.main",
+                    "--metadata",
+                    cluster.metadata,
+                    "bookie",
+                    "decommission",
+                    "bookie-99",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert typo.returncode == 1 and "unknown bookie" in typo.stderr
+            assert UnderreplicationStore(session).draining() == set()
             result = subprocess.run(
                 [
                     sys.executable,
