@@ -4,15 +4,21 @@ in-memory Python source (same schema, same partition sizes, Arrow batches) in th
 their ratio is the connector's own cost.
 
 Starts a real ZooKeeper and three bookie processes in a temporary directory, preloads the
-stream with one writer, then runs: a warm-up query, the synthetic query, the connector query.
+stream with one writer, then runs: a warm-up query, then `--rounds` times the synthetic query
+and the connector query, alternating (each into a new output). Round 1's connector query is
+cold (its Python workers import the connector and connect first); later rounds reuse Spark's
+Python workers and their clients, as a long-running query does. A 2-core machine shared with
+other work makes single runs noisy: the load average is printed, and with several rounds the
+median ratio is.
 
-    PYTHONPATH=. .venv/bin/python bench/spark_bench.py --entries 100000
+    PYTHONPATH=. .venv/bin/python bench/spark_bench.py --entries 100000 --rounds 3
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -92,6 +98,8 @@ class SyntheticSource(DataSource):
 
 
 def timed_query(spark: SparkSession, fmt: str, out: Path, **options: str) -> float:
+    """Runs an availableNow query from `fmt` into parquet; prints where Spark says its time
+    went (durationMs summed over its micro-batches) and returns its wall-clock seconds."""
     reader = spark.readStream.format(fmt)
     for key, value in options.items():
         reader = reader.option(key, value)
@@ -105,14 +113,25 @@ def timed_query(spark: SparkSession, fmt: str, out: Path, **options: str) -> flo
     query.awaitTermination()
     if query.exception() is not None:
         raise SystemExit(f"query failed: {query.exception()}")
-    return time.monotonic() - began
+    seconds = time.monotonic() - began
+    phases: dict[str, int] = {}
+    for progress in query.recentProgress:
+        for phase, ms in progress["durationMs"].items():
+            phases[phase] = phases.get(phase, 0) + ms
+    print(f"{fmt:>12}: {seconds:6.2f} s; Spark's phases (ms): "
+          + ", ".join(f"{k} {v}" for k, v in sorted(phases.items())), flush=True)
+    return seconds
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--entries", type=int, default=100_000)
     parser.add_argument("--size", type=int, default=1024)
+    parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
+    if args.entries < 1 or args.size < 16 or args.rounds < 1:
+        raise SystemExit("--entries and --rounds must be >= 1, --size >= 16")
+    load_before = os.getloadavg()[0]
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     with tempfile.TemporaryDirectory(prefix="spark-bench-") as tmp:
@@ -138,22 +157,33 @@ def main() -> None:
                 spark.dataSource.register(SyntheticSource)
                 timed_query(spark, "synthetic", work / "warmup", entries="1000",
                             size=str(args.size))
-                synthetic_s = timed_query(spark, "synthetic", work / "synthetic",
-                                          entries=str(args.entries), size=str(args.size))
-                connector_s = timed_query(
-                    spark, "streamkeeper", work / "connector", metadata=cluster.metadata,
-                    streams="bench", startingOffsets="earliest",
-                    entriesPerPartition=str(PARTITION_ENTRIES),
-                )
-                rows = spark.read.parquet(str(work / "connector" / "data")).count()
+                synthetic_s: list[float] = []
+                connector_s: list[float] = []
+                for r in range(args.rounds):
+                    synthetic_s.append(timed_query(
+                        spark, "synthetic", work / f"synthetic-{r}", entries=str(args.entries),
+                        size=str(args.size),
+                    ))
+                    connector_s.append(timed_query(
+                        spark, "streamkeeper", work / f"connector-{r}", metadata=cluster.metadata,
+                        streams="bench", startingOffsets="earliest",
+                        entriesPerPartition=str(PARTITION_ENTRIES),
+                    ))
+                    rows = spark.read.parquet(str(work / f"connector-{r}" / "data")).count()
+                    if rows != args.entries:
+                        raise SystemExit(f"round {r + 1}: {rows} rows, not {args.entries}")
             finally:
                 spark.stop()
-    assert rows == args.entries, rows
     mb = args.entries * args.size / 1e6
-    for label, seconds in (("synthetic", synthetic_s), ("streamkeeper", connector_s)):
-        print(f"{label:>12}: {args.entries} rows in {seconds:6.2f} s = "
-              f"{args.entries / seconds:9.0f} rows/s, {mb / seconds:7.1f} MB/s")
-    print(f"ratio streamkeeper/synthetic rows/s: {synthetic_s / connector_s:.2f}")
+    for r, (synthetic, connector) in enumerate(zip(synthetic_s, connector_s, strict=True)):
+        print(f"round {r + 1}{' (cold connector)' if r == 0 else ''}:")
+        for label, seconds in (("synthetic", synthetic), ("streamkeeper", connector)):
+            print(f"{label:>12}: {args.entries} rows in {seconds:6.2f} s = "
+                  f"{args.entries / seconds:9.0f} rows/s, {mb / seconds:7.1f} MB/s")
+        print(f"ratio streamkeeper/synthetic rows/s: {synthetic / connector:.2f}")
+    ratios = [s / c for s, c in zip(synthetic_s, connector_s, strict=True)]
+    print(f"median ratio over {args.rounds} round(s): {statistics.median(ratios):.2f} "
+          f"(load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after)")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """`writeStream.format("streamkeeper").option("stream", NAME)`: appends each row's `payload`
 (binary or string) to the stream. Tasks hand their payloads to the batch's commit, which
 appends them with one writer (one term per batch: a stream has one writer at a time, and
-parallel tasks would take it over from each other) and returns once every entry is
-acknowledged, so Spark marks the batch done only after that. A batch that Spark retries after
-a failed commit may append its rows again (at-least-once, like Spark's Kafka sink)."""
+parallel tasks would take it over from each other; each takeover also writes a truncate no-op)
+and returns once every entry is acknowledged, so Spark marks the batch done only after that.
+A batch run again after a failed commit or a crash before Spark recorded the commit appends
+its rows again (at-least-once, like Spark's Kafka sink; the README spells out the rules)."""
 
 from __future__ import annotations
 

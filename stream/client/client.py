@@ -454,6 +454,11 @@ class StreamReader:
         below the first retained entry and `EntryNotWrittenError` above the LAC."""
         return self._iterate(lambda: self._core.read(first, last))
 
+    def read_batches(self, first: int, last: int) -> Iterator[list[Entry]]:
+        """As `read`, but yields the entries in lists as the bookies returned them (up to a
+        ReadRange batch each): for bulk readers that handle whole lists at a time."""
+        return self._iterate_lists(lambda: self._core.read(first, last))
+
     def tail(
         self,
         start: str | int = "earliest",
@@ -476,6 +481,16 @@ class StreamReader:
         return self._client._loop.run(lac())
 
     def _iterate(self, make: Callable[[], AsyncIterator[list[Entry]]]) -> Iterator[Entry]:
+        lists = self._iterate_lists(make)
+        try:
+            for chunk in lists:
+                yield from chunk
+        finally:
+            lists.close()  # stops the producer on the loop now, not when collected
+
+    def _iterate_lists(
+        self, make: Callable[[], AsyncIterator[list[Entry]]]
+    ) -> Iterator[list[Entry]]:
         loop = self._client._loop
         chunks: asyncio.Queue[list[Entry] | BaseException | None] | None = None
         producer: asyncio.Task[None] | None = None
@@ -504,7 +519,7 @@ class StreamReader:
                 producer.cancel()
                 await asyncio.gather(producer, return_exceptions=True)
 
-        def generate() -> Iterator[Entry]:
+        def generate() -> Iterator[list[Entry]]:
             loop.run(start())
             try:
                 while True:
@@ -513,7 +528,7 @@ class StreamReader:
                         return
                     if isinstance(item, BaseException):
                         raise item
-                    yield from item
+                    yield item
             finally:
                 if not loop.loop.is_closed():
                     loop.run(stop())

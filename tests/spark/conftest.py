@@ -3,11 +3,8 @@ and one local[2] SparkSession for the whole session; each test uses streams of i
 
 from __future__ import annotations
 
-import os
-import sys
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +13,7 @@ from stream.client import StreamClient
 from stream.sandbox.cluster import SandboxCluster
 from stream.sandbox.zookeeper import ZooKeeperServer
 from tests.integration.conftest import running_cluster
+from tests.spark.session import local_session
 
 # Every test module here starts with pytest.importorskip("pyspark", ...) and ("pyarrow"): without
 # the spark extra (pip install '.[spark]') they are skipped with that reason.
@@ -39,30 +37,7 @@ def client(spark_cluster: SandboxCluster) -> Iterator[StreamClient]:
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One local[2] SparkSession (UI off, loopback only) with the connector registered."""
-    from pyspark.sql import SparkSession
-
-    import spark_connector
-
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    # Executors' Python workers must import this worktree's packages.
-    root = str(Path(__file__).resolve().parents[2])
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (root, os.environ.get("PYTHONPATH", "")) if p
-    )
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("streamkeeper-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.local.dir", str(tmp_path_factory.mktemp("spark-local")))
-        .getOrCreate()
-    )
-    spark_connector.register(session)
+    session = local_session("streamkeeper-tests", tmp_path_factory.mktemp("spark-local"))
     try:
         yield session
     finally:

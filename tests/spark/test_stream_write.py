@@ -23,6 +23,7 @@ def test_write_stream_appends_payloads_and_round_trips(
     source, target = stream_name, stream_name + "-copy"
     append(client, source, 500)
     client.create_stream(target)
+    term_before = client.stream_info(target).term
     query = (
         spark.readStream.format("streamkeeper")
         .option("metadata", spark_cluster.metadata)
@@ -45,6 +46,14 @@ def test_write_stream_appends_payloads_and_round_trips(
     copied = [e.payload for e in reader.read(0, reader.last_add_confirmed())]
     # Partitions of one batch keep their order; batches follow each other.
     assert copied == [payload(source, i) for i in range(500)]
+    # One writer per non-empty batch (README): a new term each; the takeovers after the first
+    # (of an empty stream) each end the previous term with a truncate no-op that takes one
+    # entry id and that readers skip.
+    batches = [p for p in query.recentProgress if p["numInputRows"]]
+    assert len(batches) == 3
+    info = client.stream_info(target)
+    assert info.term == term_before + len(batches)
+    assert info.lac == 500 + (len(batches) - 1) - 1
 
 
 def test_write_stream_takes_string_payloads(
