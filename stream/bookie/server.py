@@ -26,6 +26,7 @@ from google.protobuf.message import DecodeError
 from stream.bookie import metrics
 from stream.bookie.config import BookieConfig
 from stream.bookie.disk import DiskStatus
+from stream.client.entries import varint
 from stream.protocol.invariant import invariant
 from stream.wire import bookie_pb2 as pb
 from stream.wire import bookie_pb2_grpc
@@ -63,8 +64,8 @@ class Storage(Protocol):
     def fence(self, stream_id: int, term: int) -> Any: ...
     def read(self, stream_id: int, entry_id: int, term: int = 0) -> Any: ...
     def read_range(
-        self, stream_id: int, first: int, last: int, max_batch_bytes: int
-    ) -> Iterator[tuple[int, list[pb.Entry]]]: ...
+        self, stream_id: int, first: int, last: int, max_batch_bytes: int, *, raw: bool = False
+    ) -> Iterator[tuple[int, list[Any]]]: ...
     def lac(self, stream_id: int) -> tuple[int, int] | None: ...
     def truncate(self, stream_id: int, term: int, after_entry_id: int) -> Any: ...
     def trim(self, stream_id: int, before_entry_id: int) -> Any: ...
@@ -610,16 +611,19 @@ class BookieService(bookie_pb2_grpc.BookieServicer):
             found = self._storage.lac(request.stream_id)
             lac = found[0] if found is not None else -1
             batches = self._storage.read_range(
-                request.stream_id, request.first_entry_id, request.last_entry_id, max_bytes
+                request.stream_id,
+                request.first_entry_id,
+                request.last_entry_id,
+                max_bytes,
+                raw=True,
             )
-            for code, entries in batches:
-                response = pb.ReadRangeResponse(code=code, lac=lac)
-                response.entries.extend(entries)
+            for code, records in batches:
+                head = pb.ReadRangeResponse(code=code, lac=lac)
                 if code == TRIMMED:
                     state = self._storage.stream_state(request.stream_id)
-                    response.first_entry_id = state.first_entry_id if state else 0
-                self._count_read(code, len(entries))
-                yield response
+                    head.first_entry_id = state.first_entry_id if state else 0
+                self._count_read(code, len(records))
+                yield _with_entries(head, records)
         except asyncio.CancelledError:
             raise
         except Exception as e:
@@ -628,6 +632,25 @@ class BookieService(bookie_pb2_grpc.BookieServicer):
             yield pb.ReadRangeResponse(code=INTERNAL, message=f"internal error: {e!r}")
         finally:
             self._count("ReadRange", code)
+
+
+_ENTRIES_FIELD = b"\x12"  # ReadRangeResponse.entries: field 2, length-delimited
+
+
+def _with_entries(head: pb.ReadRangeResponse, records: list[Any]) -> bytes:
+    """Returns `head` serialized with `records` (serialized entries, as the entry logs store
+    them) appended as its `entries`, framed by hand: no entry is parsed and built again (a
+    repeated field may follow the other fields on the wire)."""
+    parts: list[Any] = [head.SerializeToString()]
+    for record in records:
+        parts.append(_ENTRIES_FIELD + varint(len(record)))
+        parts.append(record)
+    return b"".join(parts)
+
+
+def _serialized(response: Any) -> bytes:
+    """ReadRange's response serializer: data batches come serialized already."""
+    return response if isinstance(response, bytes) else response.SerializeToString()
 
 
 def server_options(config: BookieConfig) -> list[tuple[str, int]]:
@@ -661,7 +684,7 @@ def add_to_server(service: BookieService, server: grpc.aio.Server) -> None:
         "ReadRange": grpc.unary_stream_rpc_method_handler(
             service.ReadRange,
             request_deserializer=_lenient(pb.ReadRangeRequest),
-            response_serializer=pb.ReadRangeResponse.SerializeToString,
+            response_serializer=_serialized,
         ),
     }
     for name, request_type, response_type in (

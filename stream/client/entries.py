@@ -4,6 +4,7 @@ values `stream_info` returns."""
 from __future__ import annotations
 
 import datetime
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import crc32c
@@ -150,6 +151,33 @@ def checksum_ok(stream_id: int, entry: pb.Entry) -> bool:
         entry_checksum(stream_id, entry.entry_id, entry.flags, entry.timestamp_ms, entry.payload)
         == entry.crc32c
     )
+
+
+def verified_run(
+    name: str, stream_id: int, first_entry_id: int, entries: Sequence[pb.Entry]
+) -> tuple[int, list[Entry]]:
+    """Returns (how many of `entries` are ids `first_entry_id`, +1... with a good checksum,
+    counted up to the first that is not; those of them that are not no-ops as `Entry`s).
+    One pass over each message's fields: a bulk reader's per-entry cost (the checksum of
+    `entry_checksum`, inlined)."""
+    good: list[Entry] = []
+    append = good.append
+    expected = first_entry_id
+    for entry in entries:
+        entry_id = entry.entry_id
+        flags = entry.flags
+        timestamp_ms = entry.timestamp_ms
+        payload = entry.payload
+        if (
+            entry_id != expected
+            or _crc32c(payload, _crc32c(_pack_header(stream_id, entry_id, flags, timestamp_ms)))
+            != entry.crc32c
+        ):
+            break
+        expected += 1
+        if not flags & _NOOP:
+            append(Entry(name, entry_id, payload, timestamp_ms))
+    return expected - first_entry_id, good
 
 
 def write_back_entry(stream_id: int, entry: pb.Entry) -> PreparedEntry:

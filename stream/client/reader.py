@@ -13,7 +13,7 @@ from typing import Any
 
 import structlog
 
-from stream.client.entries import Entry, checksum_ok, is_noop
+from stream.client.entries import Entry, checksum_ok, is_noop, verified_run
 from stream.client.options import ReaderOptions
 from stream.client.ports import BookieTransport, MetadataPort
 from stream.errors import (
@@ -239,16 +239,13 @@ class AsyncStreamReader:
                     max_batch_bytes=options.range_batch_bytes,
                     timeout_s=options.read_timeout_s,
                 ):
-                    good: list[pb.Entry] = []
-                    for entry in response.entries:
-                        if entry.entry_id != position or not checksum_ok(stream_id, entry):
-                            break
-                        good.append(entry)
-                        position += 1
-                    if good:
+                    entries = response.entries
+                    count, good = verified_run(self.name, stream_id, position, entries)
+                    if count:
+                        position += count
                         progressed = True
-                        yield position - 1, self._to_entries(good)
-                    if len(good) != len(response.entries) or response.code != _OK:
+                        yield position - 1, good
+                    if count != len(entries) or response.code != _OK:
                         break
             except Exception as e:  # an unknown answer: try elsewhere
                 log.debug("reader.range_failed", bookie=bookie_id, error=repr(e))

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any
 
 import crc32c
 import structlog
@@ -71,6 +72,7 @@ _crc32c = crc32c.crc32c
 _CACHE_ENTRY_OVERHEAD_BYTES = 128
 # Read-range: bytes counted per entry beyond its payload (envelope estimate).
 _ENTRY_OVERHEAD_BYTES = 32
+_serialize_entry = Entry.SerializeToString
 # Read-range: index locations fetched per LMDB transaction.
 _RANGE_PREFETCH = 4096
 # Flush: entry-log bytes written between two fdatasyncs. A journal commit beside a flush waits
@@ -816,18 +818,20 @@ class StreamStorage:
         raise StorageError("entry log vanished under a read", stream_id=stream_id)
 
     def read_range(
-        self, stream_id: int, first: int, last: int, max_batch_bytes: int = 0
-    ) -> Iterator[tuple[int, list[Entry]]]:
+        self, stream_id: int, first: int, last: int, max_batch_bytes: int = 0, *, raw: bool = False
+    ) -> Iterator[tuple[int, list[Any]]]:
         """Yields (code, entries) batches of [first, last] of at most about
         `max_batch_bytes` of payload (0: read_range_batch_bytes). Stops at the first entry
         not held: the last batch carries the code of the stop (OK when the whole range was
-        returned; NO_SUCH_ENTRY, UNKNOWN in limbo, TRIMMED, NO_SUCH_STREAM...)."""
+        returned; NO_SUCH_ENTRY, UNKNOWN in limbo, TRIMMED, NO_SUCH_STREAM...). With `raw`,
+        the entries come serialized (bytes-like: the entry log's records as stored, never
+        parsed), for a server that frames them into its answer as they are."""
         max_bytes = max_batch_bytes if max_batch_bytes > 0 else self.config.read_range_batch_bytes
-        return self._read_range(stream_id, first, last, max_bytes)
+        return self._read_range(stream_id, first, last, max_bytes, raw)
 
     def _read_range(
-        self, stream_id: int, first: int, last: int, max_bytes: int
-    ) -> Iterator[tuple[int, list[Entry]]]:
+        self, stream_id: int, first: int, last: int, max_bytes: int, raw: bool
+    ) -> Iterator[tuple[int, list[Any]]]:
         unusable = self._usable()
         if unusable is not None:
             yield INTERNAL, []
@@ -845,7 +849,9 @@ class StreamStorage:
                 yield TRIMMED, []
                 return
             try:
-                batch, entry_id, found_all = self._read_batch(stream_id, entry_id, last, max_bytes)
+                batch, entry_id, found_all = self._read_batch(
+                    stream_id, entry_id, last, max_bytes, raw
+                )
             except StorageError as e:
                 log.error("storage.read_range_failed", stream_id=stream_id, error=str(e))
                 yield INTERNAL, []
@@ -859,14 +865,14 @@ class StreamStorage:
             yield OK, batch
 
     def _read_batch(
-        self, stream_id: int, entry_id: int, last: int, max_bytes: int
-    ) -> tuple[list[Entry], int, bool]:
+        self, stream_id: int, entry_id: int, last: int, max_bytes: int, raw: bool = False
+    ) -> tuple[list[Any], int, bool]:
         """Returns (entries from `entry_id` on, next entry id, whether no entry was missing)
-        for one batch of at most `max_bytes` (at least one entry)."""
+        for one batch of at most `max_bytes` (at least one entry); serialized with `raw`."""
         active = self._active.streams.get(stream_id) or {}
         snapshot = self._snapshot
         snap = (snapshot.streams.get(stream_id) if snapshot is not None else None) or {}
-        batch: list[Entry] = []
+        batch: list[Any] = []
         size = 0
         located: dict[int, bytes] = {}
         located_until = entry_id - 1  # `located` covers the index up to this id
@@ -875,7 +881,7 @@ class StreamStorage:
             if entry is None:
                 entry = snap.get(entry_id)
             if entry is not None:
-                batch.append(entry)
+                batch.append(_serialize_entry(entry) if raw else entry)
                 size += len(entry.payload) + _ENTRY_OVERHEAD_BYTES
                 entry_id += 1
                 continue
@@ -885,9 +891,10 @@ class StreamStorage:
             if entry_id not in located:
                 return batch, entry_id, False
             run = self._index_run(located, active, snap, entry_id, last, max_bytes - size)
-            entries = self._read_located(stream_id, entry_id, run)
+            entries = self._read_located(stream_id, entry_id, run, raw)
             batch.extend(entries)
-            size += sum(len(e.payload) for e in entries) + _ENTRY_OVERHEAD_BYTES * len(entries)
+            size += sum(map(len, entries)) if raw else sum(len(e.payload) for e in entries)
+            size += _ENTRY_OVERHEAD_BYTES * len(entries)
             entry_id += len(entries)
             if len(entries) < len(run):
                 return batch, entry_id, False
@@ -916,9 +923,11 @@ class StreamStorage:
             next_id += 1
         return run
 
-    def _read_located(self, stream_id: int, first_id: int, locations: list[bytes]) -> list[Entry]:
-        """Returns the entries first_id, first_id + 1... at `locations`, reading adjacent
-        records with one pread."""
+    def _read_located(
+        self, stream_id: int, first_id: int, locations: list[bytes], raw: bool = False
+    ) -> list[Any]:
+        """Returns the entries first_id, first_id + 1... at `locations` (serialized, as
+        memoryviews of the read, with `raw`), reading adjacent records with one pread."""
         unpack = codec.LOCATION.unpack
         header = codec.ENTRY_RECORD_HEADER_BYTES
         parsed = [unpack(location) for location in locations]
@@ -942,11 +951,12 @@ class StreamStorage:
                     entry = self._lookup(stream_id, entry_id)
                     if entry is None:
                         return entries  # deleted meanwhile: the range stops here
-                    entries.append(entry)
+                    entries.append(_serialize_entry(entry) if raw else entry)
             else:
                 for _, entry_offset, entry_length in parsed[i:j]:
                     start = entry_offset - offset
-                    entries.append(Entry.FromString(span[start : start + entry_length]))
+                    record = span[start : start + entry_length]
+                    entries.append(record if raw else Entry.FromString(record))
             i = j
         return entries
 

@@ -104,3 +104,35 @@ def test_prepared_run_across_varint_boundaries() -> None:
         assert run == [
             prepare_entry(7, first + i, 0, 1_700_000_000_000, p) for i, p in enumerate(payloads)
         ]
+
+
+def test_verified_run_checks_and_converts_like_the_entry_by_entry_path() -> None:
+    from stream.client.entries import Entry, checksum_ok, is_noop, verified_run
+
+    def wire(entry_id: int, flags: int = 0, payload: bytes = b"p", bad: bool = False) -> pb.Entry:
+        prepared = prepare_entry(9, entry_id, flags, 1_700_000_000_000 + entry_id, payload)
+        entry = prepared.entry()
+        if bad:
+            entry.crc32c ^= 1
+        return entry
+
+    runs = [
+        [wire(5), wire(6, flags=1), wire(7, payload=b"x" * 300)],  # all good, one no-op
+        [wire(5), wire(6, bad=True), wire(7)],  # stops at the bad checksum
+        [wire(5), wire(7)],  # stops at the gap
+        [wire(4)],  # not the id asked for
+        [],
+    ]
+    for entries in runs:
+        count, good = verified_run("s", 9, 5, entries)
+        expected = 0
+        for entry in entries:
+            if entry.entry_id != 5 + expected or not checksum_ok(9, entry):
+                break
+            expected += 1
+        assert count == expected
+        assert good == [
+            Entry("s", e.entry_id, e.payload, e.timestamp_ms)
+            for e in entries[:expected]
+            if not is_noop(e)
+        ]
