@@ -25,7 +25,12 @@ from stream.errors import StreamError, StreamNotFoundError
 from stream.metadata import Fragment, StreamMeta
 from stream.metadata.underreplication import Marker, UnderreplicationStore
 from stream.protocol import Code
-from stream.protocol.rereplication import FragmentView, fragment_bounds
+from stream.protocol.rereplication import (
+    FragmentView,
+    fragment_bounds,
+    share_ends,
+    share_runs,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -40,28 +45,6 @@ class ScrubReport:
     checked_entries: int = 0
     marked: int = 0
     errors: int = 0
-
-
-def share_runs(meta: StreamMeta, index: int, first: int, last: int) -> Iterator[tuple[int, int]]:
-    """Yields the runs `(a, b)` of consecutive ids in `first..last` that ensemble index
-    `index` stores."""
-    run: list[int] = []
-    for entry_id in meta.quorum.bookie_index_entries(index, first, last):
-        if run and entry_id != run[-1] + 1:
-            yield run[0], run[-1]
-            run = []
-        run.append(entry_id)
-    if run:
-        yield run[0], run[-1]
-
-
-def share_ends(meta: StreamMeta, index: int, first: int, last: int) -> list[int]:
-    """Returns the first and the last id in `first..last` that index `index` stores."""
-    e = meta.ensemble
-    head = next(iter(meta.quorum.bookie_index_entries(index, first, min(last, first + e))), None)
-    tail = list(meta.quorum.bookie_index_entries(index, max(first, last - e), last))
-    ends = [i for i in (head, tail[-1] if tail else None) if i is not None]
-    return sorted(set(ends))
 
 
 class Scrubber:
@@ -132,11 +115,11 @@ class Scrubber:
                 continue  # the audit's business
             if full:
                 ok = await self._holds_runs(
-                    meta, bookie_id, share_runs(meta, index, first, last), report
+                    meta, bookie_id, share_runs(meta.quorum, index, first, last), report
                 )
             else:
                 ok = await self._holds_ids(
-                    meta, bookie_id, share_ends(meta, index, first, last), report
+                    meta, bookie_id, share_ends(meta.quorum, index, first, last), report
                 )
             if not ok:
                 short.append(bookie_id)

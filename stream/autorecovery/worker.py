@@ -46,6 +46,7 @@ from stream.protocol.rereplication import (
     fragment_bounds,
     plan_copy_runs,
     replacement_ensemble,
+    share_ends,
 )
 from stream.wire import bookie_pb2 as pb
 
@@ -328,15 +329,12 @@ class ReplicationWorker:
         )
         reporter = _LockReporter(self._store, marker.name, self.identifier, target, progress)
         slots = asyncio.Semaphore(_PARALLEL_RUNS)
-        share_first = share_last = None
         try:
             for window_first in range(first, last + 1, _WINDOW_IDS):
                 window_last = min(window_first + _WINDOW_IDS - 1, last)
                 ids = list(config.bookie_index_entries(index, window_first, window_last))
                 if not ids:
                     continue
-                share_first = ids[0] if share_first is None else share_first
-                share_last = ids[-1]
                 runs = plan_copy_runs(
                     config, ensemble, lost, ids, self._rng, unavailable=unavailable
                 )
@@ -354,8 +352,8 @@ class ReplicationWorker:
         finally:
             sink.close()
         await reporter.maybe_report(force=True)
-        for entry_id in {share_first, share_last} - {None}:
-            await self._check_landed(meta, target, int(entry_id))  # type: ignore[arg-type]
+        for entry_id in share_ends(config, index, first, last):
+            await self._check_landed(meta, target, entry_id)
 
     async def _copy_run(
         self,

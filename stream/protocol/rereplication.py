@@ -8,7 +8,7 @@ BP-46 repair (`stream.bookie.integrity`), which copies to itself the same way.
 from __future__ import annotations
 
 import random
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 
 from stream.protocol.quorum import QuorumConfig
@@ -92,6 +92,31 @@ def replacement_ensemble(ensemble: Sequence[str], replacements: dict[str, str]) 
     """Returns `ensemble` with each bookie of `replacements` swapped for its new one, at the
     same index (the write sets, hence what each index stores, stay the same)."""
     return tuple(replacements.get(b, b) for b in ensemble)
+
+
+def share_runs(
+    config: QuorumConfig, index: int, first: int, last: int
+) -> Iterator[tuple[int, int]]:
+    """Yields the runs `(a, b)` of consecutive ids in `first..last` that ensemble index
+    `index` stores (one run when E = WQ)."""
+    run_first = run_last = -2  # ids are >= 0
+    for entry_id in config.bookie_index_entries(index, first, last):
+        if entry_id != run_last + 1:
+            if run_last >= 0:
+                yield run_first, run_last
+            run_first = entry_id
+        run_last = entry_id
+    if run_last >= 0:
+        yield run_first, run_last
+
+
+def share_ends(config: QuorumConfig, index: int, first: int, last: int) -> list[int]:
+    """Returns the first and the last id in `first..last` that index `index` stores (one id,
+    or none), looking at no more than E ids at each end."""
+    e = config.ensemble
+    head = list(config.bookie_index_entries(index, first, min(last, first + e)))[:1]
+    tail = list(config.bookie_index_entries(index, max(first, last - e), last))[-1:]
+    return sorted(set(head + tail))
 
 
 def plan_copy_runs(

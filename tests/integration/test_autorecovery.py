@@ -444,7 +444,7 @@ def test_decommission_drains_a_live_bookie_unnoticed(cluster_factory: ClusterFac
         threads = [threading.Thread(target=f, daemon=True) for f in (write, tail)]
         for t in threads:
             t.start()
-        time.sleep(0.5)
+        wait_for(lambda: len(appended) > 950, 30, "the writer to append")
         with session_of(cluster) as session:
             # A bookie of both last fragments (two 3-of-4 ensembles share two).
             shared = set(fragments_of(session, "busy")[-1].ensemble)
@@ -484,7 +484,8 @@ def test_decommission_drains_a_live_bookie_unnoticed(cluster_factory: ClusterFac
                 timeout=180,
             )
             assert result.returncode == 0, result.stderr
-            time.sleep(0.5)
+            drained_at = len(appended)
+            wait_for(lambda: len(appended) > drained_at + 50, 30, "appends after the drain")
             stop.set()
             threads[0].join(30)
             writer.close()
@@ -661,8 +662,10 @@ def test_one_auditor_leads_at_a_time(metadata_root: str) -> None:
         for service in services:
             service.start()
         wait_for(lambda: any(s.leading for s in services), 30, "a leader")
-        time.sleep(1.0)
-        assert [s.leading for s in services].count(True) == 1
+        watched_until = time.monotonic() + 1.0
+        while time.monotonic() < watched_until:  # never two at once
+            assert [s.leading for s in services].count(True) == 1
+            time.sleep(0.05)
         leader = next(s for s in services if s.leading)
         other = next(s for s in services if not s.leading)
         assert leader.audits >= 1

@@ -102,3 +102,20 @@ def test_copy_plans_cover_the_share_from_live_peers_only() -> None:
                             ensemble[lost],
                             *unavailable,
                         }
+
+
+def test_share_runs_and_ends_agree_with_the_share() -> None:
+    from stream.protocol.rereplication import share_ends, share_runs
+
+    for e in range(1, 6):
+        for wq in range(1, e + 1):
+            config = QuorumConfig(e, wq, 1)
+            for index in range(e):
+                for first, last in ((0, 0), (3, 40), (7, 7), (5, 4)):
+                    share = [i for i in range(first, last + 1) if config.stores_entry(index, i)]
+                    runs = list(share_runs(config, index, first, last))
+                    assert [i for a, b in runs for i in range(a, b + 1)] == share
+                    assert all(b + 1 < c for (_, b), (c, _) in zip(runs, runs[1:], strict=False))
+                    assert share_ends(config, index, first, last) == sorted(
+                        {share[0], share[-1]} if share else set()
+                    )
