@@ -208,14 +208,6 @@ class Bookie:
             self._tasks.append(
                 asyncio.create_task(self._phase_two(repairer, limbo_bounds), name="phase-two")
             )
-        self._watch_draining()
-        if config.autorecovery:
-            from stream.autorecovery.service import AutoRecovery
-
-            self._autorecovery = AutoRecovery(
-                self._session, config.autorecovery_settings(), identifier=config.bookie_id
-            )
-            self._autorecovery.start()
         # Retention: trim below metadata's first retained entry even when a Trim was missed.
         from stream.bookie.reconcile import MetadataReconciler
 
@@ -223,6 +215,20 @@ class Bookie:
             storage, self._session, interval_s=config.gc_interval_ms / 1000
         )
         self._tasks.append(asyncio.create_task(reconciler.run_forever(), name="reconcile"))
+        # Setting the watch reads ZooKeeper: off the loop, as the registration does.
+        self._tasks.append(
+            asyncio.create_task(
+                asyncio.to_thread(self._watch_draining, asyncio.get_running_loop()),
+                name="drain-watch",
+            )
+        )
+        if config.autorecovery:
+            from stream.autorecovery.service import AutoRecovery
+
+            self._autorecovery = AutoRecovery(
+                self._session, config.autorecovery_settings(), identifier=config.bookie_id
+            )
+            self._autorecovery.start()
         log.info(
             "bookie.serving",
             bookie_id=config.bookie_id,
@@ -275,14 +281,13 @@ class Bookie:
 
     # -- draining (decommission) -----------------------------------------------------------
 
-    def _watch_draining(self) -> None:
-        """Follows `/bookies/draining/<bookie_id>`: while it exists the bookie is read-only
-        (writers move their fragments off it) and says so in its registration."""
+    def _watch_draining(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Follows `/bookies/draining/<bookie_id>` (the watch's calls land on `loop`): while it
+        exists the bookie is read-only (writers move their fragments off it) and says so in
+        its registration. Runs on a worker thread: setting the watch reads ZooKeeper."""
         from kazoo.recipe.watchers import DataWatch
 
         from stream.metadata import paths
-
-        loop = asyncio.get_running_loop()
 
         def on_data(data: bytes | None, stat: Any, event: Any = None) -> bool | None:
             if self._drain_watch_stopped:

@@ -10,6 +10,7 @@ runtime, so whatever a bookie trimmed, the service's Trim did."""
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -180,7 +181,10 @@ def test_size_policy_deletes_the_oldest_fragments_and_trims_their_bookies(
     }
     # b1 missed it (it still held entry 0 when killed); back, it catches up from metadata.
     cluster.bookie(b1).restart()
-    assert first_retained(cluster.bookie(b1), meta.id) == 20
+    deadline = time.monotonic() + 30  # its first reconciliation runs as it starts serving
+    while first_retained(cluster.bookie(b1), meta.id) != 20:
+        assert time.monotonic() < deadline, "b1 did not reconcile with metadata"
+        time.sleep(0.05)
 
 
 def test_age_policy_and_streams_without_a_policy(
