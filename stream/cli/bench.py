@@ -52,6 +52,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="also run 1 KiB e3w3a2 x1 at half the measured rate (latency at half load), "
         "once the bookies had time to flush what the runs at full speed left behind",
     )
+    append.add_argument(
+        "--paced-rate",
+        type=float,
+        default=None,
+        help="entries/s of the --paced run (default: half the measured 1 KiB e3w3a2 x1 rate)",
+    )
     append.set_defaults(handler=_append)
 
     tail = sub.add_parser("tail", help="throughput of a reader catching up")
@@ -246,6 +252,8 @@ def _append(args: argparse.Namespace) -> int:
         _parse_quorum(q)
     if not args.seconds > 0:
         raise InvalidArgumentError("--seconds must be > 0")
+    if args.paced_rate is not None and not args.paced_rate > 0:
+        raise InvalidArgumentError("--paced-rate must be > 0", value=args.paced_rate)
     console = Console(width=140)
     table = Table(title="streamctl bench append")
     for column in (
@@ -269,16 +277,17 @@ def _append(args: argparse.Namespace) -> int:
                     results.append(result)
                     console.print(f"  {asdict(result)}", highlight=False)
         if args.paced:
-            peak = next(
-                (r for r in results if (r.size, r.writers, r.quorum) == (1024, 1, "e3w3a2")),
-                None,
-            ) or _append_run(client, 1024, 1, "e3w3a2", args.seconds, None)
+            rate = args.paced_rate
+            if rate is None:
+                peak = next(
+                    (r for r in results if (r.size, r.writers, r.quorum) == (1024, 1, "e3w3a2")),
+                    None,
+                ) or _append_run(client, 1024, 1, "e3w3a2", args.seconds, None)
+                rate = max(1.0, peak.entries_per_s / 2)
             # A run at full speed leaves the bookies' write caches full and their flushes
             # behind: latency at half load is measured after that backlog, not during it.
             time.sleep(_SETTLE_S)
-            result = _append_run(
-                client, 1024, 1, "e3w3a2", args.seconds, max(1.0, peak.entries_per_s / 2)
-            )
+            result = _append_run(client, 1024, 1, "e3w3a2", args.seconds, rate)
             results.append(result)
     for r in results:
         table.add_row(
