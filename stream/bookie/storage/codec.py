@@ -7,12 +7,18 @@ import struct
 
 # -- journal --------------------------------------------------------------------------------
 # A journal file starts with JOURNAL_FILE_HEADER (magic, file sequence number) and holds
-# records `[u32 body_len][u32 crc32c(body)][body]`, body = `[u8 type][payload]`. A zero
-# body_len marks the end of written data (zeros a crash may leave after it).
-JOURNAL_MAGIC = b"SKJRNL01"
+# records `[u32 body_len][u32 crc][body]`, body = `[u8 type][payload]`. A zero body_len marks
+# the end of written data (zeros a crash may leave after it).
+# Version 2 files are recycled (a file behind the checkpoint is overwritten as a later one,
+# not deleted), so what follows the last record may be an earlier file's records: the crc is
+# crc32c(body) continued from journal_seed(seq), which such stale records fail. Version 1
+# files (crc32c(body) alone, never recycled) are still replayed.
+JOURNAL_MAGIC = b"SKJRNL02"
+JOURNAL_MAGIC_V1 = b"SKJRNL01"
 JOURNAL_FILE_HEADER = struct.Struct("<8sQ")
-JOURNAL_RECORD_HEADER = struct.Struct("<II")  # body_len, crc32c(body)
-JOURNAL_RECORD_PREFIX = struct.Struct("<IIB")  # body_len, crc32c(body), type (body's 1st byte)
+JOURNAL_SEED = struct.Struct("<Q")  # seq, whose crc32c seeds the crc of the file's records
+JOURNAL_RECORD_HEADER = struct.Struct("<II")  # body_len, crc
+JOURNAL_RECORD_PREFIX = struct.Struct("<IIB")  # body_len, crc, type (body's 1st byte)
 
 REC_ADD = 1  # payload: an AddRequest serialized (only the entries that were stored)
 REC_TERM = 2  # payload: TERM_BODY
@@ -54,6 +60,12 @@ CHECKPOINT = struct.Struct("<QQ")  # journal file sequence number, offset in tha
 def journal_file_name(seq: int) -> str:
     """Returns the file name of journal file number `seq`."""
     return f"journal-{seq:016x}.log"
+
+
+def recycled_journal_name(seq: int) -> str:
+    """Returns the name a journal file behind the checkpoint takes while it waits to be
+    reused (`seq` is its old number); replay never looks at it."""
+    return f"recycle-{seq:016x}.log"
 
 
 def entry_log_file_name(log_id: int) -> str:
