@@ -10,8 +10,8 @@ import pyarrow as pa
 from spark_connector.catalog import handle_trimmed
 from spark_connector.clients import client_for
 from spark_connector.ranges import StreamRange
-from spark_connector.schema import entries_to_batch
-from stream.client import Entry
+from spark_connector.schema import columns_to_batch
+from stream.client import EntryColumns
 from stream.client.options import ReaderOptions
 from stream.errors import EntryTrimmedError
 
@@ -28,23 +28,31 @@ def read_range(part: StreamRange) -> Iterator[pa.RecordBatch]:
     reader = client_for(part.metadata).open_reader(part.stream, options=READ_OPTIONS)
     position = part.first
     while position <= part.last:
-        pending: list[Entry] = []
+        pending = EntryColumns.empty()
+        ids, payloads, stamps = pending
         try:
-            # The client hands over whole ReadRange answers; they are cut into batches here.
-            for entries in reader.read_batches(position, part.last):
-                pending += entries
-                while len(pending) >= ROWS_PER_BATCH:
-                    batch, pending = pending[:ROWS_PER_BATCH], pending[ROWS_PER_BATCH:]
-                    yield entries_to_batch(part.stream, batch)
-                    position = batch[-1].entry_id + 1
+            # The client hands over whole ReadRange answers as columns (no `Entry` objects);
+            # they are cut into batches here.
+            for chunk in reader.read_columns(position, part.last):
+                pending.extend(chunk)
+                while len(ids) >= ROWS_PER_BATCH:
+                    yield columns_to_batch(
+                        part.stream,
+                        ids[:ROWS_PER_BATCH],
+                        payloads[:ROWS_PER_BATCH],
+                        stamps[:ROWS_PER_BATCH],
+                    )
+                    position = ids[ROWS_PER_BATCH - 1] + 1
+                    for column in pending:
+                        del column[:ROWS_PER_BATCH]
         except EntryTrimmedError as trimmed:
-            if pending:
-                yield entries_to_batch(part.stream, pending)
-                position = pending[-1].entry_id + 1
+            if ids:
+                yield columns_to_batch(part.stream, ids, payloads, stamps)
+                position = ids[-1] + 1
             first_retained = int(trimmed.context.get("first_entry_id", position + 1))
             position = handle_trimmed(part.stream, position, first_retained, part.last + 1,
                                       part.fail_on_data_loss)
             continue
-        if pending:
-            yield entries_to_batch(part.stream, pending)
+        if ids:
+            yield columns_to_batch(part.stream, ids, payloads, stamps)
         return

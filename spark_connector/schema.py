@@ -3,12 +3,7 @@ carry it (their types must match what Spark expects for the schema exactly)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from operator import attrgetter
-
 import pyarrow as pa
-
-from stream.client import Entry
 
 SCHEMA = "stream STRING, entry_id LONG, payload BINARY, timestamp TIMESTAMP"
 
@@ -23,24 +18,23 @@ ARROW_SCHEMA = pa.schema(
 )
 
 
-_ENTRY_ID = attrgetter("entry_id")
-_PAYLOAD = attrgetter("payload")
-_TIMESTAMP_MS = attrgetter("timestamp_ms")
 _TIMESTAMP_MS_TYPE = pa.timestamp("ms", tz="UTC")
+_TIMESTAMP_TYPE = ARROW_SCHEMA.field("timestamp").type
 
 
-def entries_to_batch(stream: str, entries: Sequence[Entry]) -> pa.RecordBatch:
-    """Returns `entries` (all of `stream`) as one Arrow record batch of ARROW_SCHEMA. Each
-    column is built from one list in one call; the stream name is repeated and the
-    milliseconds widened to microseconds inside Arrow, not per entry in Python."""
+def columns_to_batch(
+    stream: str, ids: list[int], payloads: list[bytes], timestamps_ms: list[int]
+) -> pa.RecordBatch:
+    """Returns the entries of `stream` given as columns (as the client's `read_columns`
+    yields them) as one Arrow record batch of ARROW_SCHEMA. Each column is built from its
+    list in one call; the stream name is repeated and the milliseconds widened to
+    microseconds inside Arrow, not per entry in Python."""
     return pa.RecordBatch.from_arrays(
         [
-            pa.repeat(pa.scalar(stream, pa.string()), len(entries)),
-            pa.array(list(map(_ENTRY_ID, entries)), pa.int64()),
-            pa.array(list(map(_PAYLOAD, entries)), pa.binary()),
-            pa.array(list(map(_TIMESTAMP_MS, entries)), _TIMESTAMP_MS_TYPE).cast(
-                ARROW_SCHEMA.field("timestamp").type
-            ),
+            pa.repeat(pa.scalar(stream, pa.string()), len(ids)),
+            pa.array(ids, pa.int64()),
+            pa.array(payloads, pa.binary()),
+            pa.array(timestamps_ms, _TIMESTAMP_MS_TYPE).cast(_TIMESTAMP_TYPE),
         ],
         schema=ARROW_SCHEMA,
     )

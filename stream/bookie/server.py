@@ -17,6 +17,7 @@ import importlib.metadata
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any, Protocol, TypeVar
 
 import grpc
@@ -637,14 +638,28 @@ class BookieService(bookie_pb2_grpc.BookieServicer):
 _ENTRIES_FIELD = b"\x12"  # ReadRangeResponse.entries: field 2, length-delimited
 
 
+class _Frames(dict[int, bytes]):
+    """Record length -> the field tag and length varint that frame a record of that length
+    as one of `entries` (made once per length; forgotten when too many lengths were seen)."""
+
+    def __missing__(self, length: int) -> bytes:
+        if len(self) >= 4096:
+            self.clear()
+        frame = self[length] = _ENTRIES_FIELD + varint(length)
+        return frame
+
+
+_FRAMES = _Frames()
+
+
 def _with_entries(head: pb.ReadRangeResponse, records: list[Any]) -> bytes:
     """Returns `head` serialized with `records` (serialized entries, as the entry logs store
     them) appended as its `entries`, framed by hand: no entry is parsed and built again (a
-    repeated field may follow the other fields on the wire)."""
+    repeated field may follow the other fields on the wire). Framed in C-level iteration (a
+    cached frame per record length), no Python step per record."""
     parts: list[Any] = [head.SerializeToString()]
-    for record in records:
-        parts.append(_ENTRIES_FIELD + varint(len(record)))
-        parts.append(record)
+    frames = map(_FRAMES.__getitem__, map(len, records))
+    parts.extend(chain.from_iterable(zip(frames, records, strict=True)))
     return b"".join(parts)
 
 

@@ -2,12 +2,13 @@
 core (writer, reader, recovery) behind the ports of `stream.client.ports`."""
 
 from stream.client.client import StreamClient, StreamReader, StreamWriter
-from stream.client.entries import Entry, Fragment, StreamInfo
+from stream.client.entries import Entry, EntryColumns, Fragment, StreamInfo
 from stream.client.options import Protections, ReaderOptions, WriterOptions
 from stream.metadata.model import RetentionPolicy
 
 __all__ = [
     "Entry",
+    "EntryColumns",
     "Fragment",
     "Protections",
     "ReaderOptions",

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import structlog
 
-from stream.client.entries import Entry, Fragment, StreamInfo
+from stream.client.entries import Entry, EntryColumns, Fragment, StreamInfo
 from stream.client.grpc_transport import GrpcTransport
 from stream.client.options import ReaderOptions, WriterOptions
 from stream.client.ports import SystemClock
@@ -35,6 +35,7 @@ from stream.metadata.model import validate_stream_name
 log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
+Chunk = TypeVar("Chunk")
 
 # Chunks of entries a reader fetches ahead of the application.
 _READ_PREFETCH_CHUNKS = 4
@@ -459,6 +460,11 @@ class StreamReader:
         ReadRange batch each): for bulk readers that handle whole lists at a time."""
         return self._iterate_lists(lambda: self._core.read(first, last))
 
+    def read_columns(self, first: int, last: int) -> Iterator[EntryColumns]:
+        """As `read_batches`, but yields each list as `EntryColumns` (ids, payloads and
+        timestamps, no `Entry` per entry): for bulk readers that build columns (Arrow)."""
+        return self._iterate_lists(lambda: self._core.read_columns(first, last))
+
     def tail(
         self,
         start: str | int = "earliest",
@@ -488,11 +494,9 @@ class StreamReader:
         finally:
             lists.close()  # stops the producer on the loop now, not when collected
 
-    def _iterate_lists(
-        self, make: Callable[[], AsyncIterator[list[Entry]]]
-    ) -> Iterator[list[Entry]]:
+    def _iterate_lists(self, make: Callable[[], AsyncIterator[Chunk]]) -> Iterator[Chunk]:
         loop = self._client._loop
-        chunks: asyncio.Queue[list[Entry] | BaseException | None] | None = None
+        chunks: asyncio.Queue[Chunk | BaseException | None] | None = None
         producer: asyncio.Task[None] | None = None
 
         async def start() -> None:
@@ -500,7 +504,7 @@ class StreamReader:
             chunks = asyncio.Queue(maxsize=_READ_PREFETCH_CHUNKS)
             producer = asyncio.ensure_future(produce(chunks))
 
-        async def produce(queue: asyncio.Queue[list[Entry] | BaseException | None]) -> None:
+        async def produce(queue: asyncio.Queue[Chunk | BaseException | None]) -> None:
             try:
                 async for chunk in make():
                     await queue.put(chunk)
@@ -510,7 +514,7 @@ class StreamReader:
             except BaseException as e:
                 await queue.put(e)
 
-        async def take() -> list[Entry] | BaseException | None:
+        async def take() -> Chunk | BaseException | None:
             assert chunks is not None
             return await chunks.get()
 
@@ -519,7 +523,7 @@ class StreamReader:
                 producer.cancel()
                 await asyncio.gather(producer, return_exceptions=True)
 
-        def generate() -> Iterator[list[Entry]]:
+        def generate() -> Iterator[Chunk]:
             loop.run(start())
             try:
                 while True:

@@ -4,8 +4,10 @@ values `stream_info` returns."""
 from __future__ import annotations
 
 import datetime
-from collections.abc import Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import repeat
+from typing import NamedTuple
 
 import crc32c
 
@@ -153,15 +155,47 @@ def checksum_ok(stream_id: int, entry: pb.Entry) -> bool:
     )
 
 
-def verified_run(
-    name: str, stream_id: int, first_entry_id: int, entries: Sequence[pb.Entry]
-) -> tuple[int, list[Entry]]:
-    """Returns (how many of `entries` are ids `first_entry_id`, +1... with a good checksum,
-    counted up to the first that is not; those of them that are not no-ops as `Entry`s).
-    One pass over each message's fields: a bulk reader's per-entry cost (the checksum of
-    `entry_checksum`, inlined)."""
-    good: list[Entry] = []
-    append = good.append
+class EntryColumns(NamedTuple):
+    """Entries as three parallel lists, no-ops left out: what bulk readers (the Spark
+    connector) turn into columns without an `Entry` object per entry."""
+
+    ids: list[int]
+    payloads: list[bytes]
+    timestamps_ms: list[int]
+
+    @classmethod
+    def empty(cls) -> EntryColumns:
+        return cls([], [], [])
+
+    def extend(self, other: EntryColumns) -> None:
+        """Appends `other`'s entries (which follow these)."""
+        self.ids.extend(other.ids)
+        self.payloads.extend(other.payloads)
+        self.timestamps_ms.extend(other.timestamps_ms)
+
+    def to_entries(self, stream: str) -> list[Entry]:
+        """Returns the entries as `Entry`s of `stream`."""
+        return list(map(Entry, repeat(stream), self.ids, self.payloads, self.timestamps_ms))
+
+
+def verified_columns(
+    stream_id: int,
+    first_entry_id: int,
+    entries: Iterable[pb.Entry],
+    ids: list[int],
+    payloads: list[bytes],
+    timestamps_ms: list[int],
+) -> int:
+    """Returns how many of `entries` (as read from a bookie) are ids `first_entry_id`, +1...
+    with a good checksum, counted up to the first that is not; appends the id, payload and
+    timestamp of those of them that are not no-ops to `ids`, `payloads` and `timestamps_ms`.
+
+    The reader's only definition of which entries it accepts: bulk reads, striped runs and
+    single reads all pass through it. One pass over each message's fields, with the checksum
+    of `entry_checksum` inlined: the bulk reader's whole per-entry cost in Python."""
+    add_id = ids.append
+    add_payload = payloads.append
+    add_timestamp = timestamps_ms.append
     expected = first_entry_id
     for entry in entries:
         entry_id = entry.entry_id
@@ -176,8 +210,10 @@ def verified_run(
             break
         expected += 1
         if not flags & _NOOP:
-            append(Entry(name, entry_id, payload, timestamp_ms))
-    return expected - first_entry_id, good
+            add_id(entry_id)
+            add_payload(payload)
+            add_timestamp(timestamp_ms)
+    return expected - first_entry_id
 
 
 def write_back_entry(stream_id: int, entry: pb.Entry) -> PreparedEntry:

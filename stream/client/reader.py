@@ -13,7 +13,7 @@ from typing import Any
 
 import structlog
 
-from stream.client.entries import Entry, checksum_ok, is_noop, verified_run
+from stream.client.entries import Entry, EntryColumns, verified_columns
 from stream.client.options import ReaderOptions
 from stream.client.ports import BookieTransport, MetadataPort
 from stream.errors import (
@@ -26,7 +26,6 @@ from stream.errors import (
 )
 from stream.metadata.model import Fragment, StreamMeta
 from stream.protocol import Code, fragment_index_for
-from stream.wire import bookie_pb2 as pb
 
 log = structlog.get_logger(__name__)
 
@@ -57,7 +56,8 @@ async def _answer(call: Any) -> Any:
 
 class AsyncStreamReader:
     """Reads one stream. `await open()`, then `read(first, last)` or `tail(start)`, both
-    async iterators of entry lists (no-ops left out)."""
+    async iterators of entry lists (no-ops left out), or `read_columns(first, last)`, the
+    same entries as `EntryColumns`."""
 
     def __init__(
         self,
@@ -145,6 +145,13 @@ class AsyncStreamReader:
         """Yields the entries `first..last` in order, in lists, no-ops left out. Raises
         `EntryTrimmedError` below the first retained entry and `EntryNotWrittenError` when
         `last` is above the LAC."""
+        name = self.name
+        async for columns in self.read_columns(first, last):
+            yield columns.to_entries(name)
+
+    async def read_columns(self, first: int, last: int) -> AsyncIterator[EntryColumns]:
+        """As `read`, but yields the entries as columns (never empty), as the bookies returned
+        them (up to a ReadRange answer each): no `Entry` object per entry."""
         if type(first) is not int or type(last) is not int or not 0 <= first <= last:
             raise InvalidArgumentError(
                 "read needs 0 <= first <= last", stream=self.name, first=first, last=last
@@ -156,9 +163,9 @@ class AsyncStreamReader:
             raise EntryNotWrittenError(
                 "entry not written yet", stream=self.name, entry_id=last, lac=lac
             )
-        async for _, entries in self._read_committed(first, last):
-            if entries:
-                yield entries
+        async for _, columns in self._read_committed(first, last):
+            if columns.ids:
+                yield columns
 
     def _check_trimmed(self, entry_id: int) -> None:
         first_retained = self.meta.first_entry_id
@@ -172,9 +179,9 @@ class AsyncStreamReader:
 
     async def _read_committed(
         self, first: int, last: int
-    ) -> AsyncIterator[tuple[int, list[Entry]]]:
-        """Yields `(highest id covered, entries)` for `first..last`, all at or below the LAC,
-        in order, fragment by fragment."""
+    ) -> AsyncIterator[tuple[int, EntryColumns]]:
+        """Yields `(highest id covered, columns)` for `first..last`, all at or below the LAC,
+        in order, fragment by fragment (the columns may be empty: all no-ops)."""
         position = first
         refreshed = False
         while position <= last:
@@ -188,10 +195,10 @@ class AsyncStreamReader:
                     segments = self._read_ranges(position, end, ensemble)
                 else:
                     segments = self._read_striped(position, end, ensemble)
-                async for covered, entries in segments:
+                async for covered, columns in segments:
                     position = covered + 1
                     refreshed = False
-                    yield covered, entries
+                    yield covered, columns
             except _ReadFailed as failure:
                 # The fragment may have changed (or been trimmed) since our snapshot.
                 await self.refresh()
@@ -211,13 +218,9 @@ class AsyncStreamReader:
                     ) from None
                 refreshed = True
 
-    def _to_entries(self, raw: Sequence[pb.Entry]) -> list[Entry]:
-        name = self.name
-        return [Entry(name, e.entry_id, e.payload, e.timestamp_ms) for e in raw if not is_noop(e)]
-
     async def _read_ranges(
         self, first: int, last: int, ensemble: Sequence[str]
-    ) -> AsyncIterator[tuple[int, list[Entry]]]:
+    ) -> AsyncIterator[tuple[int, EntryColumns]]:
         """Catch-up on an unstriped ensemble: ReadRange from one bookie; where it stops or
         fails, a speculative single read and the next bookie."""
         stream_id = self.meta.id
@@ -240,30 +243,32 @@ class AsyncStreamReader:
                     timeout_s=options.read_timeout_s,
                 ):
                     entries = response.entries
-                    count, good = verified_run(self.name, stream_id, position, entries)
+                    columns = EntryColumns.empty()
+                    count = verified_columns(stream_id, position, entries, *columns)
                     if count:
                         position += count
                         progressed = True
-                        yield position - 1, good
+                        yield position - 1, columns
                     if count != len(entries) or response.code != _OK:
                         break
             except Exception as e:  # an unknown answer: try elsewhere
                 log.debug("reader.range_failed", bookie=bookie_id, error=repr(e))
             if position <= last and not progressed:
-                entry = await self._read_one(position, ensemble)
+                columns = await self._read_one(position, ensemble)
                 position += 1
-                yield position - 1, self._to_entries([entry])
+                yield position - 1, columns
                 attempt += 1
 
     async def _read_striped(
         self, first: int, last: int, ensemble: Sequence[str]
-    ) -> AsyncIterator[tuple[int, list[Entry]]]:
+    ) -> AsyncIterator[tuple[int, EntryColumns]]:
         """Striped ensembles: runs of WQ consecutive entries (bookie `(s + WQ - 1) % E` holds
         all of `s..s+WQ-1`), each read with one ReadRange, issued ahead in parallel and
         yielded in order; entries a run did not return are read one by one."""
         run = self.meta.write_quorum
         window = max(1, self._options.read_ahead // run)
-        tasks: dict[int, asyncio.Task[list[pb.Entry]]] = {}
+        # Keyed by each run's first id; a run covers `first..min(last, first + run - 1)`.
+        tasks: dict[int, asyncio.Task[EntryColumns]] = {}
         next_issue = first
         position = first
         try:
@@ -274,24 +279,26 @@ class AsyncStreamReader:
                         self._read_run(next_issue, end, ensemble)
                     )
                     next_issue = end + 1
-                batch = list(await tasks.pop(position))
-                position = batch[-1].entry_id + 1
+                start = position
+                batch = await tasks.pop(position)
+                position = min(last, position + run - 1) + 1
                 # Take what is already there without waiting.
-                while position in tasks and tasks[position].done() and len(batch) < 1024:
+                while position in tasks and tasks[position].done() and position - start < 1024:
                     batch.extend(tasks.pop(position).result())
-                    position = batch[-1].entry_id + 1
-                yield position - 1, self._to_entries(batch)
+                    position = min(last, position + run - 1) + 1
+                yield position - 1, batch
         finally:
             for task in tasks.values():
                 task.cancel()
             if tasks:
                 await asyncio.gather(*tasks.values(), return_exceptions=True)
 
-    async def _read_run(self, first: int, last: int, ensemble: Sequence[str]) -> list[pb.Entry]:
+    async def _read_run(self, first: int, last: int, ensemble: Sequence[str]) -> EntryColumns:
         """Returns the entries `first..last` (at most WQ of them) of a striped ensemble."""
         meta = self.meta
         holder = ensemble[(first + meta.write_quorum - 1) % meta.ensemble]
-        got: list[pb.Entry] = []
+        got = EntryColumns.empty()
+        position = first
         try:
             async for response in self._transport.read_range(
                 holder,
@@ -301,21 +308,21 @@ class AsyncStreamReader:
                 max_batch_bytes=self._options.range_batch_bytes,
                 timeout_s=self._options.speculative_timeout_s * 5,
             ):
-                for entry in response.entries:
-                    if entry.entry_id != first + len(got) or not checksum_ok(meta.id, entry):
-                        break
-                    got.append(entry)
-                if response.code != _OK:
+                entries = response.entries
+                count = verified_columns(meta.id, position, entries, *got)
+                position += count
+                if count != len(entries) or response.code != _OK:
                     break
         except Exception as e:  # an unknown answer: read the rest one by one
             log.debug("reader.run_failed", bookie=holder, error=repr(e))
-        for entry_id in range(first + len(got), last + 1):
-            got.append(await self._read_one(entry_id, ensemble))
+        for entry_id in range(position, last + 1):
+            got.extend(await self._read_one(entry_id, ensemble))
         return got
 
-    async def _read_one(self, entry_id: int, ensemble: Sequence[str]) -> pb.Entry:
-        """Returns `entry_id` from a bookie of its write set: one at a time, the next one when
-        the previous failed or after `speculative_timeout_s` (both then race)."""
+    async def _read_one(self, entry_id: int, ensemble: Sequence[str]) -> EntryColumns:
+        """Returns `entry_id` (no columns if a no-op) from a bookie of its write set: one at a
+        time, the next one when the previous failed or after `speculative_timeout_s` (both
+        then race)."""
         meta = self.meta
         write_set = list(meta.quorum.write_set_bookies(ensemble, entry_id))
         shift = self._rng.randrange(len(write_set))
@@ -354,9 +361,9 @@ class AsyncStreamReader:
                         codes.append(f"{bookie_id}:ERROR")
                         continue
                     if response.code == _OK:
-                        entry = response.entry
-                        if entry.entry_id == entry_id and checksum_ok(meta.id, entry):
-                            return entry
+                        got = EntryColumns.empty()
+                        if verified_columns(meta.id, entry_id, (response.entry,), *got):
+                            return got
                         bad_checksum = True
                         log.warning("reader.bad_checksum", bookie=bookie_id, entry_id=entry_id)
                         codes.append(f"{bookie_id}:CHECKSUM")
@@ -419,12 +426,12 @@ class AsyncStreamReader:
                             await self.refresh()
                         self._check_trimmed(position)
                         upto = min(known_lac, position + self._options.range_max_entries - 1)
-                        async for covered, entries in self._read_committed(position, upto):
+                        async for covered, columns in self._read_committed(position, upto):
                             position = covered + 1
-                            if entries:
+                            if columns.ids:
                                 if idle_timeout_s is not None:
                                     idle_deadline = loop.time() + idle_timeout_s
-                                yield entries
+                                yield columns.to_entries(self.name)
                     except EntryTrimmedError as trimmed:
                         if on_trimmed != "skip":
                             raise

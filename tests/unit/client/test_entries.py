@@ -5,7 +5,16 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stream.client.entries import checksum_ok, prepare_entries, prepare_entry, varint
+from stream.client.entries import (
+    Entry,
+    EntryColumns,
+    checksum_ok,
+    is_noop,
+    prepare_entries,
+    prepare_entry,
+    varint,
+    verified_columns,
+)
 from stream.client.ports import AddBatch
 from stream.protocol import EntryFlag, entry_checksum
 from stream.wire import bookie_pb2 as pb
@@ -106,33 +115,119 @@ def test_prepared_run_across_varint_boundaries() -> None:
         ]
 
 
-def test_verified_run_checks_and_converts_like_the_entry_by_entry_path() -> None:
-    from stream.client.entries import Entry, checksum_ok, is_noop, verified_run
+def _reference_run(
+    stream_id: int, first_entry_id: int, entries: list[pb.Entry]
+) -> tuple[int, list[pb.Entry]]:
+    """The rule entry by entry, through `checksum_ok` and `is_noop`: how many of `entries` are
+    ids first, first+1... with a good checksum (up to the first that is not), and those of
+    them that are not no-ops."""
+    count = 0
+    for entry in entries:
+        if entry.entry_id != first_entry_id + count or not checksum_ok(stream_id, entry):
+            break
+        count += 1
+    return count, [e for e in entries[:count] if not is_noop(e)]
 
-    def wire(entry_id: int, flags: int = 0, payload: bytes = b"p", bad: bool = False) -> pb.Entry:
-        prepared = prepare_entry(9, entry_id, flags, 1_700_000_000_000 + entry_id, payload)
-        entry = prepared.entry()
-        if bad:
-            entry.crc32c ^= 1
-        return entry
 
+def _wire(
+    stream_id: int, entry_id: int, flags: int = 0, payload: bytes = b"p", bad: bool = False
+) -> pb.Entry:
+    entry = prepare_entry(stream_id, entry_id, flags, 1_700_000_000_000 + entry_id, payload)
+    decoded = entry.entry()
+    if bad:
+        decoded.crc32c ^= 1
+    return decoded
+
+
+def test_verified_columns_checks_and_converts_like_the_entry_by_entry_path() -> None:
     runs = [
-        [wire(5), wire(6, flags=1), wire(7, payload=b"x" * 300)],  # all good, one no-op
-        [wire(5), wire(6, bad=True), wire(7)],  # stops at the bad checksum
-        [wire(5), wire(7)],  # stops at the gap
-        [wire(4)],  # not the id asked for
+        [_wire(9, 5), _wire(9, 6, flags=1), _wire(9, 7, payload=b"x" * 300)],  # one no-op
+        [_wire(9, 5), _wire(9, 6, bad=True), _wire(9, 7)],  # stops at the bad checksum
+        [_wire(9, 5), _wire(9, 7)],  # stops at the gap
+        [_wire(9, 4)],  # not the id asked for
+        [_wire(10, 5)],  # another stream's checksum
         [],
     ]
     for entries in runs:
-        count, good = verified_run("s", 9, 5, entries)
-        expected = 0
-        for entry in entries:
-            if entry.entry_id != 5 + expected or not checksum_ok(9, entry):
-                break
-            expected += 1
+        columns = EntryColumns.empty()
+        count = verified_columns(9, 5, entries, *columns)
+        expected, kept = _reference_run(9, 5, entries)
         assert count == expected
-        assert good == [
-            Entry("s", e.entry_id, e.payload, e.timestamp_ms)
-            for e in entries[:expected]
-            if not is_noop(e)
+        assert columns == EntryColumns(
+            [e.entry_id for e in kept], [e.payload for e in kept], [e.timestamp_ms for e in kept]
+        )
+        assert columns.to_entries("s") == [
+            Entry("s", e.entry_id, e.payload, e.timestamp_ms) for e in kept
         ]
+
+
+_FAULTS = ["none"] * 30 + ["gap", "repeat", "crc", "payload", "stream", "stamp", "flags"]
+
+
+@st.composite
+def _wire_runs(draw: st.DrawFn) -> tuple[int, int, list[pb.Entry]]:
+    """A stream id, the first id asked for, and a run of entries as a bookie might answer:
+    mostly good, with no-ops, gaps, repeats and corrupted checksums anywhere."""
+    stream_id = draw(st.integers(min_value=0, max_value=(1 << 64) - 1))
+    first = draw(st.integers(min_value=0, max_value=(1 << 63) - 100))
+    entries = []
+    entry_id = first + draw(st.sampled_from([0] * 6 + [1, -1]))
+    for _ in range(draw(st.integers(min_value=0, max_value=30))):
+        fault = draw(st.sampled_from(_FAULTS))
+        if fault == "gap":
+            entry_id += 1
+        elif fault == "repeat":
+            entry_id -= 1
+        entry_id = max(entry_id, 0)
+        payload = draw(st.binary(max_size=64))
+        entry = prepare_entry(stream_id, entry_id, draw(flags), draw(stamps), payload).entry()
+        if fault == "crc":
+            entry.crc32c ^= 1 << draw(st.integers(min_value=0, max_value=31))
+        elif fault == "payload":
+            entry.payload = payload + b"!"
+        elif fault == "stream":
+            entry.crc32c = entry_checksum(
+                stream_id ^ 1, entry_id, entry.flags, entry.timestamp_ms, entry.payload
+            )
+        elif fault == "stamp":
+            entry.timestamp_ms ^= 1
+        elif fault == "flags":
+            entry.flags ^= int(EntryFlag.NOOP)
+        entries.append(entry)
+        entry_id += 1
+    return stream_id, first, entries
+
+
+@given(_wire_runs(), st.integers(min_value=0, max_value=3))
+def test_verified_columns_agrees_with_the_entry_by_entry_rule(
+    run: tuple[int, int, list[pb.Entry]], already: int
+) -> None:
+    stream_id, first, entries = run
+    expected, kept = _reference_run(stream_id, first, entries)
+    # Appends to what the caller's lists hold; takes a message's repeated field as well.
+    before = EntryColumns(list(range(already)), [b"old"] * already, [0] * already)
+    columns = EntryColumns(*(list(c) for c in before))
+    response = pb.ReadRangeResponse(entries=entries)
+    assert verified_columns(stream_id, first, response.entries, *columns) == expected
+    assert columns == EntryColumns(
+        before.ids + [e.entry_id for e in kept],
+        before.payloads + [e.payload for e in kept],
+        before.timestamps_ms + [e.timestamp_ms for e in kept],
+    )
+    again = EntryColumns.empty()
+    assert verified_columns(stream_id, first, entries, *again) == expected
+    assert again.to_entries("s") == [
+        Entry("s", e.entry_id, e.payload, e.timestamp_ms) for e in kept
+    ]
+
+
+def test_columns_extend_and_convert_to_entries() -> None:
+    columns = EntryColumns([1], [b"a"], [10])
+    columns.extend(EntryColumns([2, 3], [b"b", b"c"], [20, 30]))
+    assert columns == EntryColumns([1, 2, 3], [b"a", b"b", b"c"], [10, 20, 30])
+    assert columns.to_entries("s") == [
+        Entry("s", 1, b"a", 10),
+        Entry("s", 2, b"b", 20),
+        Entry("s", 3, b"c", 30),
+    ]
+    assert EntryColumns.empty().to_entries("s") == []
