@@ -21,8 +21,9 @@ MIB = 1 << 20
 # GC and compaction run often and entry logs rotate small, so that reclaimed space shows
 # within seconds. 3 MiB logs hold 47 entries of 64 KiB: the size test's retention boundary
 # (entry 704) is then the last entry of a log, which only compaction can free. The journal
-# rotates small too: only whole journal files before the checkpoint are deleted, so with the
-# default 256 MiB file the journal alone would keep every byte of a 50 MiB test.
+# rotates small too: only whole journal files before the checkpoint are retired (two kept for
+# reuse), so with the default 256 MiB file the journal alone would keep every byte of a 50 MiB
+# test.
 SMALL_BOOKIE_SETTINGS: dict[str, Any] = {
     "entry_log_size_limit_bytes": 3 * MIB,
     "max_entry_bytes": MIB,
