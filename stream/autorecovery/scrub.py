@@ -18,7 +18,7 @@ import structlog
 
 from stream.autorecovery import metrics
 from stream.autorecovery.worker import sealed_last
-from stream.client.entries import checksum_ok
+from stream.client.entries import checksum_ok, good_run
 from stream.client.ports import BookieTransport, Clock, SystemClock
 from stream.client.zk_metadata import ZkMetadata
 from stream.errors import StreamError, StreamNotFoundError
@@ -177,10 +177,9 @@ class Scrubber:
                     max_batch_bytes=_READ_BATCH_BYTES,
                     timeout_s=max(self._timeout_s, 60.0),
                 ):
-                    for entry in response.entries:
-                        if entry.entry_id != position or not checksum_ok(meta.id, entry):
-                            return False
-                        position += 1
+                    if good_run(meta.id, position, response.entries) != len(response.entries):
+                        return False
+                    position += len(response.entries)
                     report.checked_entries += len(response.entries)
                     if response.code in _NEGATIVE:
                         return False

@@ -34,7 +34,7 @@ import structlog
 
 from stream.autorecovery import metrics
 from stream.autorecovery.settings import AutoRecoverySettings
-from stream.client.entries import checksum_ok, write_back_entry
+from stream.client.entries import checksum_ok, good_run, write_back_entry
 from stream.client.ports import AddBatch, AddStream, BookieTransport
 from stream.client.zk_metadata import ZkMetadata
 from stream.errors import NotEnoughBookiesError, StreamError, StreamNotFoundError
@@ -382,13 +382,8 @@ class ReplicationWorker:
                     max_batch_bytes=_COPY_BATCH_BYTES,
                     timeout_s=max(timeout_s, 60.0),
                 ):
-                    batch: list[pb.Entry] = []
-                    for entry in response.entries:
-                        if entry.entry_id != position + len(batch) or not checksum_ok(
-                            meta.id, entry
-                        ):
-                            break
-                        batch.append(entry)
+                    good = good_run(meta.id, position, response.entries)
+                    batch = list(response.entries[:good])
                     if batch:
                         await sink.send(batch)
                         position += len(batch)

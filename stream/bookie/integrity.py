@@ -51,7 +51,7 @@ from stream.bookie.cookie import (
     discard_index_for_fix,
     inspect_cookies,
 )
-from stream.client.entries import checksum_ok
+from stream.client.entries import good_run
 from stream.client.options import WriterOptions
 from stream.client.ports import BookieTransport, SystemClock
 from stream.client.recovery import Takeover, WriterIdentity, send_lac
@@ -618,12 +618,8 @@ class Repairer:
                 max_batch_bytes=_COPY_BATCH_BYTES,
                 timeout_s=_COPY_RUN_TIMEOUT_S,
             ):
-                batch: list[pb.Entry] = []
-                for entry in response.entries:
-                    expected = first + received + len(batch)
-                    if entry.entry_id != expected or not checksum_ok(stream_id, entry):
-                        break
-                    batch.append(entry)
+                good = good_run(stream_id, first + received, response.entries)
+                batch = list(response.entries[:good])
                 stored += await self._store(stream_id, batch)
                 received += len(batch)
                 if len(batch) != len(response.entries) or response.code != pb.OK:

@@ -4,7 +4,7 @@ values `stream_info` returns."""
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import NamedTuple
@@ -153,6 +153,15 @@ def checksum_ok(stream_id: int, entry: pb.Entry) -> bool:
         entry_checksum(stream_id, entry.entry_id, entry.flags, entry.timestamp_ms, entry.payload)
         == entry.crc32c
     )
+
+
+def good_run(stream_id: int, first_entry_id: int, entries: Sequence[pb.Entry]) -> int:
+    """Returns how many of `entries` (a ReadRange answer), from the first, are ids
+    `first_entry_id`, +1... each with a good checksum: the part a range reader may use."""
+    for count, entry in enumerate(entries):
+        if entry.entry_id != first_entry_id + count or not checksum_ok(stream_id, entry):
+            return count
+    return len(entries)
 
 
 class EntryColumns(NamedTuple):

@@ -31,7 +31,7 @@ from typing import Any
 
 import structlog
 
-from stream.client.entries import checksum_ok
+from stream.client.entries import checksum_ok, good_run
 from stream.client.options import WriterOptions
 from stream.client.ports import BookieTransport
 from stream.protocol import Code, QuorumConfig, ReadOutcome, RecoveryReadTally, invariant
@@ -244,21 +244,20 @@ class RecoveryReads:
         )
         try:
             async for response in responses:
-                bad = False
-                for entry in response.entries:
-                    if entry.entry_id != expected or not checksum_ok(self._stream_id, entry):
-                        # A bad copy proves nothing: the per-entry reads decide this entry.
-                        log.warning(
-                            "recovery.bad_entry",
-                            bookie=source.bookie_id,
-                            entry_id=expected,
-                            got_entry_id=entry.entry_id,
-                        )
-                        bad = True
-                        break
-                    entries.append(entry)
-                    expected += 1
-                    size += len(entry.payload)
+                good = good_run(self._stream_id, expected, response.entries)
+                batch = response.entries[:good]
+                entries.extend(batch)
+                expected += good
+                size += sum(len(entry.payload) for entry in batch)
+                bad = good < len(response.entries)
+                if bad:
+                    # A bad copy proves nothing: the per-entry reads decide this entry.
+                    log.warning(
+                        "recovery.bad_entry",
+                        bookie=source.bookie_id,
+                        entry_id=expected,
+                        got_entry_id=response.entries[good].entry_id,
+                    )
                 if bad or response.code != _OK:
                     break  # the range stopped at `expected`: this source lacks it
                 if expected > last or size >= options.recovery_range_bytes:

@@ -1,4 +1,5 @@
-"""The hand-made entry encoding is byte-for-byte protobuf's, and framed batches parse back."""
+"""The hand-made entry encoding is byte-for-byte protobuf's, framed batches parse back, and
+the range readers' checks of what a bookie returned agree with the entry-by-entry rule."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from stream.client.entries import (
     Entry,
     EntryColumns,
     checksum_ok,
+    good_run,
     is_noop,
     prepare_entries,
     prepare_entry,
@@ -152,7 +154,7 @@ def test_verified_columns_checks_and_converts_like_the_entry_by_entry_path() -> 
         columns = EntryColumns.empty()
         count = verified_columns(9, 5, entries, *columns)
         expected, kept = _reference_run(9, 5, entries)
-        assert count == expected
+        assert count == expected == good_run(9, 5, entries)
         assert columns == EntryColumns(
             [e.entry_id for e in kept], [e.payload for e in kept], [e.timestamp_ms for e in kept]
         )
@@ -209,6 +211,8 @@ def test_verified_columns_agrees_with_the_entry_by_entry_rule(
     columns = EntryColumns(*(list(c) for c in before))
     response = pb.ReadRangeResponse(entries=entries)
     assert verified_columns(stream_id, first, response.entries, *columns) == expected
+    # The range readers that keep the messages (recovery, re-replication, scrub) agree.
+    assert good_run(stream_id, first, response.entries) == expected
     assert columns == EntryColumns(
         before.ids + [e.entry_id for e in kept],
         before.payloads + [e.payload for e in kept],
