@@ -455,14 +455,10 @@ class StreamReader:
         below the first retained entry and `EntryNotWrittenError` above the LAC."""
         return self._iterate(lambda: self._core.read(first, last))
 
-    def read_batches(self, first: int, last: int) -> Iterator[list[Entry]]:
-        """As `read`, but yields the entries in lists as the bookies returned them (up to a
-        ReadRange batch each): for bulk readers that handle whole lists at a time."""
-        return self._iterate_lists(lambda: self._core.read(first, last))
-
     def read_columns(self, first: int, last: int) -> Iterator[EntryColumns]:
-        """As `read_batches`, but yields each list as `EntryColumns` (ids, payloads and
-        timestamps, no `Entry` per entry): for bulk readers that build columns (Arrow)."""
+        """As `read`, but yields the entries as `EntryColumns` (ids, payloads and timestamps,
+        no `Entry` per entry), up to a ReadRange answer each: for bulk readers that build
+        columns (Arrow)."""
         return self._iterate_lists(lambda: self._core.read_columns(first, last))
 
     def tail(

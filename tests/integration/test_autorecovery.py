@@ -25,6 +25,7 @@ from stream.metadata import MetadataSession, StreamStore
 from stream.metadata.underreplication import LockInfo, Marker, UnderreplicationStore
 from stream.sandbox.cluster import SandboxCluster
 from stream.wire import bookie_pb2 as pb
+from tests.integration.cli_support import streamctl
 from tests.integration.conftest import ClusterFactory
 
 pytestmark = pytest.mark.integration
@@ -350,20 +351,7 @@ def test_a_worker_killed_mid_copy_leaves_the_marker_for_another(
             assert store.marker(marker.name) is not None
             wait_for(lambda: store.lock_info(marker.name) is None, 30, "the dead worker's lock")
             assert store.marker(marker.name) is not None  # still there for another
-            listed = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "stream.cli.main",
-                    "--metadata",
-                    cluster.metadata,
-                    "underreplicated",
-                ],
-                capture_output=True,
-                text=True,
-                timeout=60,
-                env={**os.environ, "COLUMNS": "200"},
-            )
+            listed = streamctl(cluster.metadata, "underreplicated", columns=200)
             assert listed.returncode == 0, listed.stderr
             assert "under-replicated fragments: 1" in listed.stdout
             assert "slow" in listed.stdout and "lost" in listed.stdout and victim in listed.stdout
@@ -449,39 +437,12 @@ def test_decommission_drains_a_live_bookie_unnoticed(cluster_factory: ClusterFac
             # A bookie of both last fragments (two 3-of-4 ensembles share two).
             shared = set(fragments_of(session, "busy")[-1].ensemble)
             victim = sorted(shared & set(fragments_of(session, "quiet")[-1].ensemble))[0]
-            typo = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "stream.cli.main",
-                    "--metadata",
-                    cluster.metadata,
-                    "bookie",
-                    "decommission",
-                    "bookie-99",
-                ],
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
+            typo = streamctl(cluster.metadata, "bookie", "decommission", "bookie-99")
             assert typo.returncode == 1 and "unknown bookie" in typo.stderr
             assert UnderreplicationStore(session).draining() == set()
-            result = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "stream.cli.main",
-                    "--metadata",
-                    cluster.metadata,
-                    "bookie",
-                    "decommission",
-                    victim,
-                    "--timeout",
-                    "120s",
-                ],
-                capture_output=True,
-                text=True,
-                timeout=180,
+            result = streamctl(
+                cluster.metadata, "bookie", "decommission", victim, "--timeout", "120s",
+                timeout_s=180,
             )
             assert result.returncode == 0, result.stderr
             drained_at = len(appended)

@@ -3,26 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from stream.sandbox.cluster import SandboxCluster
+from tests.integration.cli_support import streamctl
 
 pytestmark = pytest.mark.integration
-
-
-def streamctl(
-    metadata: str, *args: str, stdin: str | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "stream.cli.main", "--metadata", metadata, *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def test_create_append_tail_info(cluster: SandboxCluster) -> None:

@@ -30,6 +30,7 @@ from stream.sandbox.cluster import SandboxCluster
 from stream.sandbox.zookeeper import ZooKeeperServer
 from stream.wire import bookie_pb2 as pb
 from stream.wire import bookie_pb2_grpc
+from tests.integration.cli_support import streamctl
 from tests.integration.conftest import running_cluster
 
 pytestmark = pytest.mark.integration
@@ -382,15 +383,6 @@ def test_two_reengaging_writers_take_turns_and_never_share_an_entry_id(
 
 
 # ---------------------------------------------------------------------- streamctl info
-
-
-def streamctl(metadata: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "stream.cli.main", "--metadata", metadata, *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def table_rows(text: str) -> list[list[str]]:
