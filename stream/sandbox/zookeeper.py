@@ -13,18 +13,12 @@ from pathlib import Path
 import structlog
 
 from stream.errors import StreamError
+from stream.sandbox.ports import free_port
 
 log = structlog.get_logger(__name__)
 
 ZOOKEEPER_CLASSPATH = "/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar"
 MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """Returns a TCP port that was free on `host` a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def four_letter_word(host: str, port: int, word: bytes, timeout_s: float = 1.0) -> bytes:

@@ -13,7 +13,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from stream.metadata import paths
-from stream.sandbox.zookeeper import free_port
+from stream.sandbox.ports import free_port
 from stream.wire import bookie_pb2 as pb
 from tests.integration.bookie_support import (
     AddPipeline,

@@ -20,7 +20,7 @@ from stream.bookie.disk import DiskStatus
 from stream.bookie.server import BookieService, StartReport, add_to_server, server_options
 from stream.bookie.storage import StreamStorage
 from stream.bookie.storage.journal import Journal
-from stream.sandbox.zookeeper import free_port
+from stream.sandbox.ports import free_port
 from stream.wire import bookie_pb2 as pb
 from stream.wire import bookie_pb2_grpc
 

@@ -19,7 +19,8 @@ from stream.metadata import (
     SessionState,
     parse_connect_string,
 )
-from stream.sandbox.zookeeper import ZooKeeperServer, free_port
+from stream.sandbox.ports import free_port
+from stream.sandbox.zookeeper import ZooKeeperServer
 from tests.unit.metadata.conftest import expire_session, wait_until
 
 
