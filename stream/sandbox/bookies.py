@@ -14,8 +14,8 @@ import grpc
 import structlog
 
 from stream.errors import StreamError
-from stream.sandbox.processes import terminate
 from stream.sandbox.ports import free_port
+from stream.sandbox.processes import terminate
 from stream.wire import bookie_pb2 as pb
 from stream.wire import bookie_pb2_grpc
 
