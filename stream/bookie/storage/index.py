@@ -11,6 +11,7 @@ index); reads may come from any thread.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from itertools import islice
 from pathlib import Path
 
 import lmdb
@@ -138,6 +139,30 @@ class Index:
                     break
                 found[ENTRY_KEY.unpack(key)[1]] = value
         return found
+
+    def consecutive(self, stream_id: int, first: int, count: int) -> list[bytes]:
+        """Returns the locations of entries `first`, `first + 1`... (at most `count`), up to
+        the first id not stored. The range reader's hot path: no Python step per entry, and
+        keys and values walked apart (bytes only, no (key, value) tuple per entry for the GC)."""
+        with self.env.begin(db=self._entries) as txn:
+            cursor = txn.cursor()
+            start = _pack_key(stream_id, first)
+            if count < 1 or not cursor.set_key(start):
+                return []
+            keys = list(islice(cursor.iternext(keys=True, values=False), count))
+            # Keys are unique and sorted, so "key i is entry first + i" holds for a prefix.
+            n = len(keys)
+            if keys[-1] != _pack_key(stream_id, first + n - 1):
+                held, gone = 0, n - 1
+                while gone - held > 1:
+                    mid = (held + gone) // 2
+                    if keys[mid] == _pack_key(stream_id, first + mid):
+                        held = mid
+                    else:
+                        gone = mid
+                n = held + 1
+            cursor.set_key(start)
+            return list(islice(cursor.iternext(keys=False, values=True), n))
 
     def max_entry_id(self, stream_id: int, at_most: int) -> int:
         """Returns the highest stored entry id of the stream that is <= `at_most`, or -1."""

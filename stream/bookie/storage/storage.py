@@ -22,11 +22,16 @@ cancelled by one of its waiters); a later request's future completes after an ea
 from __future__ import annotations
 
 import random
+import struct
 import threading
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from functools import lru_cache
+from itertools import accumulate, repeat
+from operator import add, eq, sub
 from typing import Any
 
 import crc32c
@@ -78,6 +83,33 @@ _RANGE_PREFETCH = 4096
 # Flush: entry-log bytes written between two fdatasyncs. A journal commit beside a flush waits
 # for the flush's current sync; 2 MiB takes a few ms to write back.
 _FLUSH_SYNC_BYTES = 2 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Locations:
+    """Index locations of consecutive entries, as columns (three tuples of ints, not a tuple
+    per entry: a range read makes thousands of them per answer, and ints are no work for the
+    cyclic GC)."""
+
+    logs: tuple[int, ...]
+    offsets: tuple[int, ...]
+    lengths: tuple[int, ...]
+
+    def __len__(self) -> int:
+        return len(self.logs)
+
+    def cut(self, n: int) -> Locations:
+        return Locations(self.logs[:n], self.offsets[:n], self.lengths[:n])
+
+
+@lru_cache(maxsize=64)
+def _locations_struct(n: int) -> struct.Struct:
+    return struct.Struct("<" + codec.LOCATION.format.lstrip("<") * n)
+
+
+def _parse_locations(located: list[bytes]) -> Locations:
+    flat = _locations_struct(len(located)).unpack(b"".join(located))
+    return Locations(flat[0::3], flat[1::3], flat[2::3])
 
 
 # -- outcomes -------------------------------------------------------------------------------
@@ -874,8 +906,8 @@ class StreamStorage:
         snap = (snapshot.streams.get(stream_id) if snapshot is not None else None) or {}
         batch: list[Any] = []
         size = 0
-        located: dict[int, bytes] = {}
-        located_until = entry_id - 1  # `located` covers the index up to this id
+        located: list[bytes] = []  # index locations of ids located_first, located_first + 1...
+        located_first = entry_id
         while entry_id <= last and (size < max_bytes or not batch):
             entry = active.get(entry_id)
             if entry is None:
@@ -885,12 +917,15 @@ class StreamStorage:
                 size += len(entry.payload) + _ENTRY_OVERHEAD_BYTES
                 entry_id += 1
                 continue
-            if entry_id > located_until:
-                located = self._index.locations(stream_id, entry_id, last, _RANGE_PREFETCH)
-                located_until = max(located) if len(located) >= _RANGE_PREFETCH else last
-            if entry_id not in located:
-                return batch, entry_id, False
-            run = self._index_run(located, active, snap, entry_id, last, max_bytes - size)
+            if entry_id - located_first >= len(located):
+                count = min(last - entry_id + 1, _RANGE_PREFETCH)
+                located = self._index.consecutive(stream_id, entry_id, count)
+                located_first = entry_id
+                if not located:
+                    return batch, entry_id, False
+            run = self._index_run(
+                located[entry_id - located_first :], active, snap, entry_id, max_bytes - size
+            )
             entries = self._read_located(stream_id, entry_id, run, raw)
             batch.extend(entries)
             size += sum(map(len, entries)) if raw else sum(len(e.payload) for e in entries)
@@ -902,49 +937,51 @@ class StreamStorage:
 
     @staticmethod
     def _index_run(
-        located: dict[int, bytes],
+        located: list[bytes],
         active: dict[int, Entry],
         snap: dict[int, Entry],
         entry_id: int,
-        last: int,
         budget: int,
-    ) -> list[bytes]:
-        """Returns the locations of consecutive ids from `entry_id` found only in the index,
-        within `budget` bytes (at least one)."""
-        run = [located[entry_id]]
-        used = codec.LOCATION.unpack(run[0])[2]
-        next_id = entry_id + 1
-        while next_id <= last and used < budget:
-            location = located.get(next_id)
-            if location is None or next_id in active or next_id in snap:
-                break
-            run.append(location)
-            used += codec.LOCATION.unpack(location)[2]
-            next_id += 1
-        return run
+    ) -> Locations:
+        """Returns, parsed, the first of `located` (the index locations of `entry_id`,
+        `entry_id + 1`...): up to the first id the write caches hold (newer than its index
+        location), within `budget` bytes (at least one)."""
+        n = len(located)
+        for cache in (active, snap):
+            if cache and n > 1:
+                held = next(filter(cache.__contains__, range(entry_id + 1, entry_id + n)), None)
+                if held is not None:
+                    n = held - entry_id
+        run = _parse_locations(located[:n])
+        within = bisect_left(list(accumulate(run.lengths)), budget) + 1
+        return run.cut(within) if within < n else run
 
     def _read_located(
-        self, stream_id: int, first_id: int, locations: list[bytes], raw: bool = False
+        self, stream_id: int, first_id: int, run: Locations, raw: bool = False
     ) -> list[Any]:
-        """Returns the entries first_id, first_id + 1... at `locations` (serialized, as
-        memoryviews of the read, with `raw`), reading adjacent records with one pread."""
-        unpack = codec.LOCATION.unpack
+        """Returns the entries first_id, first_id + 1... at the locations `run` (serialized,
+        as stored, with `raw`), reading adjacent records with one pread."""
         header = codec.ENTRY_RECORD_HEADER_BYTES
-        parsed = [unpack(location) for location in locations]
-        entries: list[Entry] = []
-        i = 0
-        while i < len(parsed):
-            log_id, offset, length = parsed[i]
-            j = i + 1
-            end = offset + length
-            while j < len(parsed):
-                next_log, next_offset, next_length = parsed[j]
-                if next_log != log_id or next_offset != end + header:
-                    break
-                end = next_offset + next_length
-                j += 1
+        logs, offsets, lengths = run.logs, run.offsets, run.lengths
+        ends = list(map(add, offsets, lengths))
+        if logs.count(logs[0]) == len(logs) and all(
+            map(eq, map(sub, offsets[1:], ends), repeat(header))
+        ):
+            groups = [(0, len(logs))]  # the usual case, one span, told without a Python loop
+        else:
+            groups = []
+            i = 0
+            while i < len(logs):
+                j = i + 1
+                while j < len(logs) and logs[j] == logs[i] and offsets[j] == ends[j - 1] + header:
+                    j += 1
+                groups.append((i, j))
+                i = j
+        entries: list[Any] = []
+        for i, j in groups:
+            base = offsets[i]
             try:
-                span = memoryview(self._logs.read_span(log_id, offset, end - offset))
+                span = self._logs.read_span(logs[i], base, ends[j - 1] - base)
             except EntryLogGone:
                 # Compaction moved these entries meanwhile: look each one up again.
                 for entry_id in range(first_id + i, first_id + j):
@@ -952,12 +989,13 @@ class StreamStorage:
                     if entry is None:
                         return entries  # deleted meanwhile: the range stops here
                     entries.append(_serialize_entry(entry) if raw else entry)
-            else:
-                for _, entry_offset, entry_length in parsed[i:j]:
-                    start = entry_offset - offset
-                    record = span[start : start + entry_length]
-                    entries.append(record if raw else Entry.FromString(record))
-            i = j
+                continue
+            # Bytes slices (copies), not memoryviews: bytes are no work for the cyclic GC, which
+            # a memoryview per entry kept busy.
+            starts = map(sub, offsets[i:j], repeat(base))
+            stops = map(sub, ends[i:j], repeat(base))
+            records = map(span.__getitem__, map(slice, starts, stops))
+            entries.extend(records if raw else map(Entry.FromString, records))
         return entries
 
     def lac(self, stream_id: int) -> tuple[int, int] | None:
