@@ -9,7 +9,9 @@ and the connector query, alternating (each into a new output). Round 1's connect
 cold (its Python workers import the connector and connect first); later rounds reuse Spark's
 Python workers and their clients, as a long-running query does. A 2-core machine shared with
 other work makes single runs noisy: the load average is printed, and with several rounds the
-median ratio is.
+median ratio is. Last, `--read-rounds` times, the connector's partition reader reads the whole
+stream in this process, outside Spark: its CPU and the bookies' per entry (from /proc) are the
+connector's own cost without Spark's share.
 
     PYTHONPATH=. .venv/bin/python bench/spark_bench.py --entries 100000 --rounds 3
 """
@@ -33,6 +35,8 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
 
 import spark_connector
+from spark_connector.partition_reader import read_range
+from spark_connector.ranges import StreamRange
 from spark_connector.schema import ARROW_SCHEMA, SCHEMA
 from stream.client import StreamClient
 from stream.sandbox.cluster import SandboxCluster
@@ -123,14 +127,48 @@ def timed_query(spark: SparkSession, fmt: str, out: Path, **options: str) -> flo
     return seconds
 
 
+_TICK_S = 1 / os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_s(pid: int) -> float:
+    """Returns the user + system CPU seconds of process `pid`."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * _TICK_S
+
+
+def read_cpu(cluster: SandboxCluster, entries: int, rounds: int) -> None:
+    """Reads the stream with the partition reader `rounds` times; prints the CPU per entry of
+    this process and of the bookies."""
+    bookie_pids = [bookie.pid for bookie in cluster.bookies]
+    part = StreamRange(cluster.metadata, "bench", 0, entries - 1, True)
+    reader_us: list[float] = []
+    bookie_us: list[float] = []
+    for r in range(rounds):
+        bookies_before = sum(map(process_cpu_s, bookie_pids))
+        cpu_before = time.process_time()
+        began = time.perf_counter()
+        rows = sum(batch.num_rows for batch in read_range(part))
+        wall = time.perf_counter() - began
+        reader_us.append((time.process_time() - cpu_before) / rows * 1e6)
+        bookie_us.append((sum(map(process_cpu_s, bookie_pids)) - bookies_before) / rows * 1e6)
+        print(f"read {r + 1}: {rows} entries in {wall:.2f} s = {rows / wall:9.0f}/s outside "
+              f"Spark; CPU per entry: reader {reader_us[-1]:.2f} us, bookies "
+              f"{bookie_us[-1]:.2f} us", flush=True)
+    if rounds:
+        print(f"median CPU per entry read: reader {statistics.median(reader_us):.2f} us, "
+              f"bookies {statistics.median(bookie_us):.2f} us")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--entries", type=int, default=100_000)
     parser.add_argument("--size", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--read-rounds", type=int, default=3)
     args = parser.parse_args()
-    if args.entries < 1 or args.size < 16 or args.rounds < 1:
-        raise SystemExit("--entries and --rounds must be >= 1, --size >= 16")
+    if args.entries < 1 or args.size < 16 or args.rounds < 1 or args.read_rounds < 0:
+        raise SystemExit("--entries and --rounds must be >= 1, --size >= 16, --read-rounds >= 0")
     load_before = os.getloadavg()[0]
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -174,6 +212,7 @@ def main() -> None:
                         raise SystemExit(f"round {r + 1}: {rows} rows, not {args.entries}")
             finally:
                 spark.stop()
+            read_cpu(cluster, args.entries, args.read_rounds)
     mb = args.entries * args.size / 1e6
     for r, (synthetic, connector) in enumerate(zip(synthetic_s, connector_s, strict=True)):
         print(f"round {r + 1}{' (cold connector)' if r == 0 else ''}:")

@@ -5,9 +5,8 @@ batch reads the same rows."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
 import structlog
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
@@ -17,11 +16,13 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from spark_connector.catalog import StreamBounds, StreamCatalog
-from spark_connector.clients import client_for
-from spark_connector.options import SourceOptions
-from spark_connector.partition_reader import read_range
 from spark_connector.ranges import Offsets, StreamRange, limit_offsets, ordered
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from spark_connector.catalog import StreamBounds, StreamCatalog
+    from spark_connector.options import SourceOptions
 
 log = structlog.get_logger(__name__)
 
@@ -39,6 +40,10 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {"_options": self._options, "_target": None, "_bounds": {}}
 
     def _catalog(self) -> StreamCatalog:
+        # Imported here: Spark's planning process makes a reader but never plans with it.
+        from spark_connector.catalog import StreamCatalog
+        from spark_connector.clients import client_for
+
         return StreamCatalog(client_for(self._options.metadata), self._options)
 
     def initialOffset(self) -> dict:
@@ -83,6 +88,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._catalog().plan(start, end, self._bounds)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        from spark_connector.partition_reader import read_range
+
         assert isinstance(partition, StreamRange)
         return read_range(partition)
 
