@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import pickle
+import subprocess
+import sys
 
 import pytest
 
@@ -88,3 +90,18 @@ def test_sink_options() -> None:
         parse_sink_options(META)
     with pytest.raises(ConnectorOptionError, match="unknown option 'streams'"):
         parse_sink_options({**META, "stream": "out", "streams": "x"})
+
+
+def test_the_data_source_module_loads_without_the_client_stack() -> None:
+    # Spark imports it in a fresh Python process for each query's analysis and planning: the
+    # client stack (0.3 s) must stay out of those, and come in only where a reader is made.
+    code = (
+        "import sys\n"
+        "from spark_connector import StreamkeeperDataSource as S\n"
+        "S({'metadata': '127.0.0.1:1/sk', 'streams': 'a'}).schema()\n"
+        "heavy = [m for m in ('stream.client', 'kazoo', 'grpc') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+        "S({'metadata': '127.0.0.1:1/sk', 'streams': 'a'}).streamReader(None)\n"
+        "assert 'stream.client' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
