@@ -17,7 +17,6 @@ import importlib.metadata
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
-from itertools import chain
 from typing import Any, Protocol, TypeVar
 
 import grpc
@@ -655,11 +654,12 @@ _FRAMES = _Frames()
 def _with_entries(head: pb.ReadRangeResponse, records: list[Any]) -> bytes:
     """Returns `head` serialized with `records` (serialized entries, as the entry logs store
     them) appended as its `entries`, framed by hand: no entry is parsed and built again (a
-    repeated field may follow the other fields on the wire). Framed in C-level iteration (a
-    cached frame per record length), no Python step per record."""
-    parts: list[Any] = [head.SerializeToString()]
-    frames = map(_FRAMES.__getitem__, map(len, records))
-    parts.extend(chain.from_iterable(zip(frames, records, strict=True)))
+    repeated field may follow the other fields on the wire). Framed by C-level steps only (a
+    cached frame per record length, interleaved with the records by slice assignment)."""
+    parts: list[Any] = [b""] * (2 * len(records) + 1)
+    parts[0] = head.SerializeToString()
+    parts[1::2] = map(_FRAMES.__getitem__, map(len, records))
+    parts[2::2] = records
     return b"".join(parts)
 
 
