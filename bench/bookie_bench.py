@@ -14,7 +14,6 @@ time to flush to entry logs; CPU is the bookie's user+system time.
 from __future__ import annotations
 
 import argparse
-import os
 import queue
 import shutil
 import signal
@@ -33,12 +32,12 @@ from rich.table import Table
 
 from stream.protocol.checksum import entry_checksum
 from stream.sandbox.bookies import CHANNEL_OPTIONS, BookieProcess
+from stream.sandbox.processes import cpu_seconds
 from stream.sandbox.zookeeper import ZooKeeperServer
 from stream.wire import bookie_pb2 as pb
 
 FLUSH_INTERVAL_MS = 1000
 DEFAULT_ENTRIES = {100: 1_000_000, 1024: 400_000, 16384: 30_000}
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -95,12 +94,6 @@ def proc_write_bytes(pid: int) -> int:
             if line.startswith("write_bytes:"):
                 return int(line.split()[1])
     raise RuntimeError("no write_bytes in /proc/PID/io")
-
-
-def proc_cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
 def stream_adds(channel: grpc.Channel, batches: dict[int, bytes], window: int) -> tuple[int, int]:
@@ -197,11 +190,11 @@ def run_one(
             )
             time.sleep(1.0)
         written_before = proc_write_bytes(bookie.pid)
-        cpu_before = proc_cpu_s(bookie.pid)
+        cpu_before = cpu_seconds(bookie.pid)
         started = time.perf_counter()
         acked, busy = stream_adds(channel, batches, window)
         seconds = time.perf_counter() - started
-        cpu_s = proc_cpu_s(bookie.pid) - cpu_before
+        cpu_s = cpu_seconds(bookie.pid) - cpu_before
         if profiler is not None:
             profiler.send_signal(signal.SIGINT)
             profiler.wait(30)

@@ -40,6 +40,7 @@ from spark_connector.ranges import StreamRange
 from spark_connector.schema import ARROW_SCHEMA, SCHEMA
 from stream.client import StreamClient
 from stream.sandbox.cluster import SandboxCluster
+from stream.sandbox.processes import cpu_seconds
 
 PARTITION_ENTRIES = int(os.environ.get("SPARK_BENCH_PARTITION_ENTRIES", "50000"))
 
@@ -127,16 +128,6 @@ def timed_query(spark: SparkSession, fmt: str, out: Path, **options: str) -> flo
     return seconds
 
 
-_TICK_S = 1 / os.sysconf("SC_CLK_TCK")
-
-
-def process_cpu_s(pid: int) -> float:
-    """Returns the user + system CPU seconds of process `pid`."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * _TICK_S
-
-
 def read_cpu(cluster: SandboxCluster, entries: int, rounds: int) -> None:
     """Reads the stream with the partition reader `rounds` times; prints the CPU per entry of
     this process and of the bookies."""
@@ -145,13 +136,13 @@ def read_cpu(cluster: SandboxCluster, entries: int, rounds: int) -> None:
     reader_us: list[float] = []
     bookie_us: list[float] = []
     for r in range(rounds):
-        bookies_before = sum(map(process_cpu_s, bookie_pids))
+        bookies_before = sum(map(cpu_seconds, bookie_pids))
         cpu_before = time.process_time()
         began = time.perf_counter()
         rows = sum(batch.num_rows for batch in read_range(part))
         wall = time.perf_counter() - began
         reader_us.append((time.process_time() - cpu_before) / rows * 1e6)
-        bookie_us.append((sum(map(process_cpu_s, bookie_pids)) - bookies_before) / rows * 1e6)
+        bookie_us.append((sum(map(cpu_seconds, bookie_pids)) - bookies_before) / rows * 1e6)
         print(f"read {r + 1}: {rows} entries in {wall:.2f} s = {rows / wall:9.0f}/s outside "
               f"Spark; CPU per entry: reader {reader_us[-1]:.2f} us, bookies "
               f"{bookie_us[-1]:.2f} us", flush=True)

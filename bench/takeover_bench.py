@@ -52,9 +52,9 @@ from rich.table import Table
 
 from stream.client import StreamClient
 from stream.sandbox.cluster import SandboxCluster
+from stream.sandbox.processes import cpu_seconds
 
 ENTRY_BYTES = 100
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 FRAGMENT_MAX_ENTRIES = 100_000
 # The bookies count as idle after this long with no disk writes and under this share of one
 # CPU (all of them together).
@@ -133,16 +133,10 @@ class Row:
     window_unacked: int  # recovered entries the dead writer had not seen acknowledged
 
 
-def process_cpu_s(pid: int) -> float:
-    """Returns the user + system CPU seconds process `pid` used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-
 def cluster_cpu_s(cluster: SandboxCluster) -> float:
     """Returns the CPU seconds used so far by this process and every bookie process."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime + sum(process_cpu_s(b.pid) for b in cluster.bookies)
+    return usage.ru_utime + usage.ru_stime + sum(cpu_seconds(b.pid) for b in cluster.bookies)
 
 
 def process_write_bytes(pid: int) -> int:
@@ -161,7 +155,7 @@ def quiesce(cluster: SandboxCluster, console: Console, timeout_s: float = 120.0)
     pids = [b.pid for b in cluster.bookies]
 
     def sample() -> tuple[float, int]:
-        return sum(process_cpu_s(p) for p in pids), sum(process_write_bytes(p) for p in pids)
+        return sum(cpu_seconds(p) for p in pids), sum(process_write_bytes(p) for p in pids)
 
     cpu, written = sample()
     quiet_since = time.monotonic()
