@@ -32,7 +32,7 @@ from stream.protocol.recovery import (
     read_outcome,
     scan_recovery_reads,
 )
-from stream.protocol.terms import TermDecision, term_decision
+from stream.protocol.terms import TermDecision, must_learn_term, term_decision
 
 __all__ = [
     "ENTRY_HEADER",
@@ -66,6 +66,7 @@ __all__ = [
     "invariant",
     "is_covered",
     "limbo_code",
+    "must_learn_term",
     "pinned_bookies",
     "plan_ensemble_change",
     "read_outcome",

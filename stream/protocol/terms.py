@@ -1,4 +1,6 @@
-"""The bookie's term rule for every term-bearing request (DESIGN §4), as a pure decision."""
+"""The bookie's term rule for every term-bearing request (DESIGN §4), as a pure decision, and
+when a bookie must first learn a stream's term from metadata because a wiped disk may have
+taken it."""
 
 from __future__ import annotations
 
@@ -51,3 +53,17 @@ def term_decision(local_term: int, request_term: int) -> TermDecision:
     if request_term > local_term:
         return TermDecision.ACCEPT_NEW
     return TermDecision.REJECT
+
+
+def must_learn_term(stream_id: int, *, known: bool, forgotten_below: int) -> bool:
+    """Return whether a bookie must read a stream's term from metadata (and record it durably)
+    before it applies `term_decision` to a term-bearing request for it.
+
+    A wiped or replaced disk forgets every term, also those of SEALED streams and of streams
+    whose fragments no longer name the bookie, which BP-46 phase one does not fence (DESIGN
+    §4: a bookie never answers with a term it may have forgotten). `forgotten_below` is the
+    stream id counter read when the disk's loss was repaired (the cookie fix; 0: never): only
+    streams created before then (lower ids; ids are never reused) can have had a term here.
+    A stream the bookie holds state for (`known`) kept its term or learned it since."""
+    invariant(forgotten_below >= 0, "a stream id bound is never negative")
+    return not known and 0 < stream_id < forgotten_below

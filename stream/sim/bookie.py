@@ -18,8 +18,14 @@ whose entries were all journaled lost nothing, and marking it limbo can stall ev
 for good: once AQ bookies of one write set are in limbo, the entry after the end can never
 get QC explicit negatives, so no recovery completes, and limbo only clears after one does.
 
-Each of phase one's two halves can be switched off (`BookieProtections`), and so can the term
-rule itself: with `enforce_terms=False` the bookie serves every term ("no fence").
+A bookie whose disk was lost also learns, after its restart, the term of any stream created
+before then that it holds no state for (a SEALED stream, or one whose fragments no longer name
+it: phase one skips both) from metadata before it serves a term-bearing request for it
+(`stream.protocol.must_learn_term`, DESIGN §4), as the real bookie's `stream.bookie.terms`.
+
+Each of phase one's two halves can be switched off (`BookieProtections`), and so can that
+metadata check and the term rule itself: with `enforce_terms=False` the bookie serves every
+term ("no fence").
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from stream.errors import StreamError
+from stream.errors import StreamError, StreamNotFoundError
 from stream.metadata.model import Fragment, StreamMeta, StreamState
 from stream.protocol import (
     Code,
@@ -38,6 +44,7 @@ from stream.protocol import (
     TermDecision,
     entry_checksum,
     limbo_code,
+    must_learn_term,
     term_decision,
 )
 from stream.sim.trace import Trace
@@ -60,11 +67,14 @@ class BookieProtections:
       metadata term (BP-46 "fence all ledgers", with terms).
     - `limbo`: after an unclean start, mark each named non-sealed stream limbo (explicit
       negatives become UNKNOWN until phase two repaired it).
+    - `wiped_term_check`: after a disk loss, learn the term of a stream the bookie holds no
+      state for from metadata before serving a term-bearing request for it.
     """
 
     enforce_terms: bool = True
     phase_one_fence: bool = True
     limbo: bool = True
+    wiped_term_check: bool = True
 
 
 class _Stream:
@@ -133,6 +143,11 @@ class SimBookie:
         self.streams_with_bookie: StreamsWithBookie | None = None
         self.snapshot: Snapshot | None = None
         self.peer_entry: PeerEntry | None = None
+        # Set by the simulator: the stream id counter in metadata.
+        self.next_stream_id: Callable[[], int] | None = None
+        # Streams below this id may have had a term the lost disk took (0: none); durable.
+        self.forgotten_below = 0
+        self._lost_disk = False
         # Streams in limbo since the last unclean start, with the metadata term then.
         self._limbo_since: dict[int, int] = {}
         self._unclean = False
@@ -146,6 +161,23 @@ class SimBookie:
         if decision is TermDecision.REJECT and not self.protections.enforce_terms:
             return TermDecision.ACCEPT  # "no fence": serve it anyway
         return decision
+
+    def _learn_term(self, stream_id: int) -> Code | None:
+        """Records metadata's term for a stream whose term a lost disk may have taken (once:
+        the state it creates is kept); returns NO_SUCH_STREAM for a deleted stream, None when
+        the request may go on to the term rule."""
+        known = stream_id in self.streams
+        if not must_learn_term(stream_id, known=known, forgotten_below=self.forgotten_below):
+            return None
+        assert self.snapshot is not None
+        try:
+            meta, _, _ = self.snapshot(stream_id)
+        except StreamNotFoundError:
+            self._trace.record("learn", b=self.bookie_id, s=stream_id, t="deleted")
+            return Code.NO_SUCH_STREAM
+        self._raise_term(self._state(stream_id), meta.term)
+        self._trace.record("learn", b=self.bookie_id, s=stream_id, t=meta.term)
+        return None
 
     def _state(self, stream_id: int) -> _Stream:
         state = self.streams.get(stream_id)
@@ -221,6 +253,11 @@ class SimBookie:
         if stream_id == 0 or request.lac < -1 or request.lafr < -1:
             response.codes.extend([int(Code.BAD_REQUEST)] * count)
             return response
+        refused = self._learn_term(stream_id)
+        if refused is not None:
+            response.codes.extend([int(refused)] * count)
+            return response
+        state = self.streams.get(stream_id)
         decision = self._decide(state, request.term)
         if not decision.serves:
             response.codes.extend([int(decision.code)] * count)
@@ -266,6 +303,10 @@ class SimBookie:
             return pb.FenceResponse(
                 code=int(Code.BAD_REQUEST), bookie_term=0 if state is None else state.term
             )
+        refused = self._learn_term(request.stream_id)
+        if refused is not None:
+            return pb.FenceResponse(code=int(refused))
+        state = self.streams.get(request.stream_id)
         decision = self._decide(state, request.term)
         if decision.serves:
             state = self._state(request.stream_id)
@@ -287,21 +328,26 @@ class SimBookie:
         stream_id, entry_id, term = request.stream_id, request.entry_id, request.term
         if stream_id == 0 or entry_id < 0:
             return pb.ReadResponse(code=int(Code.BAD_REQUEST))
-        state = self.streams.get(stream_id)
-        if state is None:
-            self._trace.record("read", b=self.bookie_id, e=entry_id, t=term, code="NSS")
-            return pb.ReadResponse(code=int(Code.NO_SUCH_STREAM), lac=-1)
         if term:
+            refused = self._learn_term(stream_id)
+            if refused is not None:
+                return pb.ReadResponse(code=int(refused), lac=-1)
+            state = self.streams.get(stream_id)
             decision = self._decide(state, term)
             if not decision.serves:
                 self._trace.record("read", b=self.bookie_id, e=entry_id, t=term, code="IT")
                 return pb.ReadResponse(
                     code=int(decision.code),
-                    lac=state.lac,
-                    bookie_term=state.term,
-                    first_entry_id=state.first_entry_id,
+                    lac=-1 if state is None else state.lac,
+                    bookie_term=0 if state is None else state.term,
+                    first_entry_id=0 if state is None else state.first_entry_id,
                 )
-            self._raise_term(state, term)
+            # Recorded even for a stream never seen: the TLA+ spec fences on recovery reads.
+            self._raise_term(self._state(stream_id), term)
+        state = self.streams.get(stream_id)
+        if state is None:
+            self._trace.record("read", b=self.bookie_id, e=entry_id, t=term, code="NSS")
+            return pb.ReadResponse(code=int(Code.NO_SUCH_STREAM), lac=-1)
         if entry_id < state.first_entry_id:
             return pb.ReadResponse(
                 code=int(Code.TRIMMED),
@@ -383,6 +429,11 @@ class SimBookie:
         local = 0 if state is None else state.term
         if request.stream_id == 0 or request.term == 0 or request.after_entry_id < -1:
             return pb.TruncateResponse(code=int(Code.BAD_REQUEST), bookie_term=local)
+        refused = self._learn_term(request.stream_id)
+        if refused is not None:
+            return pb.TruncateResponse(code=int(refused))
+        state = self.streams.get(request.stream_id)
+        local = 0 if state is None else state.term
         decision = self._decide(state, request.term)
         self._trace.record(
             "truncate",
@@ -453,6 +504,7 @@ class SimBookie:
                 state.unflushed.clear()
                 state.lac, state.lafr = state.durable_lac, state.durable_lafr
         self._unclean = True
+        self._lost_disk = self._lost_disk or lose_disk
         self._lost_data = lose_disk or not self.journal_write_data
         self._trace.record("crash", b=self.bookie_id, disk=int(lose_disk))
 
@@ -476,6 +528,11 @@ class SimBookie:
         self._unclean = False
         if unclean:
             self._phase_one()
+        if self._lost_disk:
+            # The cookie fix: which streams may have had a term the disk took.
+            self._lost_disk = False
+            if self.protections.wiped_term_check and self.next_stream_id is not None:
+                self.forgotten_below = self.next_stream_id()
         self.up = True
         self.incarnation += 1
         self._trace.record("start", b=self.bookie_id, unclean=int(unclean))

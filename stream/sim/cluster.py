@@ -52,7 +52,16 @@ NEW_MEMBER_TRUNCATION = "new-member-truncation"
 GWQ = "gwq"
 PHASE_ONE_FENCE = "phase-one-fence"
 LIMBO = "limbo"
-PROTECTIONS = (TERM_FENCING, TRUNCATE_NOOP, NEW_MEMBER_TRUNCATION, GWQ, PHASE_ONE_FENCE, LIMBO)
+WIPED_TERM_CHECK = "wiped-term-check"
+PROTECTIONS = (
+    TERM_FENCING,
+    TRUNCATE_NOOP,
+    NEW_MEMBER_TRUNCATION,
+    GWQ,
+    PHASE_ONE_FENCE,
+    LIMBO,
+    WIPED_TERM_CHECK,
+)
 
 # A property the checker reports when the real client raised something it never should (a bug
 # outside the four safety properties).
@@ -81,6 +90,7 @@ def bookie_protections(disabled: Iterable[str]) -> BookieProtections:
         enforce_terms=TERM_FENCING not in off,
         phase_one_fence=PHASE_ONE_FENCE not in off,
         limbo=LIMBO not in off,
+        wiped_term_check=WIPED_TERM_CHECK not in off,
     )
 
 
@@ -206,6 +216,7 @@ class Simulation:
             bookie.streams_with_bookie = self.admin.streams_with_bookie
             bookie.snapshot = self.admin.get_snapshot
             bookie.peer_entry = self._peer_entry
+            bookie.next_stream_id = self._next_stream_id
             self.bookies[bookie_id] = bookie
             self.network.bookies[bookie_id] = bookie
         self._flush_rng = bookie_rng
@@ -274,6 +285,10 @@ class Simulation:
             bookie.flush()
         if not self.finished:
             self._arm_flush(bookie_id)
+
+    def _next_stream_id(self) -> int:
+        data, _ = self._admin_session.zk.get(paths.STREAMS_NEXT_ID)
+        return int(data)
 
     def _peer_entry(self, bookie_id: str, stream_id: int, entry_id: int) -> Any:
         bookie = self.bookies.get(bookie_id)

@@ -16,6 +16,17 @@ random run. With the protection a script targets switched on, the same schedule 
   opens and hangs; C2's fence misses one bookie, its recovery ends the stream at e0; another
   bookie loses its disk (its term with it); C1 wakes and gets e0 acknowledged by those two
   after C2 fixed the end.
+- `sealed-lost-fence` (wiped-term-check): the same on a SEALED stream, which phase one skips.
+  E=4, WQ=2, AQ=2: C1 opens and hangs; C2 seals the stream, its fence missing one bookie of
+  e0's write set; the other bookie of that write set loses its disk; C1 wakes and gets e0
+  acknowledged by the two after the seal.
+- `unnamed-lost-fence` (wiped-term-check): E=WQ=2, AQ=1. C1 opens and hangs; C2's fence
+  reaches both bookies, its no-op only one, so the other is replaced with `replaces_last`
+  (no fragment names it any more: phase one skips the stream); it loses its disk; C1 wakes
+  and gets e0 acknowledged by it alone.
+- `unnamed-lost-fence-aq2` (wiped-term-check): the same with E=WQ=3, AQ=2 on five bookies:
+  C2's fence misses B3 and its no-op misses B2 and B3, both replaced; B2 loses its disk; C1's
+  e0 is acknowledged by B2 (term forgotten) and B3 (never fenced).
 - `bp46-lost-entry` (limbo): BP-46 scenario 2. e0 is acknowledged by B1 and B3 (B2's copy
   held back); B1 runs without the journal and crashes before a flush, losing e0; C2's
   recovery gets explicit negatives from B1 and B2 and ends the stream before e0.
@@ -37,6 +48,8 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
+from stream.client.recovery import WriterIdentity, seal
+from stream.errors import StreamError
 from stream.sim.cluster import (
     GWQ,
     LIMBO,
@@ -44,6 +57,7 @@ from stream.sim.cluster import (
     PHASE_ONE_FENCE,
     TERM_FENCING,
     TRUNCATE_NOOP,
+    WIPED_TERM_CHECK,
     SimConfig,
     Simulation,
 )
@@ -199,6 +213,82 @@ async def bp46_lost_fence(sim: Simulation) -> None:
     await sim.finish()
 
 
+async def sealed_lost_fence(sim: Simulation) -> None:
+    """BP-46 scenario 1 on a SEALED stream: a wiped bookie forgets the sealed stream's term
+    (phase one skips SEALED streams), and the old writer commits after the seal."""
+    sim.set_read_only("b5", True)
+    if await sim.open_writer("c1") is None:
+        return
+    ensemble = sim.snapshot()[2][-1].ensemble
+    sim.network.clog_node("c1")  # C1 hangs before it writes anything
+    sim.set_read_only("b5", False)
+    sim.network.cut("c2", ensemble[0])  # C2's fence (EC = 3) misses ensemble[0]
+    c2 = sim.client("c2")
+    try:
+        await seal(
+            "sim",
+            transport=c2.transport,
+            metadata=c2.metadata,
+            clock=sim.clock,
+            rng=c2.rng,
+            options=sim.writer_options,
+            identity=WriterIdentity("c2"),
+        )
+    except StreamError as e:
+        sim.trace.record("seal_failed", error=type(e).__name__)
+        return
+    sim.network.clog_node("c2")
+    sim.crash(ensemble[1], lose_disk=True)  # the sealed stream's term goes with the disk
+    sim.restart(ensemble[1])
+    sim.network.unclog_node("c1")  # C1 writes e0 to ensemble[0], ensemble[1]
+    sim.append("c1", 1)
+    await sim.until(lambda: sim.acked(0), timeout_s=0.3)
+    await asyncio.sleep(0.05)  # C1's explicit LAC, should it have one
+    # No final takeover: a SEALED stream takes no writer. Readers must see its sealed end.
+    sim.check()
+    await sim.read("r1")
+
+
+async def _replaced_away(sim: Simulation, read_only: tuple[str, ...], *, miss_third: bool) -> None:
+    """C1 opens (the `read_only` bookies left out) and hangs before its first add; C2's
+    fence misses the third bookie of the ensemble when `miss_third`, its no-op misses the
+    second bookie of the ensemble too: both are replaced (`replaces_last`) and no fragment
+    names them. The second bookie loses its disk; C1 wakes and writes e0, its answer from the
+    first bookie (fenced, INVALID_TERM) slowed down so that the others answer first."""
+    for bookie_id in read_only:
+        sim.set_read_only(bookie_id, True)
+    if await sim.open_writer("c1") is None:
+        return
+    ensemble = sim.snapshot()[2][-1].ensemble
+    sim.network.clog_node("c1")
+    for bookie_id in read_only:
+        sim.set_read_only(bookie_id, False)
+    if miss_third:
+        sim.network.cut("c2", ensemble[2])
+    sim.network.hold_adds("c2", ensemble[1])  # its Fence (unary) arrives, the no-op does not
+    if await sim.open_writer("c2") is None:
+        await sim.finish()
+        return
+    sim.network.clog_node("c2")
+    sim.crash(ensemble[1], lose_disk=True)
+    sim.restart(ensemble[1])
+    sim.network.slow("c1", ensemble[0], _SLOW_S)
+    sim.network.unclog_node("c1")
+    sim.append("c1", 1)
+    await sim.until(lambda: sim.acked(0), timeout_s=0.3)
+    await sim.finish()
+
+
+async def unnamed_lost_fence(sim: Simulation) -> None:
+    """A replaced-away bookie (no fragment names it) loses its disk; AQ = 1."""
+    await _replaced_away(sim, ("b3",), miss_third=False)
+
+
+async def unnamed_lost_fence_aq2(sim: Simulation) -> None:
+    """A replaced-away bookie loses its disk; AQ = 2 with a bookie the fence missed."""
+    await _replaced_away(sim, ("b4", "b5"), miss_third=True)
+
+
 async def bp46_lost_entry(sim: Simulation) -> None:
     """BP-46 scenario 2: a bookie that lost an entry answers an explicit negative for it."""
     sim.set_read_only("b4", True)
@@ -319,6 +409,28 @@ SCENARIOS: dict[str, Scenario] = {
             "BP-46 scenario 1: lost fence status allows writes after the end was fixed",
             _config(bookies=5, ensemble=4, write_quorum=2, ack_quorum=2),
             bp46_lost_fence,
+        ),
+        Scenario(
+            "sealed-lost-fence",
+            WIPED_TERM_CHECK,
+            "a wiped bookie forgets a SEALED stream's term; the old writer commits after the "
+            "seal",
+            _config(bookies=5, ensemble=4, write_quorum=2, ack_quorum=2),
+            sealed_lost_fence,
+        ),
+        Scenario(
+            "unnamed-lost-fence",
+            WIPED_TERM_CHECK,
+            "a wiped bookie that a recovery replaced away forgets the term (E=WQ=2, AQ=1)",
+            _config(bookies=3, ensemble=2, write_quorum=2, ack_quorum=1),
+            unnamed_lost_fence,
+        ),
+        Scenario(
+            "unnamed-lost-fence-aq2",
+            WIPED_TERM_CHECK,
+            "a wiped bookie that a recovery replaced away forgets the term (E=WQ=3, AQ=2)",
+            _config(bookies=5, ensemble=3, write_quorum=3, ack_quorum=2),
+            unnamed_lost_fence_aq2,
         ),
         Scenario(
             "bp46-lost-entry",

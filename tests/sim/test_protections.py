@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from stream.sim.cluster import PROTECTIONS, TERM_FENCING
+from stream.sim.cluster import PROTECTIONS, TERM_FENCING, WIPED_TERM_CHECK
 from stream.sim.runner import RunResult, run_many, run_seed
 from stream.sim.scenarios import SCENARIOS, run_scenario
 
@@ -62,6 +62,30 @@ def test_random_faults_find_the_counterexample(protection: str) -> None:
             print(f"\n{protection} off: random seed {seed}: {_first(result)}")
             return
     pytest.fail(f"no counterexample with {protection} off in {RANDOM_SEEDS} random seeds")
+
+
+# A wiped bookie forgets every term: of a SEALED stream and of one whose fragments no longer name
+# it (phase one fences neither). Each case has its scenario; all of them fail on every seed
+# with the check off.
+WIPED_TERM_SCENARIOS = [s.name for s in SCENARIOS.values() if s.targets == WIPED_TERM_CHECK]
+
+
+def test_every_wiped_term_case_has_a_scenario() -> None:
+    assert set(WIPED_TERM_SCENARIOS) == {
+        "sealed-lost-fence",
+        "unnamed-lost-fence",
+        "unnamed-lost-fence-aq2",
+    }
+
+
+@pytest.mark.parametrize("name", WIPED_TERM_SCENARIOS)
+def test_wiped_term_scenarios_fail_without_the_check_and_pass_with_it(name: str) -> None:
+    for seed in SCENARIO_SEEDS:
+        off = run_scenario(name, seed, {WIPED_TERM_CHECK})
+        assert not off.ok, f"{name} seed {seed} found nothing with {WIPED_TERM_CHECK} off"
+        assert off.violations[0].property == "superseded-writer", _first(off)
+        on = run_scenario(name, seed)
+        assert on.ok, f"{name} seed {seed}: {_first(on)}"
 
 
 def test_recovery_never_rewrites_an_old_truncate() -> None:

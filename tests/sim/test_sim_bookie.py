@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from stream.client.entries import NOOP_TRUNCATE, prepare_entry
+from stream.errors import StreamNotFoundError
 from stream.metadata.model import Fragment, StreamMeta, StreamState
 from stream.protocol import Code
 from stream.sim.bookie import BookieProtections, SimBookie
@@ -46,12 +47,15 @@ def test_term_rule_on_adds_fences_and_recovery_reads() -> None:
     assert _read(bookie, 0).code == Code.OK  # a normal read carries no term
     assert _read(bookie, 0, term=4).code == Code.OK  # records term 4
     assert list(_add(bookie, 3, _entry(1)).codes) == [Code.INVALID_TERM]
-    # A fence records the term even for a stream never seen; a recovery read does not.
+    # A fence and a recovery read record the term even for a stream never seen (the TLA+
+    # spec fences on recovery reads); the read then answers an explicit negative.
     assert bookie.fence(pb.FenceRequest(stream_id=S + 1, term=5)).bookie_term == 5
-    assert bookie.read(pb.ReadRequest(stream_id=S + 2, entry_id=0, term=5)).code == (
-        Code.NO_SUCH_STREAM
-    )
-    assert S + 2 not in bookie.streams
+    read = bookie.read(pb.ReadRequest(stream_id=S + 2, entry_id=0, term=5))
+    assert (read.code, read.bookie_term) == (Code.NO_SUCH_ENTRY, 5)
+    assert bookie.streams[S + 2].term == 5
+    stale = pb.AddRequest(stream_id=S + 2, term=4)
+    stale.entries.append(prepare_entry(S + 2, 0, 0, 1000, b"x").entry())
+    assert list(bookie.add(stale).codes) == [Code.INVALID_TERM]
 
 
 def test_no_fence_serves_every_term() -> None:
@@ -180,3 +184,57 @@ def test_read_lac_long_poll_answers_when_the_lac_moves() -> None:
 
     lac, at = run_simulated(poll())
     assert lac == 0 and abs(at - 0.1) < 1e-6
+
+
+def _wiped(protections: BookieProtections, meta: StreamMeta | None) -> SimBookie:
+    """A bookie that held term 3 of stream S (named by no fragment: phase one skips it),
+    then lost its disk; metadata now says `meta` (None: the stream was deleted)."""
+    bookie = _bookie(protections=protections)
+    bookie.metadata_reads = []  # type: ignore[attr-defined]
+
+    def snapshot(stream_id: int) -> tuple[StreamMeta, int, list[Fragment]]:
+        bookie.metadata_reads.append(stream_id)  # type: ignore[attr-defined]
+        if meta is None:
+            raise StreamNotFoundError("stream not found", stream_id=stream_id)
+        return meta, 0, []
+
+    bookie.streams_with_bookie = lambda bookie_id: []
+    bookie.snapshot = snapshot
+    bookie.next_stream_id = lambda: S + 1
+    _add(bookie, 3, _entry(0))
+    bookie.crash(lose_disk=True)
+
+    async def start() -> None:
+        bookie.start()
+
+    run_simulated(start())
+    return bookie
+
+
+def test_a_wiped_bookie_learns_a_forgotten_term_from_metadata() -> None:
+    sealed = _meta(3, StreamState.SEALED)
+    for request in (
+        lambda b: list(_add(b, 2, _entry(1)).codes)[0],
+        lambda b: b.fence(pb.FenceRequest(stream_id=S, term=2)).code,
+        lambda b: _read(b, 0, term=2).code,
+        lambda b: b.truncate(pb.TruncateRequest(stream_id=S, term=2, after_entry_id=-1)).code,
+    ):
+        bookie = _wiped(BookieProtections(), sealed)
+        assert request(bookie) == Code.INVALID_TERM
+        assert bookie.streams[S].term == 3  # learned once, recorded
+        unchecked = _wiped(BookieProtections(wiped_term_check=False), sealed)
+        assert request(unchecked) in (Code.OK, Code.NO_SUCH_ENTRY)  # served: the old term
+    bookie = _wiped(BookieProtections(), sealed)
+    assert list(_add(bookie, 4, _entry(1)).codes) == [Code.OK]  # a newer term is served
+    assert list(_add(bookie, 4, _entry(2)).codes) == [Code.OK]
+    assert bookie.streams[S].term == 4
+    # A stream created after the disk was replaced never had a term here: no metadata read.
+    assert bookie.fence(pb.FenceRequest(stream_id=S + 1, term=1)).code == Code.OK
+    assert bookie.metadata_reads == [S]  # type: ignore[attr-defined]
+
+
+def test_a_wiped_bookie_refuses_a_deleted_stream() -> None:
+    bookie = _wiped(BookieProtections(), None)
+    assert list(_add(bookie, 2, _entry(1)).codes) == [Code.NO_SUCH_STREAM]
+    assert bookie.fence(pb.FenceRequest(stream_id=S, term=9)).code == Code.NO_SUCH_STREAM
+    assert S not in bookie.streams

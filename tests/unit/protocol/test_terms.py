@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from stream.protocol.codes import Code
 from stream.protocol.invariant import InvariantViolation
-from stream.protocol.terms import TermDecision, term_decision
+from stream.protocol.terms import TermDecision, must_learn_term, term_decision
 
 
 def oracle(local: int, request: int) -> TermDecision:
@@ -58,3 +58,22 @@ def test_decision_properties() -> None:
 def test_negative_local_term_is_a_bug() -> None:
     with pytest.raises(InvariantViolation):
         term_decision(-1, 3)
+
+
+def test_must_learn_term_exhaustive_small_inputs() -> None:
+    # Only a stream the bookie holds no state for, created before its disk's loss was repaired
+    # (an id below the counter then), may have had a term the bookie forgot.
+    for stream_id in range(0, 8):
+        for known in (False, True):
+            for forgotten_below in range(0, 9):
+                expected = (not known) and stream_id >= 1 and stream_id < forgotten_below
+                assert (
+                    must_learn_term(stream_id, known=known, forgotten_below=forgotten_below)
+                    is expected
+                ), (stream_id, known, forgotten_below)
+
+
+def test_a_bookie_that_never_lost_its_disk_never_reads_metadata() -> None:
+    assert not must_learn_term(1, known=False, forgotten_below=0)
+    with pytest.raises(InvariantViolation):
+        must_learn_term(1, known=False, forgotten_below=-1)
