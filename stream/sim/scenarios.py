@@ -413,8 +413,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(
             "sealed-lost-fence",
             WIPED_TERM_CHECK,
-            "a wiped bookie forgets a SEALED stream's term; the old writer commits after the "
-            "seal",
+            "a wiped bookie forgets a SEALED stream's term; the old writer commits after the seal",
             _config(bookies=5, ensemble=4, write_quorum=2, ack_quorum=2),
             sealed_lost_fence,
         ),
