@@ -11,8 +11,10 @@ acknowledged (BP-46 scenario 2), nor accept a write of a term that was fenced he
    `auto_fix_cookie = true` (or by hand, `streamctl bookie fix-cookie`);
 2. **phase one**, before serving, when the previous run crashed after bypassing the journal or
    the cookie is being fixed: for every non-sealed stream with a fragment naming this bookie,
-   local term := max(local, metadata term) and limbo on, all durable (journal, fsync);
-   then the fixed cookie is written;
+   local term := max(local, metadata term) and limbo on, all durable (journal, fsync); when
+   the fix lost a directory, also the stream id counter below which terms may have been
+   forgotten (`stream.bookie.terms`: the terms of SEALED streams and of streams no fragment
+   names are learned from metadata on first use); then the fixed cookie is written;
 3. serving and registration (a limbo stream answers UNKNOWN instead of an explicit negative);
 4. **phase two** in the background (`Repairer`): per limbo stream, a fixed end (a recovery by
    a newer term, running one when needed), every entry this bookie should hold up to it
@@ -74,8 +76,9 @@ log = structlog.get_logger(__name__)
 
 JOURNAL_BYPASS_MARKER = "JOURNAL_BYPASSED"
 # Test-only switch, read by nothing else: "phase_one" skips phase one, "limbo" runs it without
-# setting limbo (terms only). It exists so that the real-process test can show that its checks
-# fail without these protections. Never set it in production.
+# setting limbo (terms only), "wiped_term_check" does not learn forgotten terms from metadata.
+# It exists so that the real-process tests can show that their checks fail without these
+# protections. Never set it in production.
 UNSAFE_SKIP_ENV = "STREAMKEEPER_UNSAFE_BP46_SKIP"
 
 # Phase two bounds: streams repaired at once, ids scanned per index pass, entries per copy
@@ -101,6 +104,35 @@ _PROGRESS_LOG_EVERY_ENTRIES = 50_000
 
 def _unsafe_skip() -> set[str]:
     return {p.strip() for p in os.environ.get(UNSAFE_SKIP_ENV, "").split(",") if p.strip()}
+
+
+def forgotten_terms(config: BookieConfig, storage: StreamStorage, session: Any) -> Any:
+    """Returns the check of terms a lost disk took (`stream.bookie.terms.ForgottenTerms`) for
+    the service, or None when this bookie never lost a directory. Call after `protect_at_boot`,
+    on the event loop."""
+    from stream.bookie.terms import ForgottenTerms, forgotten_terms_bound, read_stream_term
+
+    below = forgotten_terms_bound(config)
+    if below == 0:
+        return None
+    if "wiped_term_check" in _unsafe_skip():
+        log.warning("integrity.wiped_term_check_skipped_unsafe", env=UNSAFE_SKIP_ENV)
+        return None
+
+    async def read_term(stream_id: int) -> int | None:
+        return await asyncio.to_thread(read_stream_term, session, stream_id)
+
+    log.info("integrity.forgotten_terms", below_stream_id=below)
+    return ForgottenTerms(storage, below, read_term)
+
+
+def _note_forgotten_terms(config: BookieConfig, decision: CookieDecision, session: Any) -> None:
+    """Records, before the fixed cookie, which streams' terms the lost directories may have
+    taken (blocking)."""
+    from stream.bookie.terms import note_forgotten_terms, read_next_stream_id
+
+    if decision.lost_directories:
+        note_forgotten_terms(config, read_next_stream_id(session))
 
 
 # -- the journal-bypass marker --------------------------------------------------------------
@@ -260,6 +292,7 @@ async def protect_at_boot(
         )
         await run_phase_one(storage, streams, reason=reason)
     if preparation.cookie_fix is not None:
+        await asyncio.to_thread(_note_forgotten_terms, config, preparation.cookie_fix, session)
         await asyncio.to_thread(apply_cookie_fix, config, preparation.cookie_fix, cookie_store)
     await asyncio.to_thread(settle_journal_mode, config)
     bounds = limbo_bounds(storage)
@@ -750,6 +783,7 @@ def fix_cookie(config: BookieConfig) -> FixCookieReport:
                 storage.open()
                 try:
                     report = await run_phase_one(storage, streams, reason="cookie")
+                    await asyncio.to_thread(_note_forgotten_terms, config, decision, session)
                     await asyncio.to_thread(apply_cookie_fix, config, decision, registry)
                 except BaseException:
                     storage.abandon()  # the unclean bit stays set: the next boot redoes it
@@ -774,6 +808,7 @@ __all__ = [
     "StreamRepair",
     "fix_cookie",
     "fixed_end",
+    "forgotten_terms",
     "ids_to_hold",
     "limbo_bounds",
     "make_repairer",

@@ -26,6 +26,7 @@ from google.protobuf.message import DecodeError
 from stream.bookie import metrics
 from stream.bookie.config import BookieConfig
 from stream.bookie.disk import DiskStatus
+from stream.bookie.terms import ForgottenTerms, Refusal
 from stream.client.entries import varint
 from stream.protocol.invariant import invariant
 from stream.wire import bookie_pb2 as pb
@@ -71,6 +72,8 @@ class Storage(Protocol):
     def trim(self, stream_id: int, before_entry_id: int) -> Any: ...
     def stream_state(self, stream_id: int) -> Any: ...
     def stream_ids(self) -> Iterable[int]: ...
+    def knows(self, stream_id: int) -> bool: ...
+    def record_term(self, stream_id: int, term: int) -> concurrent.futures.Future[None]: ...
 
 
 @dataclass(frozen=True)
@@ -175,9 +178,14 @@ class BookieService(bookie_pb2_grpc.BookieServicer):
         instance_id: str,
         start_report: StartReport,
         disk_status: DiskStatus | None = None,
+        forgotten_terms: ForgottenTerms | None = None,
     ) -> None:
+        """`forgotten_terms`: after a disk loss, the check that learns a stream's term from
+        metadata before a term-bearing request for a stream this bookie holds no state for
+        (`stream.bookie.terms`); None when no disk was lost."""
         self._config = config
         self._storage = storage
+        self._terms = forgotten_terms
         self._instance_id = instance_id
         self._start_report = start_report
         self._disk = disk_status
@@ -269,6 +277,15 @@ class BookieService(bookie_pb2_grpc.BookieServicer):
             counter = self._read_counters[code] = metrics.READ_ENTRIES.labels(code=_code_name(code))
         counter.inc(entries)
 
+    async def _refusal(self, stream_id: int) -> Refusal | None:
+        """Returns why a term-bearing request for `stream_id` must be refused before the term
+        rule (its term may have been lost with the disk and metadata cannot tell it now, or
+        the stream was deleted), else None once its term is known here."""
+        terms = self._terms
+        if terms is None or not terms.must_learn(stream_id):
+            return None
+        return await terms.learn(stream_id)
+
     def _stream_term(self, stream_id: int) -> int:
         state = self._storage.stream_state(stream_id) if stream_id else None
         return int(state.term) if state is not None else 0
@@ -356,7 +373,14 @@ class BookieService(bookie_pb2_grpc.BookieServicer):
                     await pending.put((response, None, [BAD_REQUEST]))
                     continue
                 try:
-                    item = self._start_add(request, raw)
+                    terms = self._terms  # checked here, not awaited: the hot path
+                    refusal = None
+                    if terms is not None and terms.must_learn(request.stream_id):
+                        refusal = await terms.learn(request.stream_id)
+                    if refusal is not None:
+                        item = self._add_rejected(request, refusal.code, refusal.message)
+                    else:
+                        item = self._start_add(request, raw)
                 except Exception as e:
                     log.exception("rpc.internal_error", rpc="Add", stream_id=request.stream_id)
                     item = self._add_rejected(request, INTERNAL, f"internal error: {e!r}")
@@ -414,6 +438,9 @@ class BookieService(bookie_pb2_grpc.BookieServicer):
                 bookie_term=self._stream_term(request.stream_id),
                 message="Fence needs a stream_id and a term >= 1",
             )
+        refusal = await self._refusal(request.stream_id)
+        if refusal is not None:
+            return pb.FenceResponse(code=refusal.code, message=refusal.message)
         outcome = self._storage.fence(request.stream_id, request.term)
         await _await_durable(outcome.durable)
         return pb.FenceResponse(
@@ -435,6 +462,11 @@ class BookieService(bookie_pb2_grpc.BookieServicer):
             return pb.ReadResponse(
                 code=BAD_REQUEST, message="Read needs a stream_id and an entry_id >= 0"
             )
+        if request.term:  # a recovery read
+            refusal = await self._refusal(request.stream_id)
+            if refusal is not None:
+                self._count_read(refusal.code, 1)
+                return pb.ReadResponse(code=refusal.code, lac=-1, message=refusal.message)
         outcome = self._storage.read(request.stream_id, request.entry_id, request.term)
         await _await_durable(outcome.durable)
         response = pb.ReadResponse(
@@ -514,6 +546,9 @@ class BookieService(bookie_pb2_grpc.BookieServicer):
                 bookie_term=self._stream_term(request.stream_id),
                 message=self._read_only_reason(),
             )
+        refusal = await self._refusal(request.stream_id)
+        if refusal is not None:
+            return pb.TruncateResponse(code=refusal.code, message=refusal.message)
         outcome = self._storage.truncate(request.stream_id, request.term, request.after_entry_id)
         await _await_durable(outcome.durable)
         return pb.TruncateResponse(

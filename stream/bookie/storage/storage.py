@@ -695,6 +695,22 @@ class StreamStorage:
             self._apply_trim(stream_id, before_entry_id)
         return TrimOutcome(OK, state.first_entry_id, durable)
 
+    def record_term(self, stream_id: int, term: int) -> Future[None]:
+        """Raises the stream's term to at least `term` (creating its state, even at term 0),
+        through the journal; returns the future of the sync. For a term learned from metadata
+        (`stream.bookie.terms`): the stream is known from then on."""
+        invariant(stream_id != 0 and term >= 0, "record_term needs a stream id and a term")
+        unusable = self._usable()
+        if unusable is not None:
+            fut: Future[None] = Future()
+            fut.set_running_or_notify_cancel()
+            fut.set_exception(StorageError(unusable, stream_id=stream_id))
+            return fut
+        with self._lock:
+            durable = self._journal.append(codec.REC_TERM, codec.TERM_BODY.pack(stream_id, term))
+            self._apply_term(stream_id, term)
+        return durable
+
     def set_limbo(self, stream_id: int, limbo: bool, term: int | None = None) -> Future[None]:
         """Sets or clears the stream's limbo status (creating the stream state if missing)
         and raises its term to at least `term`, through the journal; returns the future of
@@ -780,26 +796,29 @@ class StreamStorage:
     # -- reads ----------------------------------------------------------------------------
 
     def read(self, stream_id: int, entry_id: int, term: int = 0) -> ReadOutcome:
-        """Returns one entry. With `term` > 0 (a recovery read) the term rule applies first.
-        TRIMMED below the first retained entry, NO_SUCH_ENTRY when not held, NO_SUCH_STREAM
-        for an unknown stream; in limbo an explicit negative becomes UNKNOWN."""
+        """Returns one entry. With `term` > 0 (a recovery read) the term rule applies first,
+        and a new term is recorded durably, even for a stream never seen (the TLA+ spec fences
+        on recovery reads). TRIMMED below the first retained entry, NO_SUCH_ENTRY when not
+        held, NO_SUCH_STREAM for an unknown stream; in limbo an explicit negative becomes
+        UNKNOWN."""
         unusable = self._usable()
         if unusable is not None:
             return ReadOutcome(INTERNAL, None, -1, 0, 0, None, unusable)
         state = self._states.get(stream_id)
         durable = None
         if term:
-            if state is None:
-                return ReadOutcome(NO_SUCH_STREAM, None, -1, 0, 0, None, "unknown stream")
-            decision = term_decision(state.term, term)
+            local_term = state.term if state is not None else 0
+            decision = term_decision(local_term, term)
             if not decision.serves:
-                message = self._term_message(decision, term, state.term)
+                message = self._term_message(decision, term, local_term)
+                if state is None:
+                    return ReadOutcome(decision.code, None, -1, 0, 0, None, message)
                 return ReadOutcome(
                     decision.code, None, state.lac, state.term, state.first_entry_id, None, message
                 )
             if decision is _ACCEPT_NEW:
                 with self._lock:
-                    self._apply_term(stream_id, term)
+                    state = self._apply_term(stream_id, term)
                     durable = self._journal.append(
                         codec.REC_TERM, codec.TERM_BODY.pack(stream_id, term)
                     )
@@ -1007,6 +1026,10 @@ class StreamStorage:
         """Returns an immutable view of the stream's state, or None when unknown."""
         state = self._states.get(stream_id)
         return state.view() if state is not None else None
+
+    def knows(self, stream_id: int) -> bool:
+        """Returns whether the bookie holds state for the stream (cheap: no view is built)."""
+        return stream_id in self._states
 
     def stream_ids(self) -> list[int]:
         """Returns the ids of every stream this bookie knows."""

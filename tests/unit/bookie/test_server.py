@@ -20,6 +20,7 @@ from stream.bookie.disk import DiskStatus
 from stream.bookie.server import BookieService, StartReport, add_to_server, server_options
 from stream.bookie.storage import StreamStorage
 from stream.bookie.storage.journal import Journal
+from stream.bookie.terms import ForgottenTerms
 from stream.sandbox.ports import free_port
 from stream.wire import bookie_pb2 as pb
 from stream.wire import bookie_pb2_grpc
@@ -85,7 +86,12 @@ class Harness:
     channel: grpc.aio.Channel
 
 
-async def start(data_dir: Path, **overrides: Any) -> tuple[Harness, grpc.aio.Server]:
+async def start(
+    data_dir: Path,
+    *,
+    forgotten_terms: Callable[[StreamStorage], ForgottenTerms] | None = None,
+    **overrides: Any,
+) -> tuple[Harness, grpc.aio.Server]:
     port = free_port()
     config = BookieConfig.from_dict(
         {
@@ -111,6 +117,7 @@ async def start(data_dir: Path, **overrides: Any) -> tuple[Harness, grpc.aio.Ser
         instance_id="inst",
         start_report=StartReport(unclean_start=True, replayed_records=7, replayed_entries=5),
         disk_status=DiskStatus(False, 10, 100, "/d", 0.1),
+        forgotten_terms=forgotten_terms(storage) if forgotten_terms is not None else None,
     )
     server = grpc.aio.server(options=server_options(config))
     add_to_server(service, server)
@@ -121,6 +128,9 @@ async def start(data_dir: Path, **overrides: Any) -> tuple[Harness, grpc.aio.Ser
 
 
 def run(data_dir: Path, coro_fn: Callable[[Harness], Awaitable[None]], **overrides: Any) -> None:
+    """Runs `coro_fn` against a started service; `overrides` are config keys, and
+    `forgotten_terms`, a factory of the service's check of forgotten terms."""
+
     async def main() -> None:
         h, server = await start(data_dir, **overrides)
         try:

@@ -83,11 +83,37 @@ def test_fence_reports_stream_end(config) -> None:
         storage.close()
 
 
-def test_recovery_read_of_unknown_stream_creates_nothing(config) -> None:
+def test_recovery_read_of_unknown_stream_records_its_term(config) -> None:
+    # The TLA+ spec fences on recovery reads: a bookie that never saw the stream records the
+    # reader's term (durably) and answers an explicit negative.
     storage, _ = open_storage(config)
+    read = storage.read(11, 0, term=3)
+    assert (read.code, read.bookie_term) == (pb.NO_SUCH_ENTRY, 3)
+    assert read.durable is not None
+    wait(read.durable)
+    assert storage.read(12, 0).code == pb.NO_SUCH_STREAM  # a normal read records nothing
+    assert storage.stream_state(12) is None
+    storage, _ = crash_and_reopen(storage, config)
     try:
-        assert storage.read(11, 0, term=3).code == pb.NO_SUCH_STREAM
-        assert storage.stream_state(11) is None
+        assert storage.stream_state(11).term == 3
+        assert storage.add_batch(add_request(11, 2, [entry(11, 0)])).codes == [pb.INVALID_TERM]
+    finally:
+        storage.close()
+
+
+def test_record_term_creates_the_stream_durably_and_never_lowers_it(config) -> None:
+    storage, _ = open_storage(config)
+    wait(storage.record_term(21, 4))
+    wait(storage.record_term(22, 0))  # a stream no writer opened yet: known, term 0
+    wait(storage.add_batch(add_request(23, 6, [entry(23, 0)])).durable)
+    wait(storage.record_term(23, 5))
+    storage, _ = crash_and_reopen(storage, config)
+    try:
+        assert storage.stream_state(21).term == 4
+        assert storage.stream_state(22).term == 0
+        assert storage.stream_state(23).term == 6
+        assert storage.knows(21) and storage.knows(22) and not storage.knows(24)
+        assert storage.fence(21, 3).code == pb.INVALID_TERM
     finally:
         storage.close()
 
