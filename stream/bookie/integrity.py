@@ -71,6 +71,7 @@ from stream.wire import bookie_pb2 as pb
 
 if TYPE_CHECKING:
     from stream.bookie.storage import StreamStorage
+    from stream.bookie.terms import ForgottenTerms
 
 log = structlog.get_logger(__name__)
 
@@ -106,7 +107,9 @@ def _unsafe_skip() -> set[str]:
     return {p.strip() for p in os.environ.get(UNSAFE_SKIP_ENV, "").split(",") if p.strip()}
 
 
-def forgotten_terms(config: BookieConfig, storage: StreamStorage, session: Any) -> Any:
+def forgotten_terms(
+    config: BookieConfig, storage: StreamStorage, session: Any
+) -> ForgottenTerms | None:
     """Returns the check of terms a lost disk took (`stream.bookie.terms.ForgottenTerms`) for
     the service, or None when this bookie never lost a directory. Call after `protect_at_boot`,
     on the event loop."""

@@ -373,10 +373,9 @@ class BookieService(bookie_pb2_grpc.BookieServicer):
                     await pending.put((response, None, [BAD_REQUEST]))
                     continue
                 try:
-                    terms = self._terms  # checked here, not awaited: the hot path
                     refusal = None
-                    if terms is not None and terms.must_learn(request.stream_id):
-                        refusal = await terms.learn(request.stream_id)
+                    if self._terms is not None:  # only a bookie that lost its disk
+                        refusal = await self._refusal(request.stream_id)
                     if refusal is not None:
                         item = self._add_rejected(request, refusal.code, refusal.message)
                     else:
