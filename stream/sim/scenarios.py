@@ -39,6 +39,7 @@ random run. With the protection a script targets switched on, the same schedule 
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
@@ -299,10 +300,10 @@ async def _goes_on(sim: Simulation, name: str, after: str) -> bool:
 
 async def lost_reply_same_term(sim: Simulation) -> None:
     """The writer's multi-op lands, its reply is lost, a same-term change follows it."""
-    policies = iter(RetentionPolicy(max_age_s=3600.0 + i) for i in range(1_000))
+    changes = itertools.count()
 
-    def operator_change() -> None:  # same term: the policy only
-        sim.admin.set_retention(sim.stream_id, next(policies))
+    def operator_change() -> None:  # same term: a new retention policy, nothing else
+        sim.admin.set_retention(sim.stream_id, RetentionPolicy(max_age_s=3600.0 + next(changes)))
 
     def lose(name: str, when: Callable[[], bool]) -> None:
         sim.lose_zk_reply(name, when=when, meanwhile=operator_change)
