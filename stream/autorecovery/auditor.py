@@ -165,7 +165,7 @@ class Auditor:
     ) -> int:
         """Marks the stream's fixed fragments that name a bad bookie; returns the takeovers
         run (at most `budget`) for its open last fragment."""
-        meta, _, fragments = await self._metadata.get_snapshot(stream_id)
+        meta, version, fragments = await self._metadata.get_snapshot(stream_id)
         now = self._monotonic()
         available = self._last_available or set()
         for fragment in fragments:
@@ -204,6 +204,11 @@ class Auditor:
                 continue
             if used >= budget:
                 continue
+            # Look again just before (as retention does): a writer that came since the
+            # snapshot (a new one, or one whose session came back) must not be fenced by us.
+            if not await self._still_writerless(meta.id, version):
+                report.open_left_to_writer += 1
+                continue
             used += 1
             if await self._close_open_tail(meta, fragments[finding.index], set(bad)):
                 report.takeovers += 1
@@ -213,6 +218,13 @@ class Auditor:
                 # Its fragments are fixed now: mark them in this pass.
                 await self._audit_stream(stream_id, report, 0, seen_open)
         return used
+
+    async def _still_writerless(self, stream_id: int, version: int) -> bool:
+        """Returns whether the stream's meta is still at the audited `version` and no writer
+        holds the stream."""
+        store = self._metadata.store
+        _, current = await asyncio.to_thread(store.get_stream_by_id, stream_id)
+        return current == version and not await asyncio.to_thread(store.writer_alive, stream_id)
 
     async def _close_open_tail(self, meta: StreamMeta, last: Fragment, bad: set[str]) -> bool:
         """Takes over a stream whose open last fragment names a bad bookie and has no live

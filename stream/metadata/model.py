@@ -12,6 +12,7 @@ import enum
 import json
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -300,9 +301,10 @@ class StreamMeta:
         """Returns the first entry id of the newest term in `term_history`, None when empty."""
         return self.term_history[-1][1] if self.term_history else None
 
-    def to_json(self, op_id: str | None = None) -> builtins.bytes:
-        """Returns the meta znode's JSON. `op_id` tags the write that stores it, so that a
-        writer whose reply was lost can tell whether its own multi-op landed."""
+    def to_json(self, op_ids: Sequence[str] = ()) -> builtins.bytes:
+        """Returns the meta znode's JSON. `op_ids` (oldest first) tag the write that stores it
+        and the writes before it, so that a writer whose reply was lost can tell whether its
+        own multi-op landed, even when other changes followed it."""
         body: dict[str, Any] = {
             "name": self.name,
             "id": self.id,
@@ -319,19 +321,20 @@ class StreamMeta:
             "term_history": [list(pair) for pair in self.term_history],
             "created_ms": self.created_ms,
         }
-        if op_id is not None:
-            body["op_id"] = op_id
+        if op_ids:
+            body["op_ids"] = list(op_ids)
         return _encode(body)
 
     @classmethod
     def from_json(cls, data: builtins.bytes) -> StreamMeta:
         """Returns the meta in a znode's `data`; raises `MetadataError` when malformed."""
-        meta, _ = cls.from_json_with_op(data)
+        meta, _ = cls.from_json_with_ops(data)
         return meta
 
     @classmethod
-    def from_json_with_op(cls, data: builtins.bytes) -> tuple[StreamMeta, str | None]:
-        """Returns the meta in `data` and the `op_id` of the write that stored it."""
+    def from_json_with_ops(cls, data: builtins.bytes) -> tuple[StreamMeta, tuple[str, ...]]:
+        """Returns the meta in `data` and the op ids of the writes that stored it and those
+        before it (oldest first; a single `op_id` as older versions wrote it)."""
         body = _decode_object(data, "stream meta")
         try:
             retention = body.get("retention")
@@ -358,8 +361,10 @@ class StreamMeta:
             )
         except (KeyError, InvalidArgumentError) as exc:
             raise MetadataError("malformed stream meta", reason=str(exc)) from exc
-        op_id = body.get("op_id")
-        return meta, op_id if isinstance(op_id, str) else None
+        op_ids = body.get("op_ids", [body.get("op_id")])
+        if not isinstance(op_ids, list):
+            op_ids = []
+        return meta, tuple(op for op in op_ids if isinstance(op, str))
 
     def replace(self, **changes: Any) -> StreamMeta:
         """Returns a copy with `changes` applied (and checked)."""

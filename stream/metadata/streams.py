@@ -8,9 +8,9 @@ CAS with `BadVersionError`, rereads, sees the higher term and disengages."""
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -62,6 +62,10 @@ _CAS_ATTEMPTS = 16
 _SNAPSHOT_ATTEMPTS = 16
 _DELETE_ATTEMPTS = 16
 _WRITER_ATTEMPTS = 8
+# How many of its last writes `meta` names by op id. A client whose reply was lost finds its
+# own op among them however many same-term changes (trims, repairs: a few per minute at most)
+# followed it before it could look; past that many it reports a version conflict.
+OP_IDS_KEPT = 16
 
 
 class BadVersionError(MetadataError):
@@ -154,23 +158,26 @@ class StreamStore:
 
     # ---------------------------------------------------------------- reads
 
-    def _read_meta(self, stream_id: int) -> tuple[StreamMeta, int, str | None]:
-        """Returns the stream's meta, its znode version and the op id of its last write."""
+    def _read_meta(self, stream_id: int) -> tuple[StreamMeta, int, tuple[str, ...]]:
+        """Returns the stream's meta, its znode version and the op ids of its last writes."""
         path = paths.stream_meta(stream_id)
         try:
             data, stat = self._session.retry(self._zk.get, path)
         except NoNodeError:
             raise StreamNotFoundError("stream not found", stream_id=stream_id) from None
         try:
-            meta, op_id = StreamMeta.from_json_with_op(data)
+            meta, op_ids = StreamMeta.from_json_with_ops(data)
         except MetadataError as exc:
             raise MetadataError(exc.message, path=path, **exc.context) from exc
-        return meta, stat.version, op_id
+        return meta, stat.version, op_ids
 
-    def _read_meta_at(self, stream_id: int, expected_version: int, action: str) -> StreamMeta:
-        """Returns the stream's meta when its znode is at `expected_version`; raises
-        `BadVersionError` otherwise (no point building a multi-op that must fail)."""
-        meta, version, _ = self._read_meta(stream_id)
+    def _read_meta_at(
+        self, stream_id: int, expected_version: int, action: str
+    ) -> tuple[StreamMeta, tuple[str, ...]]:
+        """Returns the stream's meta and the op ids of its last writes when its znode is at
+        `expected_version`; raises `BadVersionError` otherwise (no point building a multi-op
+        that must fail)."""
+        meta, version, op_ids = self._read_meta(stream_id)
         if version != expected_version:
             raise BadVersionError(
                 "stream metadata changed",
@@ -180,7 +187,7 @@ class StreamStore:
                 current_version=version,
                 action=action,
             )
-        return meta
+        return meta, op_ids
 
     def _fragment_ids(self, stream_id: int) -> list[int]:
         """Returns the first entry ids of the stream's fragment znodes, sorted."""
@@ -351,7 +358,7 @@ class StreamStore:
                     "set_data", paths.STREAMS_NEXT_ID, str(stream_id + 1).encode(), counter_version
                 ),
                 _Op("create", paths.stream(stream_id)),
-                _Op("create", paths.stream_meta(stream_id), meta.to_json(uuid.uuid4().hex)),
+                _Op("create", paths.stream_meta(stream_id), meta.to_json()),
                 _Op("create", paths.stream_fragments(stream_id)),
             ]
             try:
@@ -521,28 +528,45 @@ class StreamStore:
         new_meta: StreamMeta,
         extra_ops: Sequence[_Op] = (),
         *,
+        op_ids: Sequence[str],
         action: str,
     ) -> tuple[StreamMeta, int]:
         """Returns `(new_meta, new version)` after one multi-op that sets `meta` at
         `expected_version` and runs `extra_ops`; raises `BadVersionError` when the version
-        moved. After a connection loss it looks for its own op id in `meta` before retrying,
-        because the multi-op may have landed with its reply lost."""
+        moved. `op_ids` are those `meta` holds at `expected_version`: the write adds its own.
+
+        After a connection loss it looks for its own op id in `meta` before retrying, because
+        the multi-op may have landed with its reply lost; then other changes may have followed
+        it (retention, a repair), and it returns the stream as it is now if they kept the term.
+        Only this call's random op id counts as proof, never what `meta` looks like: another
+        writer's change of the same shape must stay a conflict."""
         if len(extra_ops) + 1 > MAX_OPS_PER_MULTI:
             raise InvalidArgumentError(
                 "too many changes for one multi-op", ops=len(extra_ops) + 1, max=MAX_OPS_PER_MULTI
             )
-        op_id = uuid.uuid4().hex
+        op_id = secrets.token_hex(8)
         meta_path = paths.stream_meta(stream_id)
-        ops = [_Op("set_data", meta_path, new_meta.to_json(op_id), expected_version), *extra_ops]
+        written = new_meta.to_json((*op_ids, op_id)[-OP_IDS_KEPT:])
+        ops = [_Op("set_data", meta_path, written, expected_version), *extra_ops]
         deadline = time.monotonic() + self._session.retry_deadline_s
         ambiguous = False
         context = {"stream": new_meta.name, "stream_id": stream_id, "action": action}
 
         def settle() -> tuple[StreamMeta, int] | None:
-            """Returns the stored meta when our multi-op landed; None when the version still
-            waits for it; raises BadVersionError when someone else moved it."""
-            stored, version, stored_op = self._read_meta(stream_id)
-            if stored_op == op_id:
+            """Returns the stored meta when our multi-op landed and the term it wrote still
+            stands (same-term changes may have followed it); None when the version still waits
+            for it; raises BadVersionError when someone else moved it (before or after ours: a
+            newer term is the caller's to see)."""
+            stored, version, stored_ops = self._read_meta(stream_id)
+            if op_id in stored_ops and stored.term == new_meta.term:
+                log.info(
+                    "metadata.stream_changed",
+                    version=version,
+                    term=stored.term,
+                    changes_after=version - expected_version - 1,
+                    reply_lost=True,
+                    **context,
+                )
                 return stored, version
             if version != expected_version:
                 raise BadVersionError(
@@ -615,7 +639,7 @@ class StreamStore:
         The last fragment is the one the recovery must fence and read (as of that version).
         Raises `BadVersionError` (someone else moved first: reread) or `StreamSealedError`."""
         validate_stream_id(stream_id)
-        meta = self._read_meta_at(stream_id, expected_version, "begin_takeover")
+        meta, op_ids = self._read_meta_at(stream_id, expected_version, "begin_takeover")
         if meta.state is StreamState.SEALED:
             raise StreamSealedError("stream is sealed", stream=meta.name, stream_id=stream_id)
         # Read after seeing expected_version; the CAS below proves nothing moved since.
@@ -624,6 +648,7 @@ class StreamStore:
             stream_id,
             expected_version,
             meta.replace(term=meta.term + 1, state=StreamState.IN_RECOVERY),
+            op_ids=op_ids,
             action="begin_takeover",
         )
         return new_meta, version, fragments[-1] if fragments else None
@@ -643,7 +668,7 @@ class StreamStore:
         Raises `BadVersionError`, `InvalidTermError` when `term` is not the stream's term, and
         `InvalidArgumentError` for fragments that do not fit the stream."""
         validate_stream_id(stream_id)
-        meta = self._read_meta_at(stream_id, expected_version, "finish_recovery")
+        meta, op_ids = self._read_meta_at(stream_id, expected_version, "finish_recovery")
         if meta.term != term:
             raise InvalidTermError(
                 "another writer took over", term=term, current_term=meta.term, stream=meta.name
@@ -684,7 +709,7 @@ class StreamStore:
             term_history=(*meta.term_history, (term, first_entry_id_of_term)),
         )
         return self._commit_meta(
-            stream_id, expected_version, new_meta, ops, action="finish_recovery"
+            stream_id, expected_version, new_meta, ops, op_ids=op_ids, action="finish_recovery"
         )
 
     def add_fragment(
@@ -700,7 +725,7 @@ class StreamStore:
         the last fragment (OPEN streams only). Bumps the meta version; raises
         `BadVersionError`."""
         validate_stream_id(stream_id)
-        meta = self._read_meta_at(stream_id, expected_version, "add_fragment")
+        meta, op_ids = self._read_meta_at(stream_id, expected_version, "add_fragment")
         self._check_fragment(meta, new_fragment)
         existing = self._fragment_ids(stream_id)
         first = new_fragment.first_entry_id
@@ -721,7 +746,9 @@ class StreamStore:
                     last_fragment_first_entry_id=existing[-1] if existing else None,
                 )
         op = self._fragment_op(stream_id, new_fragment, replaces_first_id)
-        return self._commit_meta(stream_id, expected_version, meta, [op], action="add_fragment")
+        return self._commit_meta(
+            stream_id, expected_version, meta, [op], op_ids=op_ids, action="add_fragment"
+        )
 
     def roll_fragment(
         self,
@@ -734,7 +761,7 @@ class StreamStore:
         with `last_entry_id` and its totals) replaces its znode and `new_fragment`, starting
         at `last_entry_id + 1`, is created. OPEN streams only; raises `BadVersionError`."""
         validate_stream_id(stream_id)
-        meta = self._read_meta_at(stream_id, expected_version, "roll_fragment")
+        meta, op_ids = self._read_meta_at(stream_id, expected_version, "roll_fragment")
         self._require_open(meta, stream_id)
         self._check_fragment(meta, closed_fragment)
         self._check_fragment(meta, new_fragment)
@@ -763,7 +790,9 @@ class StreamStore:
             self._fragment_op(stream_id, closed_fragment, exists=True),
             self._fragment_op(stream_id, new_fragment, exists=False),
         ]
-        return self._commit_meta(stream_id, expected_version, meta, ops, action="roll_fragment")
+        return self._commit_meta(
+            stream_id, expected_version, meta, ops, op_ids=op_ids, action="roll_fragment"
+        )
 
     @staticmethod
     def _require_open(meta: StreamMeta, stream_id: int) -> None:
@@ -787,11 +816,15 @@ class StreamStore:
             raise InvalidArgumentError("unknown stream state", state=state) from None
         if target is StreamState.IN_RECOVERY:
             raise InvalidArgumentError("use begin_takeover to start a recovery", state=state)
-        meta = self._read_meta_at(stream_id, expected_version, "set_state")
+        meta, op_ids = self._read_meta_at(stream_id, expected_version, "set_state")
         if meta.state is StreamState.SEALED and target is not StreamState.SEALED:
             raise StreamSealedError("stream is sealed", stream=meta.name, stream_id=stream_id)
         return self._commit_meta(
-            stream_id, expected_version, meta.replace(state=target), action="set_state"
+            stream_id,
+            expected_version,
+            meta.replace(state=target),
+            op_ids=op_ids,
+            action="set_state",
         )
 
     def set_retention(
@@ -803,12 +836,16 @@ class StreamStore:
         if retention is not None and not isinstance(retention, RetentionPolicy):
             raise InvalidArgumentError("retention must be a RetentionPolicy or None")
         for _ in range(_CAS_ATTEMPTS):
-            meta, version, _ = self._read_meta(stream_id)
+            meta, version, op_ids = self._read_meta(stream_id)
             if meta.retention == retention:
                 return meta, version
             try:
                 return self._commit_meta(
-                    stream_id, version, meta.replace(retention=retention), action="set_retention"
+                    stream_id,
+                    version,
+                    meta.replace(retention=retention),
+                    op_ids=op_ids,
+                    action="set_retention",
                 )
             except BadVersionError:
                 continue
@@ -828,7 +865,7 @@ class StreamStore:
         fragment kept."""
         validate_stream_id(stream_id)
         to_delete = sorted(set(fragment_first_ids_to_delete))
-        meta = self._read_meta_at(stream_id, expected_version, "trim_fragments")
+        meta, op_ids = self._read_meta_at(stream_id, expected_version, "trim_fragments")
         if not isinstance(new_first_entry_id, int) or new_first_entry_id < meta.first_entry_id:
             raise InvalidArgumentError(
                 "first_entry_id never moves backwards",
@@ -865,6 +902,7 @@ class StreamStore:
             expected_version,
             meta.replace(first_entry_id=new_first_entry_id),
             ops,
+            op_ids=op_ids,
             action="trim_fragments",
         )
 

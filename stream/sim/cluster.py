@@ -165,6 +165,8 @@ class SimClient:
         self.opening: asyncio.Task[Any] | None = None
         self.sequence = 0
         self.replies_to_lose = 0
+        # Directed lost replies: (when, meanwhile), see `Simulation.lose_zk_reply`.
+        self.lost_replies: list[tuple[Callable[[], bool], Callable[[], object] | None]] = []
 
     @property
     def writer(self) -> AsyncStreamWriter | None:
@@ -175,10 +177,20 @@ class SimClient:
         return None if writer.error is not None else writer
 
     def _lose_reply(self, kind: str) -> bool:
-        if self.replies_to_lose > 0 and kind == "multi":
+        if kind != "multi":
+            return False
+        if self.replies_to_lose > 0:
             self.replies_to_lose -= 1
             self.sim.trace.record("zk_reply_lost", c=self.name)
             return True
+        for armed in self.lost_replies:
+            when, meanwhile = armed
+            if when():
+                self.lost_replies.remove(armed)
+                self.sim.trace.record("zk_reply_lost", c=self.name)
+                if meanwhile is not None:
+                    meanwhile()
+                return True
         return False
 
 
@@ -519,10 +531,23 @@ class Simulation:
         self.trace.record("expire", c=name)
         self.client(name).zk.expire(reconnect_after_s)
 
-    def lose_zk_reply(self, name: str) -> None:
-        """Loses the reply of client `name`'s next metadata multi-op (applied, unanswered)."""
+    def lose_zk_reply(
+        self,
+        name: str,
+        *,
+        when: Callable[[], bool] | None = None,
+        meanwhile: Callable[[], object] | None = None,
+    ) -> None:
+        """Loses the reply of client `name`'s next metadata multi-op (applied, unanswered);
+        with `when`, of its next one after which `when()` holds (it looks at the metadata).
+        `meanwhile` runs right after that multi-op landed, before the client hears anything:
+        another client's change that lands first."""
         self.faults += 1
-        self.client(name).replies_to_lose += 1
+        client = self.client(name)
+        if when is None and meanwhile is None:
+            client.replies_to_lose += 1
+        else:
+            client.lost_replies.append((when or (lambda: True), meanwhile))
 
     # ------------------------------------------------------------------ checking
 
@@ -549,6 +574,7 @@ class Simulation:
         self.network.heal()
         for client in self.clients.values():
             client.replies_to_lose = 0
+            client.lost_replies.clear()
         for bookie_id, bookie in self.bookies.items():
             if not bookie.up:
                 self.restart(bookie_id)

@@ -40,16 +40,24 @@ random run. With the protection a script targets switched on, the same schedule 
   term's truncate no-op (here its EC = 1 fence answer came from a bookie that lost its disk)
   writes that no-op back with its TRUNCATE flag, deleting the committed entries after it on
   the bookies it reaches before reading them.
+- `lost-reply-same-term` (none: a regression): the writer's metadata multi-op lands, its reply
+  is lost, and another client's change of the same term (here an operator's retention policy;
+  retention's trims and the repairs' ensemble CAS are the same to the writer) lands before the
+  writer looks again: at its takeover's `finish_recovery`, at a capacity roll and at an ensemble
+  change. The writer must recognise its own landed change and go on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 from stream.client.recovery import WriterIdentity, seal
 from stream.errors import StreamError
+from stream.metadata.model import RetentionPolicy, StreamState
+from stream.sim.checker import LIVENESS
 from stream.sim.cluster import (
     GWQ,
     LIMBO,
@@ -365,6 +373,58 @@ async def lost_noop(sim: Simulation) -> None:
     await sim.finish()
 
 
+async def _goes_on(sim: Simulation, name: str, after: str) -> bool:
+    """Returns whether client `name`'s writer still gets an append acknowledged; reports a
+    liveness violation naming `after` when it does not."""
+    client = sim.client(name)
+    payload = f"{name}#{client.sequence}".encode()  # what `append` sends next
+    if sim.append(name, 1) and await sim.until(
+        lambda: any(a.payload == payload for a in sim.checker.acked.values()), timeout_s=1.0
+    ):
+        return True
+    failed = client.writers[-1:]
+    error = failed[0].error if failed else "its takeover failed"
+    sim.checker.violate(LIVENESS, f"{name}'s writer stopped after {after}: {error!r}")
+    return False
+
+
+async def lost_reply_same_term(sim: Simulation) -> None:
+    """The writer's multi-op lands, its reply is lost, a same-term change follows it."""
+    changes = itertools.count()
+
+    def operator_change() -> None:  # same term: a new retention policy, nothing else
+        sim.admin.set_retention(sim.stream_id, RetentionPolicy(max_age_s=3600.0 + next(changes)))
+
+    def lose(name: str, when: Callable[[], bool]) -> None:
+        sim.lose_zk_reply(name, when=when, meanwhile=operator_change)
+
+    sim.set_read_only("b4", True)  # C1's ensemble is B1, B2, B3
+    lose("c1", lambda: sim.snapshot()[0].state is StreamState.OPEN)  # its finish_recovery
+    await sim.open_writer("c1")
+    if not await _goes_on(sim, "c1", "a lost finish_recovery reply"):
+        await sim.finish()
+        return
+    lose("c1", lambda: len(sim.snapshot()[2]) == 2)  # its first capacity roll
+    sim.append("c1", sim.config.fragment_max_entries)
+    if not await _goes_on(sim, "c1", "a lost roll reply"):
+        await sim.finish()
+        return
+    sim.set_read_only("b4", False)  # the replacement
+    crashed = sim.snapshot()[2][-1].ensemble[0]
+
+    def replaced() -> bool:
+        return crashed not in sim.snapshot()[2][-1].ensemble
+
+    lose("c1", replaced)  # its ensemble change
+    sim.crash(crashed)
+    sim.append("c1", 1)  # its add to the crashed bookie fails: the writer replaces it
+    await sim.until(replaced, timeout_s=1.0)
+    if await _goes_on(sim, "c1", "a lost ensemble change reply") and sim.client("c1").lost_replies:
+        # Not a property of the cluster: the script did not do what it is for.
+        sim.checker.violate("scenario", "a lost reply the script armed never happened")
+    await sim.finish()
+
+
 def _config(**overrides: object) -> SimConfig:
     base: dict[str, object] = {
         "bookies": 4,
@@ -459,6 +519,14 @@ SCENARIOS: dict[str, Scenario] = {
             "a recovery writes an earlier term's NOOP|TRUNCATE back over committed entries",
             _config(ack_quorum=3),
             rewritten_truncate,
+        ),
+        Scenario(
+            "lost-reply-same-term",
+            None,
+            "the writer's metadata change lands, its reply is lost and a same-term change "
+            "follows before it looks again",
+            _config(fragment_max_entries=10),
+            lost_reply_same_term,
         ),
     )
 }

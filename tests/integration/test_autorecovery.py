@@ -441,7 +441,12 @@ def test_decommission_drains_a_live_bookie_unnoticed(cluster_factory: ClusterFac
             assert typo.returncode == 1 and "unknown bookie" in typo.stderr
             assert UnderreplicationStore(session).draining() == set()
             result = streamctl(
-                cluster.metadata, "bookie", "decommission", victim, "--timeout", "120s",
+                cluster.metadata,
+                "bookie",
+                "decommission",
+                victim,
+                "--timeout",
+                "120s",
                 timeout_s=180,
             )
             assert result.returncode == 0, result.stderr
@@ -638,3 +643,72 @@ def test_one_auditor_leads_at_a_time(metadata_root: str) -> None:
             service.stop()
         for session in sessions:
             session.close()
+
+
+def test_the_auditor_leaves_a_stream_whose_writer_came_back(
+    cluster_factory: ClusterFactory,
+) -> None:
+    """Issue 14 item 6: the open last fragment of a stream without a live writer names a lost
+    bookie and its grace is over, but a writer comes (opens the stream and registers) right
+    after the auditor looked: the auditor looks again just before its takeover and leaves the
+    stream to that writer, which goes on unfenced."""
+    import asyncio
+
+    from stream.autorecovery.auditor import Auditor
+
+    cluster = cluster_factory(4)
+    client = StreamClient.connect(cluster.metadata)
+    now = [1000.0]
+    try:
+        client.create_stream("returning", ensemble=3, write_quorum=3, ack_quorum=2)
+        expected = fill(client, "returning", 20)  # closes its writer: nobody writes now
+        settings = AutoRecoverySettings(
+            lost_bookie_recovery_delay_ms=30_000, open_stream_replication_delay_ms=60_000
+        )
+        with session_of(cluster) as session:
+            victim = fragments_of(session, "returning")[-1].ensemble[0]
+            cluster.bookie(victim).kill9()
+            wait_for(lambda: victim not in cluster.registered_bookies(), 30, "gone")
+            came_back: list[Any] = []
+
+            async def scenario() -> None:
+                metadata = ZkMetadata(session)
+                transport = GrpcTransport(metadata.bookie_address)
+                auditor = Auditor(
+                    metadata=metadata,
+                    transport=transport,
+                    settings=settings,
+                    identifier="test",
+                    monotonic=lambda: now[0],
+                )
+                writer_alive = metadata.store.writer_alive
+
+                def alive_then_a_writer_comes(stream_id: int) -> bool:
+                    alive = writer_alive(stream_id)
+                    if now[0] >= 1100 and not came_back:
+                        came_back.append(client.open_writer("returning"))
+                    return alive
+
+                metadata.store.writer_alive = alive_then_a_writer_comes  # type: ignore[method-assign]
+                try:
+                    now[0] = 1000
+                    await auditor.audit()  # the victim's delay starts
+                    now[0] = 1031
+                    assert (await auditor.audit()).open_waiting == 1  # its grace starts
+                    now[0] = 1100
+                    report = await auditor.audit()
+                    assert came_back, "the writer never came"
+                    assert report.takeovers == 0 and report.open_left_to_writer == 1
+                finally:
+                    await transport.close()
+                    metadata.close()
+
+            asyncio.run(scenario())
+            writer = came_back[0]
+            # Not fenced: its term is the stream's, and it appends.
+            assert client.stream_info("returning").term == writer.term
+            writer.append(b"still the writer", timeout_s=30)
+            writer.close()
+        assert read_all(client, "returning") == [*expected, b"still the writer"]
+    finally:
+        client.close()

@@ -102,6 +102,14 @@ def test_a_lost_noop_never_brings_back_the_entry_it_replaced() -> None:
         assert result.ok, f"lost-noop seed {seed}: {_first(result)}"
 
 
+def test_a_lost_metadata_reply_then_a_same_term_change_keeps_the_writer_going() -> None:
+    # Issue 14 item 5: the writer's finish_recovery, roll and ensemble change each land with
+    # their reply lost, and another client's same-term change follows before it looks again.
+    for seed in SCENARIO_SEEDS:
+        result = run_scenario("lost-reply-same-term", seed)
+        assert result.ok, f"lost-reply-same-term seed {seed}: {_first(result)}"
+
+
 def test_recovery_publishes_no_lafr_from_its_local_ensemble() -> None:
     # A regression (random seed 3649): a paused recovery had replaced a bookie locally and its
     # no-op reached the new write set, so the LAFR it carried named the no-op; the next takeover

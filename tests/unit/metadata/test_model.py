@@ -61,12 +61,18 @@ def _metas(draw: st.DrawFn) -> StreamMeta:
     )
 
 
-@given(_metas(), st.one_of(st.none(), st.uuids().map(str)))
-def test_stream_meta_json_round_trips(meta: StreamMeta, op_id: str | None) -> None:
-    data = meta.to_json(op_id)
+@given(_metas(), st.lists(st.uuids().map(str), max_size=4).map(tuple))
+def test_stream_meta_json_round_trips(meta: StreamMeta, op_ids: tuple[str, ...]) -> None:
+    data = meta.to_json(op_ids)
     assert StreamMeta.from_json(data) == meta
-    assert StreamMeta.from_json_with_op(data) == (meta, op_id)
-    assert meta.to_json(op_id) == data  # canonical: equal values, equal bytes
+    assert StreamMeta.from_json_with_ops(data) == (meta, op_ids)
+    assert meta.to_json(op_ids) == data  # canonical: equal values, equal bytes
+
+
+def test_stream_meta_reads_the_single_op_id_of_older_versions() -> None:
+    body = json.loads(StreamMeta("s", 1, 3, 3, 2, 10, 1000).to_json())
+    old = json.dumps({**body, "op_id": "abc"}).encode()
+    assert StreamMeta.from_json_with_ops(old)[1] == ("abc",)
 
 
 @given(

@@ -29,6 +29,7 @@ from stream.metadata import (
     WriterInfo,
     paths,
 )
+from stream.metadata.streams import OP_IDS_KEPT
 from tests.unit.metadata.conftest import wait_until
 
 pytestmark = pytest.mark.integration
@@ -74,18 +75,29 @@ def _tree(session: MetadataSession, path: str = "/") -> dict[str, bytes]:
     return found
 
 
-def _lose_next_reply(monkeypatch: pytest.MonkeyPatch, store: StreamStore) -> list[int]:
-    """Makes the store's next multi-op land on the server but raise ConnectionLoss, as when the
-    reply is lost; returns a list that counts the commits."""
+def _lose_next_reply(
+    monkeypatch: pytest.MonkeyPatch,
+    store: StreamStore,
+    meanwhile: Callable[[], object] | None = None,
+    *,
+    landed: bool = True,
+) -> list[int]:
+    """Makes the store's next multi-op end in ConnectionLoss: it landed on the server and its
+    reply was lost or, with `landed=False`, it never got there. `meanwhile` runs before the
+    store hears anything (another client's change landing first). Returns a list that counts
+    the multi-ops sent."""
     original = store._commit
     commits: list[int] = []
 
     def commit(ops: Any) -> list[Any]:
-        results = original(ops)
         commits.append(1)
-        if len(commits) == 1:
-            raise ConnectionLoss()
-        return results
+        if len(commits) > 1:
+            return original(ops)
+        if landed:
+            original(ops)
+        if meanwhile is not None:
+            meanwhile()
+        raise ConnectionLoss()
 
     monkeypatch.setattr(store, "_commit", commit)
     return commits
@@ -321,25 +333,159 @@ def test_lost_reply_then_another_writer_is_a_bad_version(
     store, rival = StreamStore(connect()), StreamStore(connect())
     meta = _create(store)
     _, version = store.get_stream_by_id(meta.id)
-    original = store._commit
-
-    commits: list[int] = []
-
-    def commit_then_lose(ops: Any) -> list[Any]:
-        results = original(ops)
-        commits.append(1)
-        if len(commits) == 1:
-            # Before our retry looks, a rival takes over from the version we produced.
-            rival.begin_takeover(meta.id, version + 1)
-            raise ConnectionLoss()
-        return results
-
-    monkeypatch.setattr(store, "_commit", commit_then_lose)
+    # Before our retry looks, a rival takes over from the version we produced.
+    commits = _lose_next_reply(
+        monkeypatch, store, lambda: rival.begin_takeover(meta.id, version + 1)
+    )
     with pytest.raises(BadVersionError) as info:
         store.begin_takeover(meta.id, version)
     assert len(commits) == 1  # it looked, saw another writer, and did not try again
     assert info.value.current_version == version + 2
     assert store.get_stream_by_id(meta.id)[0].term == 2
+
+
+# A lost reply, then a same-term change by someone else (retention, a repair) before the retry
+# looks: the multi-op is ours all the same, whatever came after it.
+
+E_OTHER = ("b1", "b2", "b4")
+
+
+def _rolled_once(store: StreamStore) -> tuple[int, int]:
+    """Returns `(stream id, version)` of a stream open in term 1 with fragments [0..99 closed,
+    100.. open]: the first one can be trimmed or repaired."""
+    meta = _create(store)
+    v = _open(store, meta)
+    _, v = store.roll_fragment(meta.id, v, Fragment(0, E3, last_entry_id=99), Fragment(100, E3))
+    return meta.id, v
+
+
+def _same_term_change(rival: StreamStore, stream_id: int, kind: str) -> None:
+    """Changes the stream as retention (a trim of the first fragment) or a replication worker
+    (a new ensemble for the closed first fragment) does, at the current version."""
+    _, version = rival.get_stream_by_id(stream_id)
+    if kind == "trim":
+        rival.trim_fragments(stream_id, version, [0], 100)
+    else:
+        repaired = Fragment(0, ("b4", "b2", "b3"), last_entry_id=99)
+        rival.add_fragment(stream_id, version, repaired, replaces_first_id=True)
+
+
+def _action(store: StreamStore, stream_id: int, version: int, action: str) -> Any:
+    """Runs one `_commit_meta` action at `version` (a takeover first for finish_recovery)."""
+    if action == "add_fragment":
+        new = Fragment(150, E_OTHER)
+        return store.add_fragment(stream_id, version, new, replaces_first_id=False)
+    if action == "roll_fragment":
+        closed = Fragment(100, E3, last_entry_id=199)
+        return store.roll_fragment(stream_id, version, closed, Fragment(200, E_OTHER))
+    if action == "finish_recovery":
+        return store.finish_recovery(stream_id, version, 2, [Fragment(100, E_OTHER)], [], 121)
+    if action == "begin_takeover":
+        return store.begin_takeover(stream_id, version)
+    assert action == "seal"
+    return store.set_state(stream_id, version, StreamState.SEALED)
+
+
+def _its_effect(meta: StreamMeta, fragments: list[Fragment], action: str) -> bool:
+    if action == "add_fragment":
+        return fragments[-1] == Fragment(150, E_OTHER)
+    if action == "roll_fragment":
+        return fragments[-2:] == [Fragment(100, E3, last_entry_id=199), Fragment(200, E_OTHER)]
+    if action == "finish_recovery":
+        return meta.state is StreamState.OPEN and meta.term_history[-1] == (2, 121)
+    if action == "begin_takeover":
+        return meta.term == 2 and meta.state is StreamState.IN_RECOVERY
+    return meta.state is StreamState.SEALED
+
+
+ACTIONS = ("add_fragment", "roll_fragment", "finish_recovery", "begin_takeover", "seal")
+
+
+@pytest.mark.parametrize("later", ["trim", "repair"])
+@pytest.mark.parametrize("action", ACTIONS)
+def test_lost_reply_then_a_same_term_change_is_still_ours(
+    connect: Callable[..., MetadataSession],
+    monkeypatch: pytest.MonkeyPatch,
+    action: str,
+    later: str,
+) -> None:
+    store, rival = StreamStore(connect()), StreamStore(connect())
+    stream_id, v = _rolled_once(store)
+    if action == "finish_recovery":
+        _, v, _ = store.begin_takeover(stream_id, v)
+    commits = _lose_next_reply(
+        monkeypatch, store, lambda: _same_term_change(rival, stream_id, later)
+    )
+    got = _action(store, stream_id, v, action)
+    assert len(commits) == 1  # recognised its own landed op: no second attempt
+    meta, version, fragments = rival.get_snapshot(stream_id)
+    # What it returns is the stream as it is now: its own change and the later one.
+    assert (got[0], got[1]) == (meta, version) and version == v + 2
+    assert _its_effect(meta, fragments, action)
+    if later == "trim":
+        assert meta.first_entry_id == 100 and fragments[0].first_entry_id == 100
+    else:
+        assert fragments[0].ensemble == ("b4", "b2", "b3")
+
+
+@pytest.mark.parametrize("action", ACTIONS)
+def test_lost_request_then_a_same_term_change_is_a_bad_version(
+    connect: Callable[..., MetadataSession], monkeypatch: pytest.MonkeyPatch, action: str
+) -> None:
+    # The op never reached ZooKeeper, retention trimmed meanwhile: nothing of ours landed, and
+    # the store must say so, never take the trim for its own change.
+    store, rival = StreamStore(connect()), StreamStore(connect())
+    stream_id, v = _rolled_once(store)
+    if action == "finish_recovery":
+        _, v, _ = store.begin_takeover(stream_id, v)
+    commits = _lose_next_reply(
+        monkeypatch, store, lambda: _same_term_change(rival, stream_id, "trim"), landed=False
+    )
+    with pytest.raises(BadVersionError) as info:
+        _action(store, stream_id, v, action)
+    assert len(commits) == 1 and info.value.current_version == v + 1
+    meta, _, fragments = rival.get_snapshot(stream_id)
+    assert not _its_effect(meta, fragments, action)
+
+
+@pytest.mark.parametrize("action", ["add_fragment", "roll_fragment", "finish_recovery"])
+def test_lost_reply_then_a_takeover_is_a_bad_version(
+    connect: Callable[..., MetadataSession], monkeypatch: pytest.MonkeyPatch, action: str
+) -> None:
+    # Our op landed, then another writer took over: the stream is no longer ours to go on
+    # with, so the caller must reread and see the newer term.
+    store, rival = StreamStore(connect()), StreamStore(connect())
+    stream_id, v = _rolled_once(store)
+    if action == "finish_recovery":
+        _, v, _ = store.begin_takeover(stream_id, v)
+
+    def takeover() -> None:
+        rival.begin_takeover(stream_id, rival.get_stream_by_id(stream_id)[1])
+
+    _lose_next_reply(monkeypatch, store, takeover)
+    with pytest.raises(BadVersionError) as info:
+        _action(store, stream_id, v, action)
+    assert info.value.current_version == v + 2
+    assert store.get_stream_by_id(stream_id)[0].term == (3 if action == "finish_recovery" else 2)
+
+
+def test_a_lost_reply_is_found_among_the_last_op_ids_only(
+    connect: Callable[..., MetadataSession], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # meta keeps the ids of its last few writes, not all of them: after that many later
+    # changes the store can no longer tell, and says the version moved.
+    store, rival = StreamStore(connect()), StreamStore(connect())
+    stream_id, v = _rolled_once(store)
+
+    def many_changes() -> None:
+        for i in range(OP_IDS_KEPT):
+            rival.set_retention(stream_id, RetentionPolicy(max_age_s=1000.0 + i))
+
+    _lose_next_reply(monkeypatch, store, many_changes)
+    with pytest.raises(BadVersionError):
+        _action(store, stream_id, v, "add_fragment")
+    data, _ = rival._zk.get(paths.stream_meta(stream_id))
+    assert len(StreamMeta.from_json_with_ops(data)[1]) == OP_IDS_KEPT
 
 
 def test_sealed_stream_refuses_takeover(store: StreamStore) -> None:
