@@ -138,6 +138,10 @@ def test_limbo_stall_fails_clearly_and_accept_loss_ends_it(
         (recorded,) = info.accepted_losses
         assert recorded.term == loss["term"] and recorded.operator == loss["operator"]
         assert abs(recorded.at_ms / 1000 - time.time()) < 600
+        shown = streamctl(cluster.metadata, "info", name, columns=200)
+        assert shown.returncode == 0, shown.stderr
+        assert "given up by recover --accept-loss" in shown.stdout
+        assert f"{ENTRIES}..{loss['last_entry_id']}" in shown.stdout
 
         # 4. Phase two clears the limbo now that a recovery fixed the end.
         started = time.monotonic()
