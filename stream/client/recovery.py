@@ -318,7 +318,7 @@ class Takeover:
             recovery=True,
             fixed_lac=frozen_lac,
         )
-        accepted = None
+        accepted: AcceptedLoss | None = None
         try:
             end, written_bytes, last_ts, limbo = await self._read_and_write_back(
                 meta, config, captured, start, pipeline, owner, sources
@@ -902,7 +902,7 @@ async def survey_loss(
             for b in ensemble
         )
     )
-    states = []
+    states: list[BookieLimboState] = []
     for bookie_id, answer in zip(ensemble, answers, strict=True):
         if answer is None or answer.code not in (Code.OK, Code.NO_SUCH_STREAM):
             states.append(BookieLimboState(bookie_id, reachable=False))
