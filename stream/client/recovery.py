@@ -324,8 +324,8 @@ class Takeover:
                 meta, config, captured, start, pipeline, owner, sources
             )
             if limbo:
-                # Durable before the no-op gives anything up (a crash after it leaves a
-                # record of a loss that the next recovery makes final).
+                # Recorded before the no-op gives anything up: a crash in between leaves a
+                # record of a loss not made yet, never a loss without a record.
                 meta, version, accepted = await self._record_loss(
                     meta, version, end, frozen_lac, limbo
                 )
