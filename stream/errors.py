@@ -76,3 +76,12 @@ class StorageError(StreamError):
 
 class EntryNotWrittenError(StreamError):
     """The entry is above the stream's last add confirmed (`lac`): not (yet) written."""
+
+
+class StreamInLimboError(StreamError):
+    """A takeover cannot fix where the previous term ended: bookies in limbo (BP-46: they
+    crashed without the journal and may have lost acknowledged entries) answer UNKNOWN for the
+    entry after the last one a bookie holds, and no recovery can prove it absent. `bookies`
+    names them, `entry_id` the undecided entry. Limbo clears only after a recovery completes,
+    so the stream stays stuck until an operator gives those entries up:
+    `streamctl recover STREAM --accept-loss` (DESIGN §4)."""

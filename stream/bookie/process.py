@@ -257,6 +257,7 @@ class Bookie:
             address=self.config.listen,
             read_only=bool(self._service and self._service.read_only),
             free_bytes=disk.free_bytes if disk else 0,
+            journal_write_data=self.config.journal_write_data,
         )
 
     async def _register(self) -> None:

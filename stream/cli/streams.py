@@ -1,9 +1,12 @@
-"""`streamctl create|append|tail|info|trim|seal|delete|streams`: the stream commands over
-`StreamClient`."""
+"""`streamctl create|append|tail|info|trim|seal|recover|delete|streams`: the stream commands
+over `StreamClient`."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import datetime
+import json
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -58,6 +61,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     seal = subparsers.add_parser("seal", help="recover a stream and seal it for good")
     seal.add_argument("name")
     seal.set_defaults(handler=_seal)
+
+    recover = subparsers.add_parser(
+        "recover",
+        help="end a recovery stuck on bookies in limbo by giving up what they may have lost "
+        "(--accept-loss; DESIGN §4)",
+    )
+    recover.add_argument("name")
+    recover.add_argument(
+        "--accept-loss",
+        action="store_true",
+        help="end the previous term after the last entry some bookie still holds",
+    )
+    recover.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    recover.add_argument("--output", choices=("text", "json"), default="text")
+    recover.set_defaults(handler=_recover)
 
     delete = subparsers.add_parser("delete", help="delete a stream and its data")
     delete.add_argument("name")
@@ -178,6 +196,20 @@ def _info(args: argparse.Namespace) -> int:
     for term, first in info.term_history:
         history.add_row(str(term), str(first))
     console.print(history)
+    if info.accepted_losses:
+        losses = Table(title="entries given up by recover --accept-loss")
+        for column in ("term", "entries", "bookies in limbo", "by", "at (UTC)"):
+            losses.add_column(column)
+        for loss in info.accepted_losses:
+            at = datetime.datetime.fromtimestamp(loss.at_ms / 1000, datetime.UTC)
+            losses.add_row(
+                str(loss.term),
+                f"{loss.first_entry_id}..{loss.last_entry_id}",
+                ", ".join(loss.limbo_bookies),
+                loss.operator,
+                at.isoformat(timespec="seconds"),
+            )
+        console.print(losses)
     return 0
 
 
@@ -193,6 +225,103 @@ def _seal(args: argparse.Namespace) -> int:
         client.seal_stream(args.name)
     Console().print(f"sealed {args.name}")
     return 0
+
+
+def _survey_dict(survey: Any) -> dict[str, Any]:
+    return {
+        "stream": survey.stream,
+        "term": survey.term,
+        "state": survey.state,
+        "bookies": [dataclasses.asdict(b) for b in survey.bookies],
+        "limbo_bookies": list(survey.limbo_bookies),
+        "unreachable_bookies": list(survey.unreachable_bookies),
+        "last_held_entry_id": survey.last_held_entry_id,
+        "lac": survey.lac,
+        "first_at_risk": survey.first_at_risk,
+        "last_at_risk": survey.last_at_risk,
+    }
+
+
+def _print_survey(console: Console, survey: Any) -> None:
+    table = Table(title=f"stream {survey.stream}: bookies of the last fragment")
+    for column in ("bookie", "answered", "limbo", "last entry held", "LAC"):
+        table.add_column(column)
+    for b in survey.bookies:
+        table.add_row(
+            b.bookie_id,
+            "yes" if b.reachable else "NO",
+            "LIMBO" if b.limbo else "-",
+            str(b.last_entry_id) if b.reachable else "?",
+            str(b.lac) if b.reachable else "?",
+        )
+    console.print(table)
+    console.print(
+        f"term {survey.term}, {survey.state}. The previous term would end after entry "
+        f"{survey.last_held_entry_id}, the last one a bookie still holds. May be lost: entries "
+        f"{survey.first_at_risk}..{survey.last_at_risk} (at most what the previous writer "
+        f"could have acknowledged)."
+    )
+    if survey.lac >= survey.first_at_risk:
+        console.print(
+            f"[bold red]Certainly lost[/]: entries {survey.first_at_risk}..{survey.lac} were "
+            "acknowledged (the LAC passed them) and no reachable bookie holds them."
+        )
+
+
+def _confirmed(console: Console, survey: Any) -> bool:
+    """Asks on the terminal; without one (a script, a pipe) nothing is confirmed."""
+    if not sys.stdin.isatty():
+        return False
+    answer = console.input(
+        f"Give up entries {survey.first_at_risk}..{survey.last_at_risk} of {survey.stream} "
+        f"that bookies {', '.join(survey.limbo_bookies)} may have lost? Type 'yes': "
+    )
+    return answer.strip() == "yes"
+
+
+def _recover(args: argparse.Namespace) -> int:
+    as_json = args.output == "json"
+    err = Console(stderr=True, soft_wrap=True)
+    console = err if as_json else Console(soft_wrap=True)
+    if not args.accept_loss:
+        err.print(
+            "streamctl recover: only --accept-loss is run by hand (a writer's takeover recovers "
+            "a stream otherwise); read what it gives up first: DESIGN §4 / README Durability"
+        )
+        return 2
+    with _client(args) as client:
+        survey = client.survey_loss(args.name)
+        report: dict[str, Any] = {"survey": _survey_dict(survey), "accepted_loss": None}
+        _print_survey(console, survey)
+        done = False
+        if not survey.limbo_bookies:
+            unreachable = survey.unreachable_bookies
+            console.print(
+                "No bookie of the last fragment is in limbo: nothing to give up."
+                + (f" Bookies {', '.join(unreachable)} did not answer." if unreachable else "")
+            )
+            code = 4 if unreachable else 0
+        elif not args.yes and not _confirmed(console, survey):
+            err.print("not confirmed (no terminal to ask on: pass --yes); nothing was changed")
+            code = 2
+        else:
+            loss = client.recover_accepting_loss(args.name)
+            done = True
+            code = 0
+            if loss is None:
+                console.print(f"recovered {args.name}: no limbo stood in the way, nothing given up")
+            else:
+                report["accepted_loss"] = loss.to_dict()
+                console.print(
+                    f"recovered {args.name} in term {loss.term}: gave up entries "
+                    f"{loss.first_entry_id}..{loss.last_entry_id} (bookies in limbo: "
+                    f"{', '.join(loss.limbo_bookies)}); recorded in its metadata as done by "
+                    f"{loss.operator}. It is writable again; its bookies now leave limbo."
+                )
+    if as_json:
+        report["recovered"] = done
+        sys.stdout.write(json.dumps(report, sort_keys=True) + "\n")
+    return code
 
 
 def _delete(args: argparse.Namespace) -> int:

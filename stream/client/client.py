@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import getpass
 import os
 import random
 import socket
@@ -25,11 +26,23 @@ from stream.client.grpc_transport import GrpcTransport
 from stream.client.options import ReaderOptions, WriterOptions
 from stream.client.ports import SystemClock
 from stream.client.reader import AsyncStreamReader
-from stream.client.recovery import WriterIdentity, seal
+from stream.client.recovery import (
+    LossSurvey,
+    WriterIdentity,
+    recover_accepting_loss,
+    seal,
+    survey_loss,
+)
 from stream.client.writer import AsyncStreamWriter
 from stream.client.zk_metadata import ZkMetadata
 from stream.errors import InvalidArgumentError, StreamError
-from stream.metadata import BadVersionError, MetadataSession, RetentionPolicy, StreamMeta
+from stream.metadata import (
+    AcceptedLoss,
+    BadVersionError,
+    MetadataSession,
+    RetentionPolicy,
+    StreamMeta,
+)
 from stream.metadata.model import validate_stream_name
 
 log = structlog.get_logger(__name__)
@@ -265,6 +278,7 @@ class StreamClient:
             fragments=shown,
             writer=None if writer is None else writer.writer_id,
             term_history=[(term, first) for term, first in meta.term_history],
+            accepted_losses=list(meta.accepted_losses),
         )
 
     def set_retention(self, name: str, policy: RetentionPolicy | None) -> None:
@@ -343,6 +357,45 @@ class StreamClient:
             )
         )
 
+    def survey_loss(self, name: str) -> LossSurvey:
+        """Returns what `recover_accepting_loss` would give up now: which bookies of the last
+        fragment are in limbo or unreachable, the last entry some bookie holds, and the range
+        of entries that may be lost (DESIGN §4). Changes nothing."""
+        validate_stream_name(name)
+        return self._run(
+            survey_loss(
+                name,
+                transport=self._transport,
+                metadata=self._metadata,
+                options=self._writer_options,
+            )
+        )
+
+    def recover_accepting_loss(
+        self, name: str, *, operator: str | None = None
+    ) -> AcceptedLoss | None:
+        """The way out when bookies in limbo keep every takeover from completing
+        (`StreamInLimboError`): runs a recovery that ends the previous term after the last
+        entry some reachable bookie holds, giving up whatever the limbo bookies may have lost,
+        and records that (with `operator`, default user@host, and the time) in the stream's
+        metadata. The stream is then OPEN with no writer; the bookies' repairs clear their
+        limbo. Returns the record, None when no limbo stood in the way (nothing given up)."""
+        validate_stream_name(name)
+        identity = WriterIdentity(f"recover-{uuid.uuid4().hex[:8]}", socket.gethostname(), 0)
+        result = self._run(
+            recover_accepting_loss(
+                name,
+                transport=self._transport,
+                metadata=self._metadata,
+                clock=self._clock,
+                rng=self._child_rng(),
+                options=self._writer_options,
+                identity=identity,
+                operator=operator or _operator(),
+            )
+        )
+        return result.accepted_loss
+
     def delete_stream(self, name: str) -> None:
         """Deletes the stream's metadata, then asks its bookies to drop its entries."""
 
@@ -378,6 +431,15 @@ class StreamClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _operator() -> str:
+    """Returns who runs this process, as user@host (for the accept-loss record)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no user name in the environment or the password database
+        user = f"uid{os.getuid()}"
+    return f"{user}@{socket.gethostname()}"
 
 
 class StreamWriter:

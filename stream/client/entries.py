@@ -12,6 +12,7 @@ from typing import NamedTuple
 import crc32c
 
 from stream.client.ports import PreparedEntry
+from stream.metadata.model import AcceptedLoss
 from stream.protocol import EntryFlag, entry_checksum
 from stream.protocol.checksum import ENTRY_HEADER
 from stream.wire import bookie_pb2 as pb
@@ -306,3 +307,6 @@ class StreamInfo:
     writer: str | None = None
     # (term, first entry id of that term), oldest first: where each takeover's term began.
     term_history: list[tuple[int, int]] = field(default_factory=list)
+    # The newest accept-loss recoveries (`recover --accept-loss`), oldest first: who gave up
+    # which entries, when.
+    accepted_losses: list[AcceptedLoss] = field(default_factory=list)

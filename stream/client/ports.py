@@ -18,7 +18,14 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
-from stream.metadata.model import Fragment, RetentionPolicy, StreamMeta, StreamState, WriterInfo
+from stream.metadata.model import (
+    AcceptedLoss,
+    Fragment,
+    RetentionPolicy,
+    StreamMeta,
+    StreamState,
+    WriterInfo,
+)
 from stream.protocol import BookieCandidate
 from stream.wire import bookie_pb2 as pb
 
@@ -204,6 +211,10 @@ class MetadataPort(Protocol):
         fragments_changed: Sequence[Fragment],
         new_fragments: Sequence[Fragment],
         first_entry_id_of_term: int,
+    ) -> tuple[StreamMeta, int]: ...
+
+    async def record_accepted_loss(
+        self, stream_id: int, expected_version: int, loss: AcceptedLoss
     ) -> tuple[StreamMeta, int]: ...
 
     async def add_fragment(

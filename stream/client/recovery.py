@@ -39,12 +39,14 @@ from stream.client.ports import (
 from stream.client.recovery_reads import BulkSource, RecoveryReads
 from stream.errors import (
     BookieError,
+    InvalidArgumentError,
     InvalidTermError,
     MetadataError,
     NotEnoughBookiesError,
     StreamError,
+    StreamInLimboError,
 )
-from stream.metadata.model import Fragment, StreamMeta, StreamState, WriterInfo
+from stream.metadata.model import AcceptedLoss, Fragment, StreamMeta, StreamState, WriterInfo
 from stream.metadata.streams import BadVersionError, StreamSealedError
 from stream.protocol import (
     Code,
@@ -56,6 +58,7 @@ from stream.protocol import (
     choose_ensemble,
     choose_replacement,
     ensemble_for,
+    journal_required,
     plan_ensemble_change,
     scan_recovery_reads,
 )
@@ -91,6 +94,8 @@ class TakeoverResult:
     # fragment (what the writer knows of the fragment's size; earlier terms' are not known).
     written_bytes: int
     last_timestamp_ms: int | None
+    # What an accept-loss recovery gave up (recorded in the meta), None when nothing.
+    accepted_loss: AcceptedLoss | None = None
 
 
 class _RetryLater(Exception):
@@ -169,7 +174,11 @@ class Takeover:
         rng: random.Random,
         options: WriterOptions,
         identity: WriterIdentity,
+        accept_loss_operator: str | None = None,
     ) -> None:
+        """With `accept_loss_operator` (who asked, recorded in the meta), the recovery counts
+        limbo UNKNOWNs as absent (DESIGN §4, `recover --accept-loss`): an entry that no
+        bookie holds and that only bookies in limbo could not deny ends the previous term."""
         self.name = name
         self._transport = transport
         self._metadata = metadata
@@ -178,6 +187,7 @@ class Takeover:
         self._options = options
         self._protections = options.protections
         self._identity = identity
+        self._accept_loss_operator = accept_loss_operator
 
     # ------------------------------------------------------------------ step 1 and retries
 
@@ -255,7 +265,13 @@ class Takeover:
         for _ in range(_MAX_CANDIDATES_TRIED):
             candidates = await self._metadata.available_bookies()
             try:
-                ensemble = choose_ensemble(candidates, meta.ensemble, self._rng, exclude=excluded)
+                ensemble = choose_ensemble(
+                    candidates,
+                    meta.ensemble,
+                    self._rng,
+                    exclude=excluded,
+                    needs_journal=journal_required(meta.ack_quorum),
+                )
             except NotEnoughBookiesError as e:
                 raise _RetryLater(e) from None
             refused = await truncate_members(
@@ -302,10 +318,17 @@ class Takeover:
             recovery=True,
             fixed_lac=frozen_lac,
         )
+        accepted: AcceptedLoss | None = None
         try:
-            end, written_bytes, last_ts = await self._read_and_write_back(
+            end, written_bytes, last_ts, limbo = await self._read_and_write_back(
                 meta, config, captured, start, pipeline, owner, sources
             )
+            if limbo:
+                # Recorded before the no-op gives anything up: a crash in between leaves a
+                # record of a loss not made yet, never a loss without a record.
+                meta, version, accepted = await self._record_loss(
+                    meta, version, end, frozen_lac, limbo
+                )
             if self._protections.truncate_noop:
                 noop = prepare_entry(meta.id, end, NOOP_TRUNCATE, self._clock.now_ms(), b"")
                 await self._wait_room(pipeline, owner, meta)
@@ -346,7 +369,44 @@ class Takeover:
         )
         if current.first_entry_id > last.first_entry_id:
             written_bytes = 0  # the write-backs went to an earlier fragment
-        return TakeoverResult(meta, version, term, current, last_entry_id, written_bytes, last_ts)
+        return TakeoverResult(
+            meta, version, term, current, last_entry_id, written_bytes, last_ts, accepted
+        )
+
+    async def _record_loss(
+        self, meta: StreamMeta, version: int, end: int, frozen_lac: int, limbo: Sequence[str]
+    ) -> tuple[StreamMeta, int, AcceptedLoss]:
+        """Records in the meta that this accept-loss recovery ends the previous term before
+        `end`, giving up `end` .. what the previous writer could have acknowledged (at most a
+        window past the higher of the entry before `end` and the frozen LAC, assuming its
+        window was ours); returns the meta, its version and the record."""
+        operator = self._accept_loss_operator
+        assert operator is not None  # only an accept-loss recovery gets here
+        loss = AcceptedLoss(
+            term=meta.term,
+            first_entry_id=end,
+            last_entry_id=max(end - 1, frozen_lac) + self._options.window_entries,
+            limbo_bookies=tuple(sorted(limbo)),
+            operator=operator,
+            at_ms=self._clock.now_ms(),
+        )
+        log.warning(
+            "recovery.loss_accepted",
+            stream=self.name,
+            term=meta.term,
+            first_entry_id=loss.first_entry_id,
+            last_entry_id=loss.last_entry_id,
+            frozen_lac=frozen_lac,
+            limbo_bookies=list(loss.limbo_bookies),
+            operator=operator,
+        )
+        for _ in range(self._options.cas_attempts):
+            try:
+                meta, version = await self._metadata.record_accepted_loss(meta.id, version, loss)
+                return meta, version, loss
+            except BadVersionError:
+                meta, version, _ = await self._metadata.get_snapshot(meta.id)  # retention
+        raise MetadataError("recording the accepted loss kept losing the CAS", stream=self.name)
 
     async def _fence(self, meta: StreamMeta, last: Fragment) -> tuple[int, int, list[BulkSource]]:
         """Returns (start entry id, frozen LAC, the bookies that answered positively with the
@@ -408,11 +468,12 @@ class Takeover:
         pipeline: AddPipeline,
         owner: _RecoveryOwner,
         sources: Sequence[BulkSource],
-    ) -> tuple[int, int, int | None]:
+    ) -> tuple[int, int, int | None, tuple[str, ...]]:
         """Reads forward from `start + 1` (`RecoveryReads`: bulk ranges and pipelined
         per-entry reads) and writes every recovered entry back, a run of entries per flush;
         returns (id of the first entry found absent, payload bytes written back, last
-        timestamp written back)."""
+        timestamp written back, the bookies in limbo whose UNKNOWNs an accept-loss recovery
+        counted as absent there: empty unless it gave something up)."""
         reads = RecoveryReads(
             transport=self._transport,
             stream=self.name,
@@ -422,6 +483,7 @@ class Takeover:
             ensemble=captured,
             options=self._options,
             bulk_sources=sources,
+            accept_loss=self._accept_loss_operator is not None,
         )
         scanned = start  # the highest id recovered so far
         written_bytes = 0
@@ -442,6 +504,8 @@ class Takeover:
                     last_ts = read.entry.timestamp_ms
                 pipeline.flush()
                 scanned = scan.last_recovered_entry_id
+                stop = next((r for r in run if r.entry_id == scan.stopped_at_entry_id), None)
+                limbo = () if stop is None else stop.limbo
                 if scan.status is RecoveryStatus.ENDED:
                     log.info(
                         "recovery.read",
@@ -453,7 +517,23 @@ class Takeover:
                         bulk_requests=reads.bulk_requests,
                         single_reads=reads.single_reads,
                     )
-                    return scan.truncate_entry_id, written_bytes, last_ts
+                    return scan.truncate_entry_id, written_bytes, last_ts, limbo
+                if scan.status is RecoveryStatus.ABORTED and limbo:
+                    # Retried like any unknown (a limbo may still clear: another recovery
+                    # completed and the bookie's repair runs), and the error at the deadline.
+                    bookies = sorted(limbo)
+                    raise _RetryLater(
+                        StreamInLimboError(
+                            f"the previous term's end cannot be decided: bookies "
+                            f"{', '.join(bookies)} are in limbo (they crashed without the "
+                            f"journal and may have lost acknowledged entries) and no bookie "
+                            f"holds the entry after the last one; give up what they may have "
+                            f"lost with `streamctl recover {self.name} --accept-loss`",
+                            stream=self.name,
+                            entry_id=scan.stopped_at_entry_id,
+                            bookies=tuple(bookies),
+                        )
+                    )
                 if scan.status is RecoveryStatus.ABORTED:
                     raise _RetryLater(
                         BookieError(
@@ -764,6 +844,136 @@ async def seal(
     await metadata.unregister_writer(meta.id)
     log.info("recovery.sealed", stream=name, term=result.term, last_entry_id=result.last_entry_id)
     return meta
+
+
+@dataclass(frozen=True)
+class BookieLimboState:
+    """What one bookie of the last fragment said of the stream (`StreamState`, no term)."""
+
+    bookie_id: str
+    reachable: bool
+    limbo: bool = False
+    last_entry_id: int = -1  # highest entry id it holds (-1: none)
+    lac: int = -1
+
+
+@dataclass(frozen=True)
+class LossSurvey:
+    """What an accept-loss recovery of `stream` would give up, as seen before it runs: the
+    previous term would end after `last_held_entry_id` (the last entry some reachable bookie of
+    the last fragment holds), so the entries `first_at_risk` .. `last_at_risk` (a bound: what
+    the previous writer could have acknowledged, assuming its window was this client's) may
+    be lost; those up to `lac` were certainly acknowledged."""
+
+    stream: str
+    term: int
+    state: str
+    bookies: tuple[BookieLimboState, ...]
+    last_held_entry_id: int
+    lac: int
+    first_at_risk: int
+    last_at_risk: int
+
+    @property
+    def limbo_bookies(self) -> tuple[str, ...]:
+        """Returns the reachable bookies of the last fragment that are in limbo."""
+        return tuple(b.bookie_id for b in self.bookies if b.limbo)
+
+    @property
+    def unreachable_bookies(self) -> tuple[str, ...]:
+        """Returns the bookies of the last fragment that did not answer."""
+        return tuple(b.bookie_id for b in self.bookies if not b.reachable)
+
+
+async def survey_loss(
+    name: str, *, transport: BookieTransport, metadata: MetadataPort, options: WriterOptions
+) -> LossSurvey:
+    """Asks every bookie of the stream's last fragment what it holds and whether it is in limbo
+    (term-less requests: nothing changes) and returns what an accept-loss recovery would give
+    up. Raises `StreamSealedError` for a sealed stream."""
+    meta, _ = await metadata.get_stream(name)
+    if meta.state is StreamState.SEALED:
+        raise StreamSealedError("stream is sealed", stream=name)
+    _, _, fragments = await metadata.get_snapshot(meta.id)
+    ensemble = fragments[-1].ensemble if fragments else ()
+    answers = await asyncio.gather(
+        *(
+            _answer(transport.stream_state(b, meta.id, timeout_s=options.fence_timeout_s))
+            for b in ensemble
+        )
+    )
+    states: list[BookieLimboState] = []
+    for bookie_id, answer in zip(ensemble, answers, strict=True):
+        if answer is None or answer.code not in (Code.OK, Code.NO_SUCH_STREAM):
+            states.append(BookieLimboState(bookie_id, reachable=False))
+        elif answer.code == Code.NO_SUCH_STREAM:
+            states.append(BookieLimboState(bookie_id, reachable=True))
+        else:
+            states.append(
+                BookieLimboState(bookie_id, True, answer.limbo, answer.last_entry_id, answer.lac)
+            )
+    last_held = max((b.last_entry_id for b in states), default=-1)
+    last_held = max(last_held, meta.first_entry_id - 1)
+    lac = max((b.lac for b in states), default=-1)
+    return LossSurvey(
+        stream=name,
+        term=meta.term,
+        state=str(meta.state),
+        bookies=tuple(states),
+        last_held_entry_id=last_held,
+        lac=lac,
+        first_at_risk=last_held + 1,
+        last_at_risk=max(last_held, lac) + options.window_entries,
+    )
+
+
+async def recover_accepting_loss(
+    name: str,
+    *,
+    transport: BookieTransport,
+    metadata: MetadataPort,
+    clock: Clock,
+    rng: random.Random,
+    options: WriterOptions,
+    identity: WriterIdentity,
+    operator: str,
+) -> TakeoverResult:
+    """The way out of a stuck limbo (DESIGN §4, `streamctl recover --accept-loss`): runs a
+    takeover whose recovery counts limbo UNKNOWNs as absent, so that it ends the previous term
+    after the last entry some reachable bookie still holds; records what it gave up and who
+    asked (`operator`) in the meta first; publishes the recovered LAC and leaves the stream
+    OPEN with no writer. The bookies' repairs (phase two) then clear their limbo. The result's
+    `accepted_loss` is None when no limbo stood in the way (nothing was given up)."""
+    if not isinstance(operator, str) or not operator:
+        raise InvalidArgumentError("operator must be a non-empty str", stream=name)
+    result = await Takeover(
+        name,
+        transport=transport,
+        metadata=metadata,
+        clock=clock,
+        rng=rng,
+        options=options,
+        identity=identity,
+        accept_loss_operator=operator,
+    ).run()
+    await send_lac(
+        transport,
+        result.meta.id,
+        result.term,
+        result.last_fragment.ensemble,
+        result.last_entry_id,
+        options.add_timeout_s,
+    )
+    await metadata.unregister_writer(result.meta.id)
+    log.info(
+        "recovery.accept_loss_done",
+        stream=name,
+        term=result.term,
+        last_entry_id=result.last_entry_id,
+        gave_up=result.accepted_loss is not None,
+        operator=operator,
+    )
+    return result
 
 
 async def close_after_takeover(

@@ -46,7 +46,7 @@ class EntryOutcome:
     """What the recovery reads proved about one entry (a plain slotted class: one is made per
     entry recovered, and a frozen dataclass costs several times more to build)."""
 
-    __slots__ = ("entry_id", "outcome", "entry", "newer_term")
+    __slots__ = ("entry_id", "outcome", "entry", "newer_term", "limbo")
 
     def __init__(
         self,
@@ -54,6 +54,7 @@ class EntryOutcome:
         outcome: ReadOutcome,
         entry: pb.Entry | None = None,
         newer_term: int = 0,
+        limbo: tuple[str, ...] = (),
     ) -> None:
         self.entry_id = entry_id
         self.outcome = outcome
@@ -62,6 +63,9 @@ class EntryOutcome:
         # The highest bookie term seen when a member answered INVALID_TERM (a newer writer
         # exists), else 0.
         self.newer_term = newer_term
+        # The bookies in limbo whose UNKNOWNs alone kept this entry undecided (UNKNOWN), or
+        # were counted as absent (ENDED, in an accept-loss recovery); else empty.
+        self.limbo = limbo
 
     @property
     def terminal(self) -> bool:
@@ -71,7 +75,7 @@ class EntryOutcome:
     def __repr__(self) -> str:
         return (
             f"EntryOutcome({self.entry_id}, {self.outcome.name}, "
-            f"entry={self.entry is not None}, newer_term={self.newer_term})"
+            f"entry={self.entry is not None}, newer_term={self.newer_term}, limbo={self.limbo})"
         )
 
 
@@ -118,6 +122,7 @@ class RecoveryReads:
         ensemble: Sequence[str],
         options: WriterOptions,
         bulk_sources: Sequence[BulkSource] = (),
+        accept_loss: bool = False,
     ) -> None:
         invariant(
             len(ensemble) == config.ensemble, "captured ensemble of size E", ensemble=ensemble
@@ -133,6 +138,8 @@ class RecoveryReads:
             config.write_set_bookies(self._ensemble, r) for r in range(config.ensemble)
         )
         self._options = options
+        # An operator's accept-loss recovery: limbo UNKNOWNs count as absent (DESIGN §4).
+        self._accept_loss = accept_loss
         # Bulk needs every source in every entry's write set: E == WQ.
         striped = config.ensemble != config.write_quorum
         self._sources: list[BulkSource] = (
@@ -318,7 +325,9 @@ class RecoveryReads:
         self.single_reads += 1
         config = self._config
         write_set = self._write_sets[entry_id % config.ensemble]
-        tally: RecoveryReadTally[str, pb.Entry] = RecoveryReadTally(config, write_set)
+        tally: RecoveryReadTally[str, pb.Entry] = RecoveryReadTally(
+            config, write_set, accept_loss=self._accept_loss
+        )
         timeout_s = self._options.recovery_read_timeout_s
 
         async def ask(bookie_id: str) -> tuple[str, pb.ReadResponse | None]:
@@ -372,4 +381,5 @@ class RecoveryReads:
             await _cancel_all(list(tasks))
         if tally.outcome is ReadOutcome.RECOVERABLE:
             return EntryOutcome(entry_id, tally.outcome, tally.entry)
-        return EntryOutcome(entry_id, tally.outcome)
+        limbo = tally.limbo_members if tally.blocked_by_limbo else ()
+        return EntryOutcome(entry_id, tally.outcome, limbo=limbo)

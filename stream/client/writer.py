@@ -46,6 +46,7 @@ from stream.metadata.streams import BadVersionError
 from stream.protocol import (
     choose_ensemble,
     choose_replacement,
+    journal_required,
     plan_ensemble_change,
 )
 
@@ -666,7 +667,13 @@ class AsyncStreamWriter:
             excluded = set(pipeline.failed)
             for _ in range(_MAX_CANDIDATES_TRIED):
                 candidates = await self._metadata.available_bookies()
-                ensemble = choose_ensemble(candidates, meta.ensemble, self._rng, exclude=excluded)
+                ensemble = choose_ensemble(
+                    candidates,
+                    meta.ensemble,
+                    self._rng,
+                    exclude=excluded,
+                    needs_journal=journal_required(meta.ack_quorum),
+                )
                 joining = [b for b in ensemble if b not in pipeline.ensemble]
                 refused = await truncate_members(
                     self._transport,

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from stream.metadata import (
+    AcceptedLoss,
     BookieRegistry,
     Fragment,
     MetadataSession,
@@ -95,6 +96,11 @@ class ZkMetadata:
             first_entry_id_of_term,
         )
 
+    async def record_accepted_loss(
+        self, stream_id: int, expected_version: int, loss: AcceptedLoss
+    ) -> tuple[StreamMeta, int]:
+        return await self._run(self.store.record_accepted_loss, stream_id, expected_version, loss)
+
     async def add_fragment(
         self, stream_id: int, expected_version: int, new_fragment: Fragment, replaces_first_id: bool
     ) -> tuple[StreamMeta, int]:
@@ -160,7 +166,11 @@ class ZkMetadata:
         for bookie_id, registration in registrations.items():
             self._addresses[bookie_id] = registration.address
         return [
-            BookieCandidate(bookie_id, writable=not registration.read_only)
+            BookieCandidate(
+                bookie_id,
+                writable=not registration.read_only,
+                journal=registration.journal_write_data,
+            )
             for bookie_id, registration in sorted(registrations.items())
         ]
 

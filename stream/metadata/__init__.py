@@ -11,6 +11,7 @@ from stream.metadata.connection import (
     parse_connect_string,
 )
 from stream.metadata.model import (
+    AcceptedLoss,
     Fragment,
     RetentionPolicy,
     StreamMeta,
@@ -31,6 +32,7 @@ from stream.metadata.streams import (
 __all__ = [
     "DEFAULT_ROOT",
     "MAX_OPS_PER_MULTI",
+    "AcceptedLoss",
     "BadVersionError",
     "BookieRegistration",
     "BookieRegistry",

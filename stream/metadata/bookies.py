@@ -34,10 +34,19 @@ class BookieRegistration:
     address: str  # "host:port" of its gRPC service
     read_only: bool = False
     free_bytes: int = 0
+    # Whether entries go through its journal (`journal_write_data`); placement keeps AQ = 1
+    # streams off bookies without it. Registrations older than the field read as True (the
+    # default setting).
+    journal_write_data: bool = True
 
     def to_json(self) -> bytes:
         """Returns the registration znode's JSON (sorted keys: equal values, equal bytes)."""
-        body = {"address": self.address, "read_only": self.read_only, "free_bytes": self.free_bytes}
+        body = {
+            "address": self.address,
+            "read_only": self.read_only,
+            "free_bytes": self.free_bytes,
+            "journal_write_data": self.journal_write_data,
+        }
         return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
@@ -47,6 +56,7 @@ class BookieRegistration:
             body = json.loads(data)
             address, read_only = body["address"], body.get("read_only", False)
             free_bytes = body.get("free_bytes", 0)
+            journal = body.get("journal_write_data", True)
         except (UnicodeDecodeError, ValueError, TypeError, KeyError) as exc:
             raise MetadataError("malformed bookie registration") from exc
         if (
@@ -54,9 +64,12 @@ class BookieRegistration:
             or not isinstance(read_only, bool)
             or not isinstance(free_bytes, int)
             or isinstance(free_bytes, bool)
+            or not isinstance(journal, bool)
         ):
             raise MetadataError("malformed bookie registration", address=address)
-        return cls(address=address, read_only=read_only, free_bytes=free_bytes)
+        return cls(
+            address=address, read_only=read_only, free_bytes=free_bytes, journal_write_data=journal
+        )
 
 
 class BookieRegistry:

@@ -208,11 +208,67 @@ class Fragment:
             raise MetadataError("malformed fragment", reason=str(exc)) from exc
 
 
+# Accept-loss records kept in a stream's meta: the newest ones (the meta stays small).
+MAX_ACCEPTED_LOSSES = 10
+
+
+@dataclass(frozen=True)
+class AcceptedLoss:
+    """One `recover --accept-loss` (DESIGN §4): the recovery of `term` ended the previous term
+    before `first_entry_id` although bookies in limbo (`limbo_bookies`) could not say that
+    entry was absent. The entries from `first_entry_id` up to `last_entry_id` (a bound: what
+    the previous writer could have acknowledged) were given up. `operator` ran it at `at_ms`."""
+
+    term: int
+    first_entry_id: int
+    last_entry_id: int
+    limbo_bookies: tuple[str, ...]
+    operator: str
+    at_ms: int
+
+    def __post_init__(self) -> None:
+        if isinstance(self.limbo_bookies, list):
+            object.__setattr__(self, "limbo_bookies", tuple(self.limbo_bookies))
+        for name in ("term", "first_entry_id", "last_entry_id", "at_ms"):
+            value = getattr(self, name)
+            if not (_is_int(value) and value >= 0):
+                raise InvalidArgumentError(f"accepted loss {name} must be an int >= 0")
+        if self.last_entry_id < self.first_entry_id:
+            raise InvalidArgumentError(
+                "accepted loss last_entry_id must be >= first_entry_id",
+                first_entry_id=self.first_entry_id,
+                last_entry_id=self.last_entry_id,
+            )
+        if not isinstance(self.limbo_bookies, tuple):
+            raise InvalidArgumentError("accepted loss limbo_bookies must be a list")
+        for bookie_id in self.limbo_bookies:
+            validate_bookie_id(bookie_id)
+        if not isinstance(self.operator, str) or not self.operator:
+            raise InvalidArgumentError("accepted loss operator must be a non-empty str")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Returns the JSON object form (the fields, bookies as a list)."""
+        body = dataclasses.asdict(self)
+        body["limbo_bookies"] = list(self.limbo_bookies)
+        return body
+
+    @classmethod
+    def from_dict(cls, body: object) -> AcceptedLoss:
+        """Returns the record in `body` (the `to_dict` form); raises `InvalidArgumentError`."""
+        if not isinstance(body, dict):
+            raise InvalidArgumentError("accepted loss is not an object")
+        try:
+            return cls(**{f.name: body[f.name] for f in dataclasses.fields(cls)})
+        except (KeyError, TypeError) as exc:
+            raise InvalidArgumentError("malformed accepted loss", reason=str(exc)) from exc
+
+
 @dataclass(frozen=True)
 class StreamMeta:
     """A stream's `meta` znode. `ensemble`, `write_quorum`, `ack_quorum` are E/WQ/AQ;
     `first_entry_id` is the first retained entry; `term_history` holds `(term, first entry id
-    of that term)` in increasing term order, one pair per term that opened for writing."""
+    of that term)` in increasing term order, one pair per term that opened for writing;
+    `accepted_losses` the newest `MAX_ACCEPTED_LOSSES` accept-loss recoveries, oldest first."""
 
     name: str
     id: int
@@ -228,6 +284,7 @@ class StreamMeta:
     first_entry_id: int = 0
     term_history: tuple[tuple[int, int], ...] = ()
     created_ms: int = 0
+    accepted_losses: tuple[AcceptedLoss, ...] = ()
     # Derived, not stored: the checked quorum triple for the protocol code.
     quorum: QuorumConfig = field(init=False, repr=False, compare=False)
 
@@ -279,6 +336,14 @@ class StreamMeta:
                     **ctx,
                 )
             previous_term, previous_first = term, first
+        losses = tuple(self.accepted_losses)
+        if len(losses) > MAX_ACCEPTED_LOSSES or not all(
+            isinstance(loss, AcceptedLoss) for loss in losses
+        ):
+            raise InvalidArgumentError(
+                f"accepted_losses holds at most {MAX_ACCEPTED_LOSSES} AcceptedLoss records", **ctx
+            )
+        object.__setattr__(self, "accepted_losses", losses)
 
     def same_config(self, other: StreamMeta) -> bool:
         """Returns whether `other` was created with the same name and configuration (quorums,
@@ -321,6 +386,8 @@ class StreamMeta:
             "term_history": [list(pair) for pair in self.term_history],
             "created_ms": self.created_ms,
         }
+        if self.accepted_losses:  # absent until the first one: older metas keep their bytes
+            body["accepted_losses"] = [loss.to_dict() for loss in self.accepted_losses]
         if op_ids:
             body["op_ids"] = list(op_ids)
         return _encode(body)
@@ -343,6 +410,9 @@ class StreamMeta:
             history = body.get("term_history", [])
             if not isinstance(history, list) or not all(isinstance(p, list) for p in history):
                 raise InvalidArgumentError("term_history is not a list of pairs")
+            losses = body.get("accepted_losses", [])
+            if not isinstance(losses, list):
+                raise InvalidArgumentError("accepted_losses is not a list")
             meta = cls(
                 name=body["name"],
                 id=body["id"],
@@ -358,6 +428,7 @@ class StreamMeta:
                 first_entry_id=body.get("first_entry_id", 0),
                 term_history=tuple(tuple(p) for p in history),
                 created_ms=body.get("created_ms", 0),
+                accepted_losses=tuple(AcceptedLoss.from_dict(loss) for loss in losses),
             )
         except (KeyError, InvalidArgumentError) as exc:
             raise MetadataError("malformed stream meta", reason=str(exc)) from exc

@@ -40,7 +40,9 @@ from stream.errors import (
 from stream.metadata import paths
 from stream.metadata.connection import MetadataSession, MetadataSessionExpiredError
 from stream.metadata.model import (
+    MAX_ACCEPTED_LOSSES,
     MAX_STREAM_ID,
+    AcceptedLoss,
     Fragment,
     RetentionPolicy,
     StreamMeta,
@@ -710,6 +712,35 @@ class StreamStore:
         )
         return self._commit_meta(
             stream_id, expected_version, new_meta, ops, op_ids=op_ids, action="finish_recovery"
+        )
+
+    def record_accepted_loss(
+        self, stream_id: int, expected_version: int, loss: AcceptedLoss
+    ) -> tuple[StreamMeta, int]:
+        """Returns `(meta, version)` after appending `loss` to the stream's accept-loss records
+        (keeping the newest `MAX_ACCEPTED_LOSSES`), while the recovery of `loss.term` runs:
+        durable before that recovery gives anything up. Raises `BadVersionError`,
+        `InvalidTermError` when `loss.term` is not the stream's term, `MetadataError` when the
+        stream is not in recovery."""
+        validate_stream_id(stream_id)
+        if not isinstance(loss, AcceptedLoss):
+            raise InvalidArgumentError("expected an AcceptedLoss", value=loss)
+        meta, op_ids = self._read_meta_at(stream_id, expected_version, "record_accepted_loss")
+        if meta.term != loss.term:
+            raise InvalidTermError(
+                "another writer took over", term=loss.term, current_term=meta.term, stream=meta.name
+            )
+        if meta.state is not StreamState.IN_RECOVERY:
+            raise MetadataError(
+                "stream is not in recovery", stream=meta.name, state=str(meta.state)
+            )
+        losses = (*meta.accepted_losses, loss)[-MAX_ACCEPTED_LOSSES:]
+        return self._commit_meta(
+            stream_id,
+            expected_version,
+            meta.replace(accepted_losses=losses),
+            op_ids=op_ids,
+            action="record_accepted_loss",
         )
 
     def add_fragment(

@@ -20,7 +20,12 @@ from stream.protocol.fragments import (
     fragment_index_for,
 )
 from stream.protocol.invariant import InvariantViolation, invariant
-from stream.protocol.placement import BookieCandidate, choose_ensemble, choose_replacement
+from stream.protocol.placement import (
+    BookieCandidate,
+    choose_ensemble,
+    choose_replacement,
+    journal_required,
+)
 from stream.protocol.quorum import MAX_ENSEMBLE_SIZE, QuorumConfig
 from stream.protocol.recovery import (
     FenceOutcome,
@@ -29,6 +34,7 @@ from stream.protocol.recovery import (
     RecoveryReadTally,
     RecoveryScan,
     RecoveryStatus,
+    limbo_blocked,
     read_outcome,
     scan_recovery_reads,
 )
@@ -65,6 +71,8 @@ __all__ = [
     "fragment_index_for",
     "invariant",
     "is_covered",
+    "journal_required",
+    "limbo_blocked",
     "limbo_code",
     "must_learn_term",
     "pinned_bookies",

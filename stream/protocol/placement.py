@@ -14,11 +14,20 @@ from stream.errors import InvalidArgumentError, NotEnoughBookiesError
 
 @dataclass(frozen=True, slots=True)
 class BookieCandidate:
-    """An available bookie as placement sees it; a lower `load` is preferred."""
+    """An available bookie as placement sees it; a lower `load` is preferred. `journal`: it
+    runs with `journal_write_data` (an acknowledged entry survives its crash)."""
 
     bookie_id: str
     writable: bool = True
     load: int = 0
+    journal: bool = True
+
+
+def journal_required(ack_quorum: int) -> bool:
+    """Return whether a stream with this AQ may only be placed on bookies with the journal on
+    (DESIGN §4): with AQ = 1 one crash of a journal-less bookie loses an acknowledged entry
+    that no other bookie may hold, and no recovery can tell."""
+    return ack_quorum == 1
 
 
 def choose_ensemble(
@@ -26,9 +35,12 @@ def choose_ensemble(
     size: int,
     rng: random.Random,
     exclude: Collection[str] = (),
+    *,
+    needs_journal: bool = False,
 ) -> tuple[str, ...]:
-    """Return `size` distinct ids of writable, non-excluded bookies, least loaded first chosen,
-    ties broken with `rng`, in an `rng`-shuffled order (so no bookie is always index 0).
+    """Return `size` distinct ids of writable, non-excluded bookies (with the journal on when
+    `needs_journal`: see `journal_required`), least loaded first chosen, ties broken with
+    `rng`, in an `rng`-shuffled order (so no bookie is always index 0).
 
     The result depends only on the candidates (not their order) and on `rng`'s state. Raises
     `NotEnoughBookiesError` (needed, available) when fewer than `size` bookies qualify and
@@ -45,6 +57,18 @@ def choose_ensemble(
         (c for c in available if c.writable and c.bookie_id not in excluded),
         key=lambda c: c.bookie_id,
     )
+    if needs_journal:
+        journal_less = sum(1 for c in eligible if not c.journal)
+        eligible = [c for c in eligible if c.journal]
+        if len(eligible) < size:
+            raise NotEnoughBookiesError(
+                "not enough writable bookies with the journal on: a stream with ack_quorum = 1 "
+                "is never placed on a bookie without journal_write_data (one crash would lose "
+                "acknowledged entries)",
+                needed=size,
+                available=len(eligible),
+                journal_less=journal_less,
+            )
     if len(eligible) < size:
         raise NotEnoughBookiesError(
             "not enough writable bookies", needed=size, available=len(eligible)
@@ -62,9 +86,12 @@ def choose_replacement(
     available: Sequence[BookieCandidate],
     rng: random.Random,
     exclude: Collection[str] = (),
+    *,
+    needs_journal: bool = False,
 ) -> str:
-    """Return the id of one writable bookie, not in `ensemble` (the failed member included)
-    nor in `exclude`, to take the place of `ensemble[failed_index]`.
+    """Return the id of one writable bookie (with the journal on when `needs_journal`), not in
+    `ensemble` (the failed member included) nor in `exclude`, to take the place of
+    `ensemble[failed_index]`.
 
     Raises `NotEnoughBookiesError` when none qualifies and `InvalidArgumentError` for an
     index outside the ensemble.
@@ -75,5 +102,7 @@ def choose_replacement(
             failed_index=failed_index,
             ensemble=tuple(ensemble),
         )
-    (replacement,) = choose_ensemble(available, 1, rng, exclude={*ensemble, *exclude})
+    (replacement,) = choose_ensemble(
+        available, 1, rng, exclude={*ensemble, *exclude}, needs_journal=needs_journal
+    )
     return replacement

@@ -153,10 +153,20 @@ class RecoveryReadTally(Generic[M, T]):
     sometimes while a decision is still reachable; aborting only when none is reachable is as
     safe and more live. The two thresholds never both hold when `positives_required` is AQ;
     with 1, whichever is reached first decides, and both are safe.
+
+    Members in limbo answer UNKNOWN (`Code.UNKNOWN`) where they would say "absent"
+    (`limbo_code`); `blocked_by_limbo` tells when only those answers keep the entry UNKNOWN
+    (`limbo_blocked`). With `accept_loss` (an operator's `recover --accept-loss`, DESIGN §4)
+    such an entry is ENDED instead: whatever the limbo members may have lost is given up.
     """
 
     def __init__(
-        self, config: QuorumConfig, write_set: Sequence[M], *, positives_required: int = 1
+        self,
+        config: QuorumConfig,
+        write_set: Sequence[M],
+        *,
+        positives_required: int = 1,
+        accept_loss: bool = False,
     ) -> None:
         members = tuple(write_set)
         if len(members) != config.write_quorum or len(set(members)) != len(members):
@@ -174,6 +184,8 @@ class RecoveryReadTally(Generic[M, T]):
         self._config = config
         self._members = frozenset(members)
         self._positives_required = positives_required
+        self._accept_loss = accept_loss
+        self._limbo: list[M] = []
         self._answered: set[M] = set()
         self._positives = 0
         self._negatives = 0
@@ -200,6 +212,20 @@ class RecoveryReadTally(Generic[M, T]):
         return self._entry  # type: ignore[return-value]  # set with the first positive
 
     @property
+    def limbo_members(self) -> tuple[M, ...]:
+        """Return the members that answered UNKNOWN because they are in limbo, in answer
+        order."""
+        return tuple(self._limbo)
+
+    @property
+    def blocked_by_limbo(self) -> bool:
+        """Return whether the limbo members' UNKNOWNs alone leave this entry undecided (with
+        `accept_loss`: whether they alone made it ENDED)."""
+        return self._outcome in (ReadOutcome.UNKNOWN, ReadOutcome.ENDED) and limbo_blocked(
+            self._config, self._positives, self._negatives, self._unknowns, len(self._limbo)
+        )
+
+    @property
     def counts(self) -> tuple[int, int, int]:
         """Return (positives, explicit negatives, unknowns) counted so far."""
         return self._positives, self._negatives, self._unknowns
@@ -223,6 +249,8 @@ class RecoveryReadTally(Generic[M, T]):
             self._negatives += 1
         else:
             self._unknowns += 1
+            if code == Code.UNKNOWN:
+                self._limbo.append(member)
         self._outcome = read_outcome(
             self._config,
             self._positives,
@@ -230,7 +258,39 @@ class RecoveryReadTally(Generic[M, T]):
             self._unknowns,
             positives_required=self._positives_required,
         )
+        if (
+            self._accept_loss
+            and self._outcome is ReadOutcome.UNKNOWN
+            and limbo_blocked(
+                self._config, self._positives, self._negatives, self._unknowns, len(self._limbo)
+            )
+        ):
+            self._outcome = ReadOutcome.ENDED
         return self._outcome
+
+
+def limbo_blocked(
+    config: QuorumConfig, positives: int, negatives: int, unknowns: int, limbo_unknowns: int
+) -> bool:
+    """Return whether an entry's recovery reads are short of a decision only because members
+    in limbo answered UNKNOWN: every member of the write set answered, none holds the entry,
+    fewer than QC said "absent", and every other answer is a limbo UNKNOWN (`Code.UNKNOWN`,
+    which only `limbo_code` produces; `limbo_unknowns` of the `unknowns`). A timeout or a
+    transport error is not one: that member may hold the entry.
+
+    Retrying cannot decide such an entry while those members stay in limbo, and limbo clears
+    only once a recovery completes (DESIGN §4). Counting the limbo answers as explicit
+    negatives would end the previous term here (WQ >= QC negatives): that is what an
+    accept-loss recovery does, giving up whatever those members may have lost.
+    """
+    invariant(0 <= limbo_unknowns <= unknowns, "limbo unknowns are unknowns", limbo=limbo_unknowns)
+    return (
+        limbo_unknowns > 0
+        and positives == 0
+        and unknowns == limbo_unknowns
+        and negatives < config.quorum_coverage
+        and negatives + limbo_unknowns == config.write_quorum
+    )
 
 
 def read_outcome(

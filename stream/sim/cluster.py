@@ -275,14 +275,20 @@ class Simulation:
         session = SimMetadataSession(FakeKazooClient(self.zk, now=self.loop.time))
         self._bookie_sessions[bookie_id] = session
         BookieRegistry(session).register(  # type: ignore[arg-type]
-            bookie_id, BookieRegistration(f"{bookie_id}:3181", read_only=read_only)
+            bookie_id, self._registration(bookie_id, read_only)
+        )
+
+    def _registration(self, bookie_id: str, read_only: bool) -> BookieRegistration:
+        journal = bookie_id not in self.config.journal_less
+        return BookieRegistration(
+            f"{bookie_id}:3181", read_only=read_only, journal_write_data=journal
         )
 
     def set_read_only(self, bookie_id: str, read_only: bool) -> None:
         """Publishes `bookie_id` as read-only (placement skips it) or writable again."""
         session = self._bookie_sessions[bookie_id]
         path = paths.bookie_available(bookie_id)
-        data = BookieRegistration(f"{bookie_id}:3181", read_only=read_only).to_json()
+        data = self._registration(bookie_id, read_only).to_json()
         if session.zk.exists(path) is not None:
             session.zk.set(path, data)
         self.trace.record("read_only", b=bookie_id, ro=int(read_only))

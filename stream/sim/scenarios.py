@@ -36,6 +36,11 @@ random run. With the protection a script targets switched on, the same schedule 
   flushed; C2's recovery writes its NOOP|TRUNCATE at e1 over it, and B1 crashes before its
   next flush: the truncation (journaled) holds, the no-op (not journaled) is lost, and the
   flushed dirty e1 is served again, where every other bookie serves the no-op.
+- `limbo-stall` (none: all protections on): two journal-less bookies of a 3/3/2 write set
+  crash together after a flush; both come back in limbo and the entry after the end never
+  gets QC explicit negatives. The takeover must fail with `StreamInLimboError` (not hang),
+  and an accept-loss recovery (`recover --accept-loss`) must end the stall with every
+  acknowledged entry kept.
 - `rewritten-truncate` (none: all protections on): a recovery that starts below an earlier
   term's truncate no-op (here its EC = 1 fence answer came from a bookie that lost its disk)
   writes that no-op back with its TRUNCATE flag, deleting the committed entries after it on
@@ -54,7 +59,7 @@ import itertools
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
-from stream.client.recovery import WriterIdentity, seal
+from stream.client.recovery import WriterIdentity, recover_accepting_loss, seal, survey_loss
 from stream.errors import StreamError
 from stream.metadata.model import RetentionPolicy, StreamState
 from stream.sim.checker import LIVENESS
@@ -63,6 +68,7 @@ from stream.sim.cluster import (
     LIMBO,
     NEW_MEMBER_TRUNCATION,
     PHASE_ONE_FENCE,
+    STREAM_NAME,
     TERM_FENCING,
     TRUNCATE_NOOP,
     WIPED_TERM_CHECK,
@@ -425,6 +431,58 @@ async def lost_reply_same_term(sim: Simulation) -> None:
     await sim.finish()
 
 
+async def limbo_stall(sim: Simulation) -> None:
+    """AQ journal-less bookies of one write set crash together after a flush (nothing is lost,
+    but both come back in limbo): the takeover must fail with `StreamInLimboError` naming
+    them, not hang; an accept-loss recovery then ends the previous term after the last entry
+    held, phase two clears the limbo, and the final takeover and read see every entry."""
+    sim.set_read_only("b4", True)
+    if await sim.open_writer("c1") is None:
+        return
+    sim.append("c1", 5)
+    await sim.until(lambda: sim.acked(4))
+    await asyncio.sleep(0.05)
+    for bookie_id in ("b1", "b2", "b3"):
+        sim.bookies[bookie_id].flush()  # everything acknowledged is durable
+    sim.network.clog_node("c1")
+    for bookie_id in ("b1", "b2"):
+        sim.crash(bookie_id)  # a correlated crash (a power cut)
+    for bookie_id in ("b1", "b2"):
+        sim.restart(bookie_id)
+    sim.set_read_only("b4", False)
+    if await sim.open_writer("c2") is not None:
+        sim.checker.violate(LIVENESS, "a takeover completed through two limbo bookies")
+    failed = [line for line in sim.trace.tail() if " takeover_failed c=c2 " in line]
+    if not failed or not failed[-1].endswith("error=StreamInLimboError"):
+        sim.checker.violate(LIVENESS, f"the stuck takeover did not name limbo: {failed[-1:]}")
+    client = sim.client("admin")
+    survey = await survey_loss(
+        STREAM_NAME,
+        transport=client.transport,
+        metadata=client.metadata,
+        options=sim.writer_options,
+    )
+    sim.trace.record("survey", limbo=",".join(survey.limbo_bookies), first=survey.first_at_risk)
+    if set(survey.limbo_bookies) != {"b1", "b2"}:
+        sim.checker.violate(LIVENESS, f"the survey missed the limbo: {survey}")
+    try:
+        result = await recover_accepting_loss(
+            STREAM_NAME,
+            transport=client.transport,
+            metadata=client.metadata,
+            clock=sim.clock,
+            rng=client.rng,
+            options=sim.writer_options,
+            identity=WriterIdentity("admin"),
+            operator="sim-operator",
+        )
+    except StreamError as e:
+        sim.checker.violate(LIVENESS, f"the accept-loss recovery failed: {e!r}")
+    else:
+        sim.trace.record("accept_loss", end=result.last_entry_id, loss=result.accepted_loss)
+    await sim.finish()
+
+
 def _config(**overrides: object) -> SimConfig:
     base: dict[str, object] = {
         "bookies": 4,
@@ -512,6 +570,14 @@ SCENARIOS: dict[str, Scenario] = {
             "replaced comes back",
             _config(journal_less=frozenset({"b1"})),
             lost_noop,
+        ),
+        Scenario(
+            "limbo-stall",
+            None,
+            "two journal-less bookies of a write set crash together: the takeover fails "
+            "naming limbo, an accept-loss recovery ends the stall",
+            _config(journal_less=frozenset({"b1", "b2"})),
+            limbo_stall,
         ),
         Scenario(
             "rewritten-truncate",

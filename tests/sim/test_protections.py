@@ -110,6 +110,16 @@ def test_a_lost_metadata_reply_then_a_same_term_change_keeps_the_writer_going() 
         assert result.ok, f"lost-reply-same-term seed {seed}: {_first(result)}"
 
 
+def test_a_limbo_stall_fails_clearly_and_accept_loss_ends_it() -> None:
+    # Issue 14 item 4: two journal-less bookies of a write set crash together. The scenario
+    # reports a violation unless the takeover fails with StreamInLimboError (no silent stall),
+    # and the final check fails unless the accept-loss recovery made the stream writable again
+    # with every acknowledged entry readable.
+    for seed in SCENARIO_SEEDS:
+        result = run_scenario("limbo-stall", seed)
+        assert result.ok, f"limbo-stall seed {seed}: {_first(result)}"
+
+
 def test_recovery_publishes_no_lafr_from_its_local_ensemble() -> None:
     # A regression (random seed 3649): a paused recovery had replaced a bookie locally and its
     # no-op reached the new write set, so the LAFR it carried named the no-op; the next takeover

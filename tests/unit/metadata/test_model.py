@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from stream.errors import InvalidArgumentError, MetadataError
 from stream.metadata import (
+    AcceptedLoss,
     BookieRegistration,
     Fragment,
     RetentionPolicy,
@@ -19,6 +20,7 @@ from stream.metadata import (
     validate_bookie_id,
     validate_stream_name,
 )
+from stream.metadata.model import MAX_ACCEPTED_LOSSES
 
 _name = st.from_regex(r"[A-Za-z0-9._-]{1,40}", fullmatch=True).filter(
     lambda n: n not in (".", "..")
@@ -219,3 +221,31 @@ def test_writer_and_registration_round_trip() -> None:
     reg = BookieRegistration(address="127.0.0.1:3181", read_only=True, free_bytes=1 << 40)
     assert BookieRegistration.from_json(reg.to_json()) == reg
     assert BookieRegistration.from_json(b'{"address": "h:1"}') == BookieRegistration("h:1")
+
+
+def test_registration_journal_mode_round_trips_and_defaults_to_on() -> None:
+    reg = BookieRegistration("h:1", journal_write_data=False)
+    assert BookieRegistration.from_json(reg.to_json()) == reg
+    # A registration written before the field existed: the journal was on (the default).
+    assert BookieRegistration.from_json(b'{"address":"h:1","read_only":false}').journal_write_data
+    with pytest.raises(MetadataError):
+        BookieRegistration.from_json(b'{"address":"h:1","journal_write_data":"no"}')
+
+
+def test_accepted_losses_round_trip_and_leave_older_metas_unchanged() -> None:
+    meta = StreamMeta("s", 1, 3, 3, 2, 100, 1 << 20, term=4, state=StreamState.IN_RECOVERY)
+    assert b"accepted_losses" not in meta.to_json()  # bytes as before the field existed
+    loss = AcceptedLoss(4, 54, 8245, ("b1", "b2"), "ops@host", 1_700_000_000_000)
+    with_loss = meta.replace(accepted_losses=(loss,))
+    assert StreamMeta.from_json(with_loss.to_json()) == with_loss
+    assert AcceptedLoss.from_dict(loss.to_dict()) == loss
+    with pytest.raises(InvalidArgumentError):
+        AcceptedLoss(4, 54, 53, (), "ops", 0)  # an empty range
+    with pytest.raises(InvalidArgumentError):
+        AcceptedLoss(4, 54, 60, ("b/1",), "ops", 0)
+    with pytest.raises(InvalidArgumentError):
+        meta.replace(accepted_losses=(loss,) * (MAX_ACCEPTED_LOSSES + 1))
+    body = json.loads(with_loss.to_json())
+    body["accepted_losses"] = [{"term": 4}]
+    with pytest.raises(MetadataError):
+        StreamMeta.from_json(json.dumps(body).encode())

@@ -18,6 +18,7 @@ from stream.errors import (
     StreamNotFoundError,
 )
 from stream.metadata import (
+    AcceptedLoss,
     BadVersionError,
     Fragment,
     MetadataSession,
@@ -29,6 +30,7 @@ from stream.metadata import (
     WriterInfo,
     paths,
 )
+from stream.metadata.model import MAX_ACCEPTED_LOSSES
 from stream.metadata.streams import OP_IDS_KEPT
 from tests.unit.metadata.conftest import wait_until
 
@@ -681,3 +683,30 @@ def test_watch_stops_when_asked(store: StreamStore) -> None:
     store.watch_meta(meta.id, lambda m, v: later.append(v))
     wait_until(lambda: later and later[-1] == 2, what="second watch")
     assert seen == [0]
+
+
+def test_accepted_losses_are_recorded_in_recovery_and_bounded(store: StreamStore) -> None:
+    meta = _create(store)
+    v = _open(store, meta)
+
+    def loss(term: int, first: int) -> AcceptedLoss:
+        return AcceptedLoss(term, first, first + 100, ("b1", "b2"), "ops@host", 1_000 + term)
+
+    with pytest.raises(MetadataError, match="not in recovery"):
+        store.record_accepted_loss(meta.id, v, loss(1, 5))
+    for round_ in range(MAX_ACCEPTED_LOSSES + 2):
+        taken, v, _ = store.begin_takeover(meta.id, v)
+        with pytest.raises(InvalidTermError):
+            store.record_accepted_loss(meta.id, v, loss(taken.term - 1, 5))
+        recorded, v = store.record_accepted_loss(meta.id, v, loss(taken.term, round_))
+        assert recorded.state is StreamState.IN_RECOVERY
+        assert recorded.accepted_losses[-1] == loss(taken.term, round_)
+        opened, v = store.finish_recovery(meta.id, v, taken.term, [], [], round_ + 1)
+        assert opened.accepted_losses == recorded.accepted_losses  # kept across the reopen
+    stored, _ = store.get_stream_by_id(meta.id)
+    # The newest MAX_ACCEPTED_LOSSES, oldest first.
+    assert [x.first_entry_id for x in stored.accepted_losses] == list(
+        range(2, MAX_ACCEPTED_LOSSES + 2)
+    )
+    with pytest.raises(BadVersionError):
+        store.record_accepted_loss(meta.id, v - 1, loss(stored.term, 0))

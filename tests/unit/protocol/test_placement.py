@@ -9,7 +9,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from stream.errors import InvalidArgumentError, NotEnoughBookiesError
-from stream.protocol.placement import BookieCandidate, choose_ensemble, choose_replacement
+from stream.protocol.placement import (
+    BookieCandidate,
+    choose_ensemble,
+    choose_replacement,
+    journal_required,
+)
 
 
 @st.composite
@@ -106,3 +111,54 @@ def test_choose_replacement_properties(
     assert replacement == choose_replacement(
         ensemble, failed_index, candidates, random.Random(seed), exclude
     )
+
+
+# --- the journal rule (DESIGN §4): AQ = 1 never on a journal-less bookie ----------------------
+
+
+def test_only_ack_quorum_one_requires_the_journal() -> None:
+    assert journal_required(1)
+    assert not any(journal_required(aq) for aq in range(2, 6))
+
+
+@given(candidate_lists(), st.integers(1, 6), st.integers(0, 2**32), st.data())
+def test_needs_journal_places_only_on_journaled_bookies(
+    candidates: list[BookieCandidate], size: int, seed: int, data: st.DataObject
+) -> None:
+    ids = [c.bookie_id for c in candidates]
+    journal_less = set(data.draw(st.lists(st.sampled_from(ids)) if ids else st.just([])))
+    candidates = [
+        BookieCandidate(c.bookie_id, c.writable, c.load, journal=c.bookie_id not in journal_less)
+        for c in candidates
+    ]
+    eligible = [c for c in candidates if c.writable and c.journal]
+    if len(eligible) < size:
+        with pytest.raises(NotEnoughBookiesError):
+            choose_ensemble(candidates, size, random.Random(seed), needs_journal=True)
+        return
+    chosen = choose_ensemble(candidates, size, random.Random(seed), needs_journal=True)
+    assert not set(chosen) & journal_less
+    # Among journaled bookies only, the choice is the one made without the rule.
+    journaled = [c for c in candidates if c.journal]
+    assert chosen == choose_ensemble(journaled, size, random.Random(seed))
+
+
+def test_needs_journal_says_why_when_only_journal_less_bookies_are_left() -> None:
+    candidates = [BookieCandidate(f"b{i}", journal=i == 0) for i in range(4)]
+    # Without the rule (AQ >= 2) journal-less bookies are fine.
+    assert len(choose_ensemble(candidates, 3, random.Random(1))) == 3
+    with pytest.raises(NotEnoughBookiesError, match="journal") as info:
+        choose_ensemble(candidates, 3, random.Random(1), needs_journal=True)
+    assert info.value.context == {"needed": 3, "available": 1, "journal_less": 3}
+    assert choose_ensemble(candidates, 1, random.Random(1), needs_journal=True) == ("b0",)
+
+
+def test_replacement_for_an_aq1_stream_has_the_journal() -> None:
+    candidates = [BookieCandidate("a"), BookieCandidate("b"), BookieCandidate("c", journal=False)]
+    for seed in range(20):
+        assert (
+            choose_replacement(("a", "x"), 1, candidates, random.Random(seed), needs_journal=True)
+            == "b"
+        )
+    with pytest.raises(NotEnoughBookiesError, match="journal"):
+        choose_replacement(("a", "b"), 1, candidates, random.Random(0), needs_journal=True)
