@@ -85,3 +85,7 @@ class StreamInLimboError(StreamError):
     names them, `entry_id` the undecided entry. Limbo clears only after a recovery completes,
     so the stream stays stuck until an operator gives those entries up:
     `streamctl recover STREAM --accept-loss` (DESIGN §4)."""
+
+
+class WriterClosedError(StreamError):
+    """The writer was closed or aborted; appends are refused."""

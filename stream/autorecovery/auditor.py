@@ -37,7 +37,7 @@ from stream.client.zk_metadata import ZkMetadata
 from stream.errors import InvalidTermError, NotEnoughBookiesError, StreamError, StreamNotFoundError
 from stream.metadata import Fragment, StreamMeta, StreamSealedError
 from stream.metadata.underreplication import Marker, UnderreplicationStore
-from stream.protocol import choose_replacement
+from stream.protocol import choose_replacement, journal_required
 from stream.protocol.rereplication import FragmentView, audit_fragments, replacement_ensemble
 
 log = structlog.get_logger(__name__)
@@ -285,6 +285,7 @@ class Auditor:
                         candidates,
                         self._rng,
                         exclude={*bad, *replacements.values()},
+                        needs_journal=journal_required(result.meta.ack_quorum),
                     )
         except NotEnoughBookiesError as e:
             log.warning("autorecovery.no_replacement", stream=result.meta.name, error=str(e))

@@ -40,7 +40,7 @@ from stream.client.zk_metadata import ZkMetadata
 from stream.errors import NotEnoughBookiesError, StreamError, StreamNotFoundError
 from stream.metadata import BadVersionError, Fragment, StreamMeta, StreamState
 from stream.metadata.underreplication import LockInfo, Marker, UnderreplicationStore
-from stream.protocol import Code, choose_replacement
+from stream.protocol import Code, choose_replacement, journal_required
 from stream.protocol.rereplication import (
     FragmentView,
     fragment_bounds,
@@ -224,7 +224,7 @@ class ReplicationWorker:
         if bounds is None:
             return "open"
         started = time.monotonic()
-        targets = await self._choose_targets(fragment.ensemble, replace)
+        targets = await self._choose_targets(fragment.ensemble, replace, meta.ack_quorum)
         available = {c.bookie_id for c in await self._metadata.available_bookies()}
         unavailable = {b for b in fragment.ensemble if b not in available} | set(replace)
         first, last = bounds
@@ -264,10 +264,10 @@ class ReplicationWorker:
         return "replicated"
 
     async def _choose_targets(
-        self, ensemble: Sequence[str], replace: Sequence[str]
+        self, ensemble: Sequence[str], replace: Sequence[str], ack_quorum: int
     ) -> dict[str, str]:
         """Returns a writable, non-draining bookie outside the ensemble for each of
-        `replace`, all distinct."""
+        `replace`, all distinct, journaled where the ack quorum requires it."""
         candidates = await self._metadata.available_bookies()
         draining = await asyncio.to_thread(self._store.draining)
         targets: dict[str, str] = {}
@@ -279,6 +279,7 @@ class ReplicationWorker:
                     candidates,
                     self._rng,
                     exclude={*draining, *targets.values()},
+                    needs_journal=journal_required(ack_quorum),
                 )
             except NotEnoughBookiesError as e:
                 raise ReplicationFailed("no bookie to copy to", reason=str(e)) from None

@@ -477,6 +477,16 @@ class StreamWriter:
         """Returns once everything appended so far is acknowledged."""
         self._client._loop.run(self._core.flush())
 
+    def abort(self) -> None:
+        """Stops the writer at once, without flushing: pending appends (and one blocked on a
+        full window) fail with `WriterClosedError`. What was not acknowledged may or may not be
+        kept: the next writer's takeover decides. `close()` still releases the stream."""
+
+        async def abort() -> None:
+            self._core.abort()
+
+        self._client._loop.run(abort())
+
     def close(self) -> None:
         """Flushes, publishes the final LAC and releases the stream (it stays open for the
         next writer, which takes over with a new term)."""

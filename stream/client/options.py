@@ -24,12 +24,25 @@ class Protections:
     - `recovery_write_quorum`: recovery write-backs (and the no-op) count as done only once the
       WHOLE write set acked, failed bookies being replaced. Off: AQ acks are enough and a failed
       bookie is left out.
+    - `spare_holders`: a replacement is never a bookie replaced away by a change the metadata
+      does not hold yet: the stored fragment still counts its copies, and the new-member
+      truncation would strip them. Off: any bookie outside the current ensemble.
+
+    Two more keep the writer live (DESIGN §10 progress) rather than safe:
+    - `keep_failed_bookies`: a bookie whose add failed stays failed until it is replaced, also
+      when an ensemble change replaces another one first. Off: that change reopens its link
+      without resending what it missed (two bookies failing at once stall the writer).
+    - `replace_unpinned_first`: of several failed bookies, one that is not pinned is replaced
+      first. Off: ensemble order, waiting on a pinned one while an unpinned one could go.
     """
 
     term_fencing: bool = True
     truncate_noop: bool = True
     new_member_truncation: bool = True
     recovery_write_quorum: bool = True
+    spare_holders: bool = True
+    keep_failed_bookies: bool = True
+    replace_unpinned_first: bool = True
 
 
 ALL_PROTECTIONS = Protections()

@@ -142,13 +142,21 @@ class AddPipeline:
         self.held_bytes = 0
         self.fragments: list[FragmentEnsemble] = [FragmentEnsemble(*f) for f in fragments]
         self.failed: set[str] = set()
+        # Bookies replaced after failing: not chosen as a replacement again while others can
+        # be (BookKeeper's quarantine). A frozen one would otherwise come straight back.
+        self.quarantined: set[str] = set()
+        # Bookies replaced away by a change the metadata does not hold yet: the stored open
+        # fragment still names them, so recovery reads still count their copies, and they
+        # must not come back as a replacement (its new-member truncation would strip those
+        # copies: an explicit "no entry" can then end a committed entry).
+        self.unstored_away: set[str] = set()
         self._links: dict[str, _Link] = {}
         self._write_sets: tuple[tuple[str, ...], ...] = ()
         self._progress = asyncio.Event()  # set whenever LAFR moves
         self._lac_timer: asyncio.TimerHandle | None = None
         self._watchdog: asyncio.TimerHandle | None = None
         self.closed = False
-        self._set_ensemble(self.fragments[-1].ensemble, blocked=())
+        self._set_ensemble(self.fragments[-1].ensemble, blocked=(), reopen_failed=True)
 
     # ------------------------------------------------------------------ views
 
@@ -499,12 +507,19 @@ class AddPipeline:
 
     # ------------------------------------------------------------------ ensemble changes
 
-    def _set_ensemble(self, ensemble: Sequence[str], blocked: Sequence[str]) -> None:
+    def _set_ensemble(
+        self, ensemble: Sequence[str], blocked: Sequence[str], *, reopen_failed: bool
+    ) -> None:
         self._write_sets = tuple(
             self.config.write_set_bookies(ensemble, r) for r in range(self.config.ensemble)
         )
         for bookie_id in ensemble:
             link = self._links.get(bookie_id)
+            if link is not None and link.dead and not reopen_failed:
+                # It missed entries that are still held: it stays failed, to be replaced in
+                # turn. Reopening it would forget that, and if its link broke in a blip
+                # nothing would fail again: LAFR stuck, the window full, the writer hung.
+                continue
             if link is None or link.dead:
                 stream = self._transport.open_add_stream(bookie_id)
                 self._links[bookie_id] = _Link(bookie_id, stream, bookie_id in blocked)
@@ -522,7 +537,13 @@ class AddPipeline:
             old.outbox.clear()
             old.stream.close()
         self.failed.discard(failed)
-        self._set_ensemble(self.ensemble, blocked=(replacement,))
+        self.quarantined.add(failed)
+        self.unstored_away.add(failed)
+        self._set_ensemble(
+            self.ensemble,
+            blocked=(replacement,),
+            reopen_failed=not self._options.protections.keep_failed_bookies,
+        )
         resend = self.pending.replace_bookie(failed, replacement)
         link = self._links[replacement]
         link.outbox.extend(self.held[i] for i in resend)
@@ -555,12 +576,13 @@ class AddPipeline:
             held=len(self.held),
         )
         self.fragments.append(FragmentEnsemble(first_entry_id, tuple(ensemble)))
+        self.quarantined.clear()  # a new fragment gives the bookies that failed another chance
         for bookie_id in list(self._links):
             if bookie_id not in ensemble:
                 link = self._links.pop(bookie_id)
                 link.dead = True
                 link.stream.close()
-        self._set_ensemble(ensemble, blocked=())
+        self._set_ensemble(ensemble, blocked=(), reopen_failed=True)  # nothing is held
 
     def close(self) -> None:
         """Closes every stream; unanswered batches are abandoned."""

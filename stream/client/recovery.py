@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -49,6 +49,7 @@ from stream.errors import (
 from stream.metadata.model import AcceptedLoss, Fragment, StreamMeta, StreamState, WriterInfo
 from stream.metadata.streams import BadVersionError, StreamSealedError
 from stream.protocol import (
+    BookieCandidate,
     Code,
     FenceOutcome,
     FenceTally,
@@ -59,6 +60,7 @@ from stream.protocol import (
     choose_replacement,
     ensemble_for,
     journal_required,
+    next_to_replace,
     plan_ensemble_change,
     scan_recovery_reads,
 )
@@ -599,10 +601,13 @@ class Takeover:
             owner.failed.clear()  # AQ is enough; failed bookies are left out
             return
         while owner.failed:
-            failed = owner.failed[0]
-            if failed in pipeline.ensemble:
-                await self._replace_locally(pipeline, owner, meta, failed, pipeline.lafr)
-            owner.failed.pop(0)
+            pinned = pipeline.pending.pinned_bookies()
+            failed = replacement_choice(pipeline.ensemble, owner.failed, pinned, self._options)
+            if failed is None:
+                owner.failed.clear()  # none of them is in the ensemble any more
+                return
+            await self._replace_locally(pipeline, owner, meta, failed, pipeline.lafr)
+            owner.failed.remove(failed)
 
     async def _replace_locally(
         self,
@@ -625,18 +630,25 @@ class Takeover:
                         "no replacement bookie for a recovery write", stream=self.name
                     )
                 )
-            if failed in pipeline.pending.pinned_bookies():
+            pinned = pipeline.pending.pinned_bookies()
+            if failed in pinned:
+                if (
+                    replacement_choice(pipeline.ensemble, owner.failed, pinned, self._options)
+                    != failed
+                ):
+                    return  # another failed bookie can be replaced now: that one first
                 await pipeline.wait_progress(0.05)
                 continue
             candidates = await self._metadata.available_bookies()
-            ensemble = pipeline.ensemble
             try:
-                replacement = choose_replacement(
-                    ensemble,
-                    ensemble.index(failed),
+                replacement = pick_replacement(
+                    pipeline,
+                    failed,
                     candidates,
                     self._rng,
-                    exclude={*pipeline.failed, *tried},
+                    tried,
+                    meta.ack_quorum,
+                    self._options,
                 )
             except NotEnoughBookiesError:
                 await asyncio.sleep(self._options.retry_backoff_s)
@@ -732,6 +744,56 @@ class Takeover:
                         stream=self.name,
                     ) from None
         raise MetadataError("finishing the recovery kept losing the CAS", stream=self.name)
+
+
+def pick_replacement(
+    pipeline: AddPipeline,
+    failed: str,
+    candidates: Sequence[BookieCandidate],
+    rng: random.Random,
+    tried: Collection[str],
+    ack_quorum: int,
+    options: WriterOptions,
+) -> str:
+    """Chooses the bookie to take `failed`'s place in `pipeline`'s ensemble: never a failed
+    one nor one `tried` already, never one replaced away by a change the metadata does not
+    hold yet (`AddPipeline.unstored_away`), a quarantined one only when nothing else
+    qualifies, and one with the journal on when the ack quorum requires it. Raises
+    `NotEnoughBookiesError`."""
+    ensemble = pipeline.ensemble
+    exclude = {*pipeline.failed, *tried}
+    if options.protections.spare_holders:
+        exclude |= pipeline.unstored_away
+
+    def choose(exclude: set[str]) -> str:
+        return choose_replacement(
+            ensemble,
+            ensemble.index(failed),
+            candidates,
+            rng,
+            exclude=exclude,
+            needs_journal=journal_required(ack_quorum),
+        )
+
+    try:
+        return choose(exclude=exclude | pipeline.quarantined)
+    except NotEnoughBookiesError:
+        if pipeline.quarantined <= exclude:
+            raise
+    return choose(exclude=exclude)
+
+
+def replacement_choice(
+    ensemble: Sequence[str],
+    failed: Collection[str],
+    pinned: Collection[str],
+    options: WriterOptions,
+) -> str | None:
+    """Returns the failed bookie of `ensemble` to replace next (`next_to_replace`: an unpinned
+    one first), or None; in plain ensemble order with `replace_unpinned_first` off."""
+    if not options.protections.replace_unpinned_first:
+        pinned = ()
+    return next_to_replace(ensemble, failed, pinned)
 
 
 async def truncate_members(

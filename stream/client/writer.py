@@ -32,6 +32,8 @@ from stream.client.recovery import (
     TakeoverResult,
     WriterIdentity,
     _Fenced,
+    pick_replacement,
+    replacement_choice,
     truncate_members,
 )
 from stream.errors import (
@@ -40,12 +42,12 @@ from stream.errors import (
     MetadataError,
     NotEnoughBookiesError,
     StreamError,
+    WriterClosedError,
 )
 from stream.metadata.model import Fragment, StreamMeta, StreamState
 from stream.metadata.streams import BadVersionError
 from stream.protocol import (
     choose_ensemble,
-    choose_replacement,
     journal_required,
     plan_ensemble_change,
 )
@@ -63,10 +65,6 @@ _MAX_CANDIDATES_TRIED = 8
 _INVALID_STATE = (asyncio.InvalidStateError, concurrent.futures.InvalidStateError)
 
 AnyFuture = asyncio.Future[int] | concurrent.futures.Future[int]
-
-
-class WriterClosedError(StreamError):
-    """The writer was closed; appends are refused."""
 
 
 class _Superseded(Exception):
@@ -521,10 +519,10 @@ class AsyncStreamWriter:
                 pipeline = self._pipeline
                 if pipeline is None or pipeline.closed:
                     return
-                failed = [b for b in pipeline.ensemble if b in pipeline.failed]
-                if not failed:
+                failed = self._next_to_replace(pipeline)
+                if failed is None:
                     return
-                await self._replace(pipeline, failed[0])
+                await self._replace(pipeline, failed)
         except _Superseded:
             pass  # the writer moved on to another term: its own pipeline decides
         except InvalidTermError as e:
@@ -543,6 +541,11 @@ class AsyncStreamWriter:
             if self._error is None:
                 self._drain()
 
+    def _next_to_replace(self, pipeline: AddPipeline) -> str | None:
+        return replacement_choice(
+            pipeline.ensemble, pipeline.failed, pipeline.pending.pinned_bookies(), self._options
+        )
+
     async def _replace(self, pipeline: AddPipeline, failed: str) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._options.ensemble_change_deadline_s
@@ -560,6 +563,8 @@ class AsyncStreamWriter:
                     ensemble=list(pipeline.ensemble),
                 )
             if failed in pipeline.pending.pinned_bookies():
+                if self._next_to_replace(pipeline) != failed:
+                    return  # another failed bookie can be replaced now: that one first
                 # It acked committed entries not yet at WQ: wait for them to get there.
                 await pipeline.wait_progress(0.05)
                 continue
@@ -568,12 +573,14 @@ class AsyncStreamWriter:
                 return  # an earlier change already replaced it
             candidates = await self._metadata.available_bookies()
             try:
-                replacement = choose_replacement(
-                    ensemble,
-                    ensemble.index(failed),
+                replacement = pick_replacement(
+                    pipeline,
+                    failed,
                     candidates,
                     self._rng,
-                    exclude={*pipeline.failed, *tried},
+                    tried,
+                    meta.ack_quorum,
+                    self._options,
                 )
             except NotEnoughBookiesError:
                 await asyncio.sleep(self._options.retry_backoff_s)
@@ -608,6 +615,7 @@ class AsyncStreamWriter:
             self._fragment_bytes = pipeline.held_payload_bytes(change.first_entry_id)
             held = pipeline.held.get(change.first_entry_id)
             self._fragment_first_ts = None if held is None else held.timestamp_ms
+            pipeline.unstored_away.discard(failed)  # the metadata holds the change now
             pipeline.unblock(replacement)
             return
 

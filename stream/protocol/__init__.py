@@ -12,7 +12,12 @@ from stream.protocol.codes import (
     limbo_code,
 )
 from stream.protocol.coverage import cohort_covered, coverage_threshold, is_covered
-from stream.protocol.ensemble_change import EnsembleChange, pinned_bookies, plan_ensemble_change
+from stream.protocol.ensemble_change import (
+    EnsembleChange,
+    next_to_replace,
+    pinned_bookies,
+    plan_ensemble_change,
+)
 from stream.protocol.fragments import (
     FragmentEnsemble,
     check_fragments,
@@ -75,6 +80,7 @@ __all__ = [
     "limbo_blocked",
     "limbo_code",
     "must_learn_term",
+    "next_to_replace",
     "pinned_bookies",
     "plan_ensemble_change",
     "read_outcome",

@@ -50,6 +50,19 @@ class EnsembleChange:
         return self.first_entry_id - 1
 
 
+def next_to_replace(
+    ensemble: Sequence[B], failed: Collection[B], pinned: Collection[B]
+) -> B | None:
+    """Return the failed bookie of `ensemble` to replace next, or None when none failed.
+
+    An unpinned one goes first, in ensemble order: replacing it now can let LAFR advance, and
+    that is what frees a pinned one (the TLA+ `ChangeEnsemble` may take any unpinned subset).
+    Only when every failed bookie is pinned is the first of them returned: waiting for its
+    committed entries to reach WQ is then the only way on."""
+    down = [bookie for bookie in ensemble if bookie in failed]
+    return next((bookie for bookie in down if bookie not in pinned), down[0] if down else None)
+
+
 def plan_ensemble_change(
     fragments: Sequence[tuple[int, Sequence[str]]],
     failed_bookie: str,

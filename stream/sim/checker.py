@@ -32,6 +32,9 @@ DURABILITY = "durability"
 NO_DIVERGENCE = "no-divergence"
 READER_AGREEMENT = "reader-agreement"
 SUPERSEDED_WRITER = "superseded-writer"
+# Not a safety property (DESIGN §10 progress): with every fault healed and E writable bookies
+# up, a writer left appends neither acknowledged nor failed: a stall with no error.
+PROGRESS = "progress"
 # Not a safety property: the run could not finish its final takeover or read with every
 # fault healed (a bug or a protocol that cannot make progress).
 LIVENESS = "liveness"

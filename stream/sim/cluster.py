@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections import Counter
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -31,7 +32,7 @@ from stream.metadata.model import Fragment, StreamMeta
 from stream.metadata.streams import StreamStore
 from stream.protocol import EntryFlag, fragment_index_for
 from stream.sim.bookie import BookieProtections, SimBookie
-from stream.sim.checker import LIVENESS, Checker
+from stream.sim.checker import LIVENESS, PROGRESS, Checker
 from stream.sim.network import NetworkFaults, SimClock, SimNetwork, SimTransport
 from stream.sim.trace import Trace
 from stream.sim.zookeeper import (
@@ -53,6 +54,10 @@ GWQ = "gwq"
 PHASE_ONE_FENCE = "phase-one-fence"
 LIMBO = "limbo"
 WIPED_TERM_CHECK = "wiped-term-check"
+SPARE_HOLDERS = "spare-holders"
+# Two that keep the writer live (the progress property finds their counterexamples).
+KEEP_FAILED = "keep-failed"
+UNPINNED_FIRST = "unpinned-first"
 PROTECTIONS = (
     TERM_FENCING,
     TRUNCATE_NOOP,
@@ -61,7 +66,15 @@ PROTECTIONS = (
     PHASE_ONE_FENCE,
     LIMBO,
     WIPED_TERM_CHECK,
+    SPARE_HOLDERS,
+    KEEP_FAILED,
+    UNPINNED_FIRST,
 )
+
+# Virtual seconds a writer has, once every fault healed, to resolve each append it took
+# (acknowledged, or failed with an error): far above the writer's own timeouts and deadlines
+# (`fast_writer_options`), so that only a stall is judged.
+PROGRESS_S = 5.0
 
 # A property the checker reports when the real client raised something it never should (a bug
 # outside the four safety properties).
@@ -77,6 +90,9 @@ def client_protections(disabled: Iterable[str]) -> Protections:
         truncate_noop=TRUNCATE_NOOP not in off,
         new_member_truncation=NEW_MEMBER_TRUNCATION not in off,
         recovery_write_quorum=GWQ not in off,
+        spare_holders=SPARE_HOLDERS not in off,
+        keep_failed_bookies=KEEP_FAILED not in off,
+        replace_unpinned_first=UNPINNED_FIRST not in off,
     )
 
 
@@ -216,6 +232,9 @@ class Simulation:
         self._admin_session = SimMetadataSession(FakeKazooClient(self.zk, now=self.loop.time))
         self.admin = StreamStore(self._admin_session, clock_ms=self.network.now_ms)
         self.bookies: dict[str, SimBookie] = {}
+        self._read_only: set[str] = set()
+        # Appends each writer took and has neither acknowledged nor failed (progress).
+        self._unresolved: Counter[AsyncStreamWriter] = Counter()
         self._bookie_sessions: dict[str, SimMetadataSession] = {}
         bookie_rng = random.Random(self.rng.getrandbits(64))
         for bookie_id in config.bookie_ids():
@@ -289,6 +308,7 @@ class Simulation:
         session = self._bookie_sessions[bookie_id]
         path = paths.bookie_available(bookie_id)
         data = self._registration(bookie_id, read_only).to_json()
+        (self._read_only.add if read_only else self._read_only.discard)(bookie_id)
         if session.zk.exists(path) is not None:
             session.zk.set(path, data)
         self.trace.record("read_only", b=bookie_id, ro=int(read_only))
@@ -391,6 +411,7 @@ class Simulation:
             except StreamError:
                 break
             queued += 1
+            self._unresolved[writer] += 1
             if isinstance(pending, asyncio.Future):
                 pending.add_done_callback(lambda f, p=payload, w=writer: self._acked(name, w, p, f))
             else:
@@ -401,6 +422,7 @@ class Simulation:
     def _acked(
         self, name: str, writer: AsyncStreamWriter, payload: bytes, future: asyncio.Future[int]
     ) -> None:
+        self._unresolved[writer] -= 1
         if future.cancelled():
             return
         error = future.exception()
@@ -416,6 +438,8 @@ class Simulation:
             entry_id = await pending
         except StreamError:
             return
+        finally:
+            self._unresolved[writer] -= 1
         self.checker.on_ack(name, writer.term, entry_id, payload)
 
     # ------------------------------------------------------------------ scripting
@@ -587,6 +611,7 @@ class Simulation:
         # Zombies wake up: what they held is delivered now, and may get acknowledged.
         await asyncio.sleep(settle_s)
         self.check()
+        await self._check_progress()
         for client in list(self.clients.values()):
             if client.opening is not None and not client.opening.done():
                 client.opening.cancel()
@@ -621,6 +646,31 @@ class Simulation:
             source = "the final read failed, and the bookies of its write set hold"
             self.checker.final(end, self._held_view(end), source=source)
         self.finished = True
+
+    def _stalled(self) -> list[tuple[str, AsyncStreamWriter, int]]:
+        return [
+            (client.name, writer, self._unresolved[writer])
+            for client in self.clients.values()
+            for writer in client.writers
+            if self._unresolved[writer] > 0 and writer.error is None
+        ]
+
+    async def _check_progress(self) -> None:
+        """DESIGN §10 progress: with every fault healed and E writable bookies up, a writer that
+        has not failed resolves every append it took within `PROGRESS_S` (acknowledged, or
+        failed with an error naming why). A stall with no error is a violation."""
+        writable = [b for b, bookie in self.bookies.items() if bookie.up]
+        if len(set(writable) - self._read_only) < self.config.ensemble:
+            return
+        deadline = self.loop.time() + PROGRESS_S
+        while self._stalled() and self.loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        for name, writer, count in self._stalled():
+            self.checker.violate(
+                PROGRESS,
+                f"writer {name} (term {writer.term}) left {count} appends neither acknowledged "
+                f"nor failed {PROGRESS_S:.0f}s after every fault healed, with no error",
+            )
 
     def _held_view(self, end: int) -> dict[int, bytes]:
         """Returns, for each id up to `end`, a non-no-op payload some bookie of its write set

@@ -27,6 +27,16 @@ random run. With the protection a script targets switched on, the same schedule 
 - `unnamed-lost-fence-aq2` (wiped-term-check): the same with E=WQ=3, AQ=2 on five bookies:
   C2's fence misses B3 and its no-op misses B2 and B3, both replaced; B2 loses its disk; C1's
   e0 is acknowledged by B2 (term forgotten) and B3 (never fenced).
+- `replaced-member-returns` (spare-holders): E = WQ = AQ = 3 on four bookies. C1's e1 is
+  acknowledged by B1-B3 and C1 hangs; C2's recovery replaces B3 (its write-backs held) by B4
+  locally, then B4 fails at once and B3, the only spare, is picked again: its new-member
+  truncation strips e1, which the stored fragment still counts on B3. C2 hangs; C3's fence
+  and read are answered by B3 first, and its one "no entry" ends the stream before e1.
+- `double-failure` (keep-failed): two bookies of the writer's ensemble fail in one blip; the
+  change replacing the first must not reopen the second's link and forget it failed, or LAFR
+  never moves again and the writer hangs (the progress property).
+- `pinned-first` (unpinned-first): of two failed bookies the first in ensemble order is
+  pinned; the writer must replace the unpinned one first instead of waiting until it gives up.
 - `bp46-lost-entry` (limbo): BP-46 scenario 2. e0 is acknowledged by B1 and B3 (B2's copy
   held back); B1 runs without the journal and crashes before a flush, losing e0; C2's
   recovery gets explicit negatives from B1 and B2 and ends the stream before e0.
@@ -62,15 +72,18 @@ from dataclasses import dataclass
 from stream.client.recovery import WriterIdentity, recover_accepting_loss, seal, survey_loss
 from stream.errors import StreamError
 from stream.metadata.model import RetentionPolicy, StreamState
-from stream.sim.checker import LIVENESS
+from stream.sim.checker import LIVENESS, PROGRESS
 from stream.sim.cluster import (
     GWQ,
+    KEEP_FAILED,
     LIMBO,
     NEW_MEMBER_TRUNCATION,
     PHASE_ONE_FENCE,
+    SPARE_HOLDERS,
     STREAM_NAME,
     TERM_FENCING,
     TRUNCATE_NOOP,
+    UNPINNED_FIRST,
     WIPED_TERM_CHECK,
     SimConfig,
     Simulation,
@@ -96,6 +109,11 @@ class Scenario:
 
 def _quiet_network() -> NetworkFaults:
     return NetworkFaults(latency_min_s=0.0005, latency_max_s=0.002)
+
+
+def _term(sim: Simulation, bookie_id: str) -> int:
+    state = sim.bookies[bookie_id].streams.get(sim.stream_id)
+    return 0 if state is None else state.term
 
 
 def _lafr(sim: Simulation, bookie_id: str) -> int:
@@ -483,6 +501,84 @@ async def limbo_stall(sim: Simulation) -> None:
     await sim.finish()
 
 
+async def double_failure(sim: Simulation) -> None:
+    """Two bookies of the writer's ensemble fail at once (a blip breaks both Add streams): the
+    change that replaces the first must not forget the second, whose link it would reopen
+    without resending what it missed; nothing fails again, LAFR stays, the window fills and
+    the writer hangs with no error (the progress property)."""
+    for bookie_id in ("b4", "b5"):
+        sim.set_read_only(bookie_id, True)
+    if await sim.open_writer("c1") is None:
+        return
+    ensemble = sim.snapshot()[2][-1].ensemble
+    for bookie_id in ("b4", "b5"):
+        sim.set_read_only(bookie_id, False)
+    sim.append("c1", 20)
+    await sim.until(lambda: sim.acked(19))
+    sim.append("c1", 10)  # in flight during the blip
+    for bookie_id in ensemble[1:]:
+        sim.network.cut("c1", bookie_id, 0.005)
+    await asyncio.sleep(0.5)
+    sim.append("c1", 200)  # more than the window: only a moving LAFR makes room
+    await sim.finish()
+
+
+async def pinned_first(sim: Simulation) -> None:
+    """The first failed bookie in ensemble order is pinned (it acked committed entries not yet
+    at the whole write set) and another failed bookie is not: the writer must replace that
+    one first (which lets LAFR advance and frees the pinned one), not wait on the pinned one
+    until it gives up with spares free."""
+    for bookie_id in ("b4", "b5"):
+        sim.set_read_only(bookie_id, True)
+    if await sim.open_writer("c1") is None:
+        return
+    first, _, last = sim.snapshot()[2][-1].ensemble
+    sim.append("c1", 5)
+    await sim.until(lambda: sim.acked(4))
+    await asyncio.sleep(0.02)
+    for bookie_id in ("b4", "b5"):
+        sim.set_read_only(bookie_id, False)
+    sim.network.hold_adds("c1", last)  # e5..e9 committed by the other two: both pinned
+    sim.append("c1", 5)
+    await sim.until(lambda: sim.acked(9))
+    sim.network.cut("c1", first)  # fails at once, pinned; `last` fails at its add timeout
+    sim.append("c1", 5)
+    await sim.until(lambda: sim.acked(14), timeout_s=2.0)
+    error = sim.client("c1").writers[-1].error
+    if error is not None:
+        sim.checker.violate(PROGRESS, f"the writer failed with two spares free: {error!r}")
+    await sim.finish()
+
+
+async def replaced_member_returns(sim: Simulation) -> None:
+    """A recovery replaces a member locally (the stored fragment still names it), then the
+    replacement fails too and the member replaced away is the only spare: picked again, its
+    new-member truncation strips the committed entry it holds, and the next recovery reads
+    that one explicit "no entry" (AQ = WQ: one is enough) and ends the stream before it."""
+    sim.set_read_only("b4", True)  # C1's ensemble is B1, B2, B3
+    if await sim.open_writer("c1") is None:
+        return
+    good = await _good_prefix(sim, "c1", ("b1", "b2", "b3"))
+    sim.append("c1", 1)  # acknowledged by all three; its LAC never leaves C1
+    await sim.until(lambda: sim.acked(good + 1))
+    sim.network.clog_node("c1")
+    sim.set_read_only("b4", False)
+    for bookie_id in ("b3", "b4"):
+        sim.network.hold_adds("c2", bookie_id)  # B3 fails its write-backs: B4 replaces it
+    sim.start_takeover("c2")
+    # Once B4 took the new-member truncation it fails at once; B3 is the only spare.
+    await sim.until(lambda: _term(sim, "b4") == 2)
+    await asyncio.sleep(0.005)  # its answer is back
+    sim.network.cut("c2", "b4")
+    await sim.until(lambda: sim.holds("b3", good + 1) is None, timeout_s=1.0)
+    sim.network.clog_node("c2")
+    # C3's fence needs one answer (E - AQ + 1): B3's comes first, and so does its read.
+    for bookie_id in ("b1", "b2"):
+        sim.network.slow("c3", bookie_id, 10 * _SLOW_S)
+    await sim.open_writer("c3")
+    await sim.finish()
+
+
 def _config(**overrides: object) -> SimConfig:
     base: dict[str, object] = {
         "bookies": 4,
@@ -593,6 +689,27 @@ SCENARIOS: dict[str, Scenario] = {
             "follows before it looks again",
             _config(fragment_max_entries=10),
             lost_reply_same_term,
+        ),
+        Scenario(
+            "double-failure",
+            KEEP_FAILED,
+            "two bookies of the ensemble fail at once; the second is never replaced",
+            _config(bookies=5),
+            double_failure,
+        ),
+        Scenario(
+            "replaced-member-returns",
+            SPARE_HOLDERS,
+            "a member replaced away by a recovery comes back as its replacement's replacement",
+            _config(ack_quorum=3),
+            replaced_member_returns,
+        ),
+        Scenario(
+            "pinned-first",
+            UNPINNED_FIRST,
+            "the first failed bookie is pinned; an unpinned one could be replaced first",
+            _config(bookies=5),
+            pinned_first,
         ),
     )
 }

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,6 +26,7 @@ from stream.sandbox.cluster import SandboxCluster
 from stream.wire import bookie_pb2 as pb
 from tests.integration.cli_support import streamctl
 from tests.integration.conftest import ClusterFactory
+from tests.integration.replication_support import assert_three_live_copies, session_of
 
 pytestmark = pytest.mark.integration
 
@@ -84,49 +84,6 @@ def read_all(client: StreamClient, name: str) -> list[bytes]:
     reader = client.open_reader(name)
     info = client.stream_info(name)
     return [e.payload for e in reader.read(info.first_entry_id, info.lac)] if info.lac >= 0 else []
-
-
-def assert_three_live_copies(
-    cluster: SandboxCluster,
-    session: MetadataSession,
-    name: str,
-    dead: set[str],
-    only_first: int | None = None,
-) -> None:
-    """Every closed fragment of `name` (or only the one starting at `only_first`) holds each
-    of its entries on every bookie of its (E = WQ) ensemble, none of them dead."""
-    store = StreamStore(session)
-    meta, _ = store.get_stream(name)
-    fragments = store.get_fragments(meta.id)
-    for i, fragment in enumerate(fragments[:-1]):
-        if only_first is not None and fragment.first_entry_id != only_first:
-            continue
-        assert not dead & set(fragment.ensemble), fragment
-        first = max(fragment.first_entry_id, meta.first_entry_id)
-        last = fragments[i + 1].first_entry_id - 1
-        for bookie_id in fragment.ensemble:
-            got = [
-                e.entry_id
-                for r in cluster.bookie(bookie_id)
-                .stub()
-                .ReadRange(
-                    pb.ReadRangeRequest(
-                        stream_id=meta.id, first_entry_id=first, last_entry_id=last
-                    ),
-                    timeout=30,
-                )
-                for e in r.entries
-            ]
-            assert got == list(range(first, last + 1)), (name, bookie_id, first, last)
-
-
-@contextlib.contextmanager
-def session_of(cluster: SandboxCluster) -> Iterator[MetadataSession]:
-    session = MetadataSession.connect(cluster.metadata, session_timeout_s=4.0)
-    try:
-        yield session
-    finally:
-        session.close()
 
 
 def test_a_bookie_lost_for_good_is_replicated_away(cluster_factory: ClusterFactory) -> None:

@@ -1,16 +1,23 @@
 """Bookie failures under a live writer, on real processes: `kill -9` of an ensemble member during
 appends (ensemble change, nothing acknowledged lost, appends keep working), and too few bookies
-left (appends fail with NotEnoughBookiesError instead of hanging)."""
+left (appends fail with NotEnoughBookiesError instead of hanging), and two ensemble members
+frozen together (both replaced; the writer keeps acknowledging)."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
+import os
+import signal
+import threading
 import time
 
 import pytest
 
 from stream.client import StreamClient, WriterOptions
-from stream.errors import NotEnoughBookiesError
+from stream.errors import NotEnoughBookiesError, WriterClosedError
 from tests.integration.conftest import ClusterFactory
+from tests.integration.replication_support import assert_three_live_copies, session_of
 
 pytestmark = pytest.mark.integration
 
@@ -70,3 +77,69 @@ def test_fewer_than_ack_quorum_bookies_fail_appends_instead_of_hanging(
                 writer.append_async(b"more").result(timeout=5)
         finally:
             writer.close()
+
+
+def test_two_bookies_frozen_together_the_writer_keeps_acknowledging(
+    cluster_factory: ClusterFactory,
+) -> None:
+    # Issue 14 item 2: both fail in one watchdog tick (add timeout 1 s). The change replacing
+    # the first used to reopen the second's link and forget it had failed, without resending
+    # what it missed; thawed before that link's adds timed out, nothing failed again: LAFR
+    # stayed, the window filled and appends never resolved.
+    cluster = cluster_factory(5)
+    options = WriterOptions(add_timeout_s=1.0, window_entries=2048)
+    with StreamClient.connect(cluster.metadata, writer_options=options) as client:
+        client.create_stream("frozen", ensemble=3, write_quorum=3, ack_quorum=2)
+        with client.open_writer("frozen") as writer:
+            futures = [writer.append_async(payload(i)) for i in range(2_000)]
+            writer.flush()
+            ensemble = client.stream_info("frozen").fragments[-1].ensemble
+            frozen = [cluster.bookie(b).pid for b in ensemble[1:]]
+            thawed = threading.Event()
+
+            def freeze() -> None:
+                for pid in frozen:
+                    os.kill(pid, signal.SIGSTOP)
+                time.sleep(1.8)  # past the add timeout, thawed before the reopened link's
+                for pid in frozen:
+                    os.kill(pid, signal.SIGCONT)
+                thawed.set()
+
+            acked_at_thaw: list[int] = []
+
+            def append_through() -> None:
+                # Appends go on from another thread: a stalled writer's full window blocks
+                # `append_async` itself.
+                with contextlib.suppress(WriterClosedError):
+                    while not thawed.is_set():
+                        futures.append(writer.append_async(payload(len(futures))))
+                    acked_at_thaw.append(sum(f.done() for f in futures))
+                    for _ in range(5_000):
+                        futures.append(writer.append_async(payload(len(futures))))
+
+            freezer = threading.Thread(target=freeze)
+            appender = threading.Thread(target=append_through)
+            freezer.start()
+            appender.start()
+            try:
+                # Every append is acknowledged, in order, well within the bound (a stall used
+                # to leave them pending for ever).
+                appender.join(timeout=60)
+                _, pending = concurrent.futures.wait(futures, timeout=60)
+                if appender.is_alive() or pending:
+                    writer.abort()  # a stalled writer's flush would wait for ever
+                    pytest.fail(f"{len(pending)} appends pending 60 s after the thaw: stalled")
+                ids = [f.result() for f in futures]
+            finally:
+                freezer.join()
+                appender.join()
+                for pid in frozen:
+                    os.kill(pid, signal.SIGCONT)
+            assert ids == list(range(len(futures)))
+            assert len(futures) > acked_at_thaw[0]
+            writer.flush()
+        info = client.stream_info("frozen")
+        # Both frozen bookies were replaced (a later roll may place them again).
+        assert any(not set(ensemble[1:]) & set(f.ensemble) for f in info.fragments), info
+    with session_of(cluster) as session:
+        assert_three_live_copies(cluster, session, "frozen", dead=set())

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stream.errors import InvalidArgumentError
 from stream.protocol.acks import PendingAdds
-from stream.protocol.ensemble_change import pinned_bookies, plan_ensemble_change
+from stream.protocol.ensemble_change import next_to_replace, pinned_bookies, plan_ensemble_change
 from stream.protocol.fragments import FragmentEnsemble, check_fragments, ensemble_for
 from stream.protocol.quorum import QuorumConfig
 
@@ -140,3 +142,31 @@ def test_plan_agrees_with_pending_adds(e: int, data: st.DataObject) -> None:
             expected = config.write_set_bookies(ensemble_for(fragments, entry_id), entry_id)
             assert pending.write_set(entry_id) == expected
             assert (entry_id in resend) == (replacement in expected)
+
+
+def _subsets(items: tuple[str, ...]) -> list[frozenset[str]]:
+    return [frozenset(c) for r in range(len(items) + 1) for c in itertools.combinations(items, r)]
+
+
+@pytest.mark.parametrize("e", range(1, 6))
+def test_next_to_replace_exhaustive(e: int) -> None:
+    # Every ensemble of size e, every failed set (with bookies outside the ensemble too) and
+    # every pinned set: an unpinned failed member goes first, in ensemble order; a pinned one
+    # only when every failed member is pinned; None when no member failed.
+    ensemble = tuple(f"b{i}" for i in range(e))
+    outside = ("x",)
+    for failed in _subsets(ensemble + outside):
+        for pinned in _subsets(ensemble + outside):
+            chosen = next_to_replace(ensemble, failed, pinned)
+            down = [b for b in ensemble if b in failed]
+            if not down:
+                assert chosen is None
+                continue
+            assert chosen in down
+            free = [b for b in down if b not in pinned]
+            assert chosen == (free[0] if free else down[0])
+
+
+def test_next_to_replace_takes_the_unpinned_one_first() -> None:
+    # Issue 14 item 3: b1 is first but pinned; b3 can be replaced now.
+    assert next_to_replace(("b1", "b2", "b3"), {"b1", "b3"}, {"b1", "b2"}) == "b3"
