@@ -669,9 +669,13 @@ class AsyncStreamWriter:
                 await pipeline.wait_progress(0.05)
             if self._error is not None or pipeline is not self._pipeline or pipeline.closed:
                 return
-            self._roll_committing = True
             fragment = self._fragment
             assert fragment is not None
+            if fragment.first_entry_id > last:
+                # An ensemble change while we waited started its fragment at LAFR + 1, our
+                # boundary: the full fragment is closed already, nothing is left to roll.
+                return
+            self._roll_committing = True
             excluded = set(pipeline.failed)
             for _ in range(_MAX_CANDIDATES_TRIED):
                 candidates = await self._metadata.available_bookies()

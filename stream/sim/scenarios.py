@@ -55,6 +55,10 @@ random run. With the protection a script targets switched on, the same schedule 
   term's truncate no-op (here its EC = 1 fence answer came from a bookie that lost its disk)
   writes that no-op back with its TRUNCATE flag, deleting the committed entries after it on
   the bookies it reaches before reading them.
+- `roll-boundary-change` (none: a regression): a capacity roll waits behind a slow bookie
+  while a fast one fails; the slow acks bring LAFR to the roll's boundary before the change
+  plans, so the change's fragment starts there and the roll must not close it (it used to
+  close Fragment(10, last=9) and fail the writer).
 - `lost-reply-same-term` (none: a regression): the writer's metadata multi-op lands, its reply
   is lost, and another client's change of the same term (here an operator's retention policy;
   retention's trims and the repairs' ensemble CAS are the same to the writer) lands before the
@@ -579,6 +583,28 @@ async def replaced_member_returns(sim: Simulation) -> None:
     await sim.finish()
 
 
+async def roll_boundary_change(sim: Simulation) -> None:
+    """A capacity roll waits for LAFR to reach the fragment's end, behind a slow bookie; a
+    fast one, which has every entry, fails meanwhile. By the time its ensemble change plans,
+    the slow bookie's acks have brought LAFR to the roll's boundary, so the change's fragment
+    starts there: the roll then has nothing left to close."""
+    sim.set_read_only("b4", True)
+    writer = await sim.open_writer("c1")
+    if writer is None:
+        return
+    *fast, slow = sim.snapshot()[2][-1].ensemble
+    sim.set_read_only("b4", False)
+    sim.network.slow("c1", slow, 0.05)  # its acks come last: they move LAFR
+    sim.append("c1", 11)  # ten fill the fragment; the eleventh starts the roll
+    await sim.until(lambda: sim.acked(9))
+    sim.network.cut("c1", fast[0])
+    sim.append("c1", 5)
+    await sim.until(lambda: sim.acked(15), timeout_s=2.0)
+    if writer.error is not None:
+        sim.checker.violate(PROGRESS, f"the writer failed with a spare free: {writer.error!r}")
+    await sim.finish()
+
+
 def _config(**overrides: object) -> SimConfig:
     base: dict[str, object] = {
         "bookies": 4,
@@ -703,6 +729,13 @@ SCENARIOS: dict[str, Scenario] = {
             "a member replaced away by a recovery comes back as its replacement's replacement",
             _config(ack_quorum=3),
             replaced_member_returns,
+        ),
+        Scenario(
+            "roll-boundary-change",
+            None,
+            "an ensemble change lands on the boundary a capacity roll is closing",
+            _config(fragment_max_entries=10),
+            roll_boundary_change,
         ),
         Scenario(
             "pinned-first",
