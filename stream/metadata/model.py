@@ -210,6 +210,24 @@ class Fragment:
 
 # Accept-loss records kept in a stream's meta: the newest ones (the meta stays small).
 MAX_ACCEPTED_LOSSES = 10
+# Term history pairs a stream keeps: every takeover adds one (each `streamctl append`, each
+# Spark micro-batch), and an unbounded list grew the meta znode until ZooKeeper ran out of
+# memory. What reads the history needs only the newest pair (where the current term started)
+# and, for a bookie's self-repair, the first term above its own: an older pair dropped makes
+# that a later fixed end, which still holds every entry the bookie may have lost.
+MAX_TERM_HISTORY = 16
+
+
+def compact_term_history(
+    history: Sequence[tuple[int, int]], first_retained: int
+) -> tuple[tuple[int, int], ...]:
+    """Returns `history` without the terms that lie wholly below `first_retained` (the next
+    term starts at or below it) and at most the newest `MAX_TERM_HISTORY` pairs of the rest."""
+    start = 0
+    for i in range(1, len(history)):
+        if history[i][1] <= first_retained:
+            start = i
+    return tuple(history[start:])[-MAX_TERM_HISTORY:]
 
 
 @dataclass(frozen=True)
@@ -267,7 +285,8 @@ class AcceptedLoss:
 class StreamMeta:
     """A stream's `meta` znode. `ensemble`, `write_quorum`, `ack_quorum` are E/WQ/AQ;
     `first_entry_id` is the first retained entry; `term_history` holds `(term, first entry id
-    of that term)` in increasing term order, one pair per term that opened for writing;
+    of that term)` in increasing term order, one pair per term that opened for writing, the
+    newest `MAX_TERM_HISTORY` whose entries are retained (`compact_term_history`);
     `accepted_losses` the newest `MAX_ACCEPTED_LOSSES` accept-loss recoveries, oldest first."""
 
     name: str

@@ -48,6 +48,7 @@ from stream.metadata.model import (
     StreamMeta,
     StreamState,
     WriterInfo,
+    compact_term_history,
     validate_bookie_id,
     validate_stream_id,
     validate_stream_name,
@@ -708,7 +709,9 @@ class StreamStore:
         ops = [self._fragment_op(stream_id, f, f.first_entry_id in ids) for f in fragments]
         new_meta = meta.replace(
             state=StreamState.OPEN,
-            term_history=(*meta.term_history, (term, first_entry_id_of_term)),
+            term_history=compact_term_history(
+                (*meta.term_history, (term, first_entry_id_of_term)), meta.first_entry_id
+            ),
         )
         return self._commit_meta(
             stream_id, expected_version, new_meta, ops, op_ids=op_ids, action="finish_recovery"

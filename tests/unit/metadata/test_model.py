@@ -20,7 +20,7 @@ from stream.metadata import (
     validate_bookie_id,
     validate_stream_name,
 )
-from stream.metadata.model import MAX_ACCEPTED_LOSSES
+from stream.metadata.model import MAX_ACCEPTED_LOSSES, MAX_TERM_HISTORY, compact_term_history
 
 _name = st.from_regex(r"[A-Za-z0-9._-]{1,40}", fullmatch=True).filter(
     lambda n: n not in (".", "..")
@@ -249,3 +249,22 @@ def test_accepted_losses_round_trip_and_leave_older_metas_unchanged() -> None:
     body["accepted_losses"] = [{"term": 4}]
     with pytest.raises(MetadataError):
         StreamMeta.from_json(json.dumps(body).encode())
+
+
+def test_term_history_compaction_keeps_what_readers_need() -> None:
+    history = [(t, 10 * t) for t in range(1, 41)]  # term t starts at entry 10 t
+    # The newest MAX_TERM_HISTORY pairs, with the newest last.
+    kept = compact_term_history(history, first_retained=0)
+    assert kept == tuple(history[-MAX_TERM_HISTORY:])
+    # Terms wholly below the first retained entry go; the one holding it stays.
+    assert compact_term_history(history[:10], first_retained=45) == tuple(history[3:10])
+    assert compact_term_history(history[:10], first_retained=40) == tuple(history[3:10])
+    assert compact_term_history(history[:10], first_retained=1_000) == (history[9],)
+    assert compact_term_history([], first_retained=5) == ()
+    # For any boot term, the first kept term above it starts at or after the one it replaces
+    # (a later fixed end: self-repair still covers every entry a bookie may have lost).
+    for boot in range(0, 41):
+        full = next((f for t, f in history if t > boot), None)
+        compact = next((f for t, f in kept if t > boot), None)
+        assert (full is None) == (compact is None)
+        assert full is None or compact >= full  # type: ignore[operator]

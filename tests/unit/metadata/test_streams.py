@@ -30,7 +30,7 @@ from stream.metadata import (
     WriterInfo,
     paths,
 )
-from stream.metadata.model import MAX_ACCEPTED_LOSSES
+from stream.metadata.model import MAX_ACCEPTED_LOSSES, MAX_TERM_HISTORY
 from stream.metadata.streams import OP_IDS_KEPT
 from tests.unit.metadata.conftest import wait_until
 
@@ -710,3 +710,27 @@ def test_accepted_losses_are_recorded_in_recovery_and_bounded(store: StreamStore
     )
     with pytest.raises(BadVersionError):
         store.record_accepted_loss(meta.id, v - 1, loss(stored.term, 0))
+
+
+def test_ten_thousand_takeovers_keep_the_meta_znode_flat(
+    store: StreamStore, session: MetadataSession
+) -> None:
+    # Every takeover (each `streamctl append`, each Spark micro-batch) adds a term history
+    # pair; unbounded, 10^5 of them grew the znode to 1 MB and ZooKeeper died of it.
+    meta = _create(store)
+    version = _open(store, meta)
+    sizes = []
+    for i in range(10_000):
+        taken, version, last = store.begin_takeover(meta.id, version)
+        assert last is not None
+        _, version = store.finish_recovery(meta.id, version, taken.term, [], [], i + 1)
+        if i % 1000 == 999:
+            sizes.append(len(session.zk.get(paths.stream_meta(meta.id))[0]))
+            assert sizes[-1] < 1024, sizes
+    final, _ = store.get_stream_by_id(meta.id)
+    assert final.term == 10_001
+    assert len(final.term_history) == MAX_TERM_HISTORY
+    assert final.term_history[-1] == (10_001, 10_000)
+    # Flat: only the numbers' digits grow (from 1,000 to 10,000: ~33 bytes in all).
+    assert max(sizes) - min(sizes) <= 64, sizes
+    assert max(sizes) < 1024, sizes
