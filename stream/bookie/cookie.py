@@ -34,6 +34,7 @@ from typing import Protocol
 import structlog
 
 from stream.bookie.config import BookieConfig
+from stream.bookie.storage.fsutil import fsync_dir
 from stream.errors import CookieMismatchError, StreamError
 from stream.protocol.invariant import invariant
 
@@ -400,7 +401,7 @@ def write_directory_cookie(path: Path, cookie: Cookie) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path / COOKIE_FILE)
-    _fsync_dir(path)
+    fsync_dir(path)
 
 
 def _read_zk_cookie(
@@ -505,7 +506,7 @@ def discard_index_for_fix(config: BookieConfig, decision: CookieDecision) -> lis
             path.unlink()
         deleted.append(name)
     if deleted:
-        _fsync_dir(index_path)
+        fsync_dir(index_path)
     log.warning("cookie.index_discarded", path=str(index_path), files=deleted)
     return deleted
 
@@ -534,11 +535,3 @@ def apply_cookie_fix(config: BookieConfig, decision: CookieDecision, store: Cook
         zookeeper=decision.write_zookeeper,
         problems=list(decision.problems),
     )
-
-
-def _fsync_dir(path: Path) -> None:
-    dir_fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)

@@ -53,6 +53,7 @@ from stream.bookie.cookie import (
     discard_index_for_fix,
     inspect_cookies,
 )
+from stream.bookie.storage.fsutil import fsync_dir
 from stream.client.entries import good_run
 from stream.client.options import WriterOptions
 from stream.client.ports import BookieTransport, SystemClock
@@ -145,14 +146,6 @@ def _marker_path(config: BookieConfig) -> Path:
     return config.index_path / JOURNAL_BYPASS_MARKER
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def note_journal_mode(config: BookieConfig) -> bool:
     """Returns whether a previous run may have acknowledged entries without the journal (the
     marker exists); creates the marker durably when this run bypasses it. Call before the
@@ -165,7 +158,7 @@ def note_journal_mode(config: BookieConfig) -> bool:
             f.write(b"entries were acknowledged without the journal (BP-46)\n")
             f.flush()
             os.fsync(f.fileno())
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     return existed
 
 
@@ -175,7 +168,7 @@ def settle_journal_mode(config: BookieConfig) -> None:
     path = _marker_path(config)
     if config.journal_write_data and path.exists():
         path.unlink()
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
         log.info("integrity.journal_bypass_ended")
 
 

@@ -24,6 +24,7 @@ from typing import Any
 import structlog
 
 from stream.bookie.config import BookieConfig
+from stream.bookie.storage.fsutil import fsync_dir
 from stream.errors import StorageError, StreamError, StreamNotFoundError
 from stream.protocol import must_learn_term
 from stream.wire import bookie_pb2 as pb
@@ -49,14 +50,6 @@ def _path(config: BookieConfig) -> Path:
     return config.index_path / FORGOTTEN_TERMS_FILE
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def note_forgotten_terms(config: BookieConfig, next_stream_id: int) -> None:
     """Records durably that the terms of every stream below `next_stream_id` (the counter read
     now, after the disk's loss) may be forgotten. Call before the fixed cookie is written: a
@@ -70,7 +63,7 @@ def note_forgotten_terms(config: BookieConfig, next_stream_id: int) -> None:
         f.flush()
         os.fsync(f.fileno())
     tmp.replace(path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     log.warning("terms.forgotten", below_stream_id=bound)
 
 

@@ -858,6 +858,23 @@ async def send_lac(
     await asyncio.gather(*(_answer(one(b)) for b in ensemble))
 
 
+async def _take_over_publishing_lac(
+    takeover: Takeover, transport: BookieTransport, options: WriterOptions
+) -> TakeoverResult:
+    """Runs `takeover` and publishes its recovered LAC to the last ensemble, for a takeover
+    that opens no writer (a seal, an accept-loss recovery): readers see the end at once."""
+    result = await takeover.run()
+    await send_lac(
+        transport,
+        result.meta.id,
+        result.term,
+        result.last_fragment.ensemble,
+        result.last_entry_id,
+        options.add_timeout_s,
+    )
+    return result
+
+
 async def seal(
     name: str,
     *,
@@ -870,22 +887,18 @@ async def seal(
 ) -> StreamMeta:
     """Runs a takeover (the recovery fixes the end), publishes the final LAC to the last
     ensemble, then CASes the stream SEALED; returns the sealed meta."""
-    result = await Takeover(
-        name,
-        transport=transport,
-        metadata=metadata,
-        clock=clock,
-        rng=rng,
-        options=options,
-        identity=identity,
-    ).run()
-    await send_lac(
+    result = await _take_over_publishing_lac(
+        Takeover(
+            name,
+            transport=transport,
+            metadata=metadata,
+            clock=clock,
+            rng=rng,
+            options=options,
+            identity=identity,
+        ),
         transport,
-        result.meta.id,
-        result.term,
-        result.last_fragment.ensemble,
-        result.last_entry_id,
-        options.add_timeout_s,
+        options,
     )
     meta, version = result.meta, result.version
     for _ in range(options.cas_attempts):
@@ -1008,23 +1021,19 @@ async def recover_accepting_loss(
     `accepted_loss` is None when no limbo stood in the way (nothing was given up)."""
     if not isinstance(operator, str) or not operator:
         raise InvalidArgumentError("operator must be a non-empty str", stream=name)
-    result = await Takeover(
-        name,
-        transport=transport,
-        metadata=metadata,
-        clock=clock,
-        rng=rng,
-        options=options,
-        identity=identity,
-        accept_loss_operator=operator,
-    ).run()
-    await send_lac(
+    result = await _take_over_publishing_lac(
+        Takeover(
+            name,
+            transport=transport,
+            metadata=metadata,
+            clock=clock,
+            rng=rng,
+            options=options,
+            identity=identity,
+            accept_loss_operator=operator,
+        ),
         transport,
-        result.meta.id,
-        result.term,
-        result.last_fragment.ensemble,
-        result.last_entry_id,
-        options.add_timeout_s,
+        options,
     )
     await metadata.unregister_writer(result.meta.id)
     log.info(
