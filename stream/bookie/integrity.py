@@ -768,6 +768,18 @@ def fix_cookie(config: BookieConfig) -> FixCookieReport:
         )
         try:
             registry = BookieRegistry(session)
+            running = registry.available().get(config.bookie_id)
+            if running is not None:
+                # The address check above misses a bookie running elsewhere or bound to
+                # another interface; its registration does not (a fix under a running bookie
+                # rewrote its cookie and put its streams in limbo).
+                raise ConfigError(
+                    f"bookie {config.bookie_id} is registered as available at "
+                    f"{running.address}: stop it (or wait for its metadata session to expire, "
+                    f"{config.metadata_session_timeout_ms / 1000:g} s after a crash) before "
+                    "fixing its cookie",
+                    key="bookie_id",
+                )
             decision = inspect_cookies(config, session.instance_id(), registry, fixing=True)
             if decision.action is not CookieAction.FIX:
                 return FixCookieReport(decision.action, (), (), 0)

@@ -9,20 +9,27 @@ import shutil
 import subprocess
 import sys
 import time
+import tomllib
+from pathlib import Path
 
 import pytest
 
 from stream.client import StreamClient
+from stream.metadata.bookies import BookieRegistry
 from stream.sandbox.bookies import BookieProcess
+from stream.sandbox.ports import free_port
 from stream.wire import bookie_pb2 as pb
 from tests.integration.conftest import ClusterFactory
+from tests.integration.replication_support import session_of
 
 pytestmark = pytest.mark.integration
 
 ENTRIES = 500
 
 
-def fix_cookie(bookie: BookieProcess) -> subprocess.CompletedProcess[str]:
+def fix_cookie(
+    bookie: BookieProcess, config: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     """Runs `streamctl bookie fix-cookie --config <the bookie's config>`."""
     return subprocess.run(
         [
@@ -32,7 +39,7 @@ def fix_cookie(bookie: BookieProcess) -> subprocess.CompletedProcess[str]:
             "bookie",
             "fix-cookie",
             "--config",
-            str(bookie.config_path),
+            str(config or bookie.config_path),
         ],
         capture_output=True,
         text=True,
@@ -87,3 +94,24 @@ def test_wiped_bookie_refuses_then_fix_cookie_rebuilds_it(
     assert state.term > info.term  # phase two took the stream over to fix its end
     held = held_entries(victim, info.stream_id, ENTRIES - 1)
     assert held == {i: f"kept-{i}".encode() for i in range(ENTRIES)}
+
+
+def test_fix_cookie_refuses_a_bookie_registered_as_available(
+    cluster_factory: ClusterFactory, tmp_path: Path
+) -> None:
+    # Its listen address is free here (a config naming another port, as for a bookie running
+    # on another host or interface): only the registration shows the bookie runs.
+    cluster = cluster_factory(3)
+    victim = cluster.bookie("bookie-2")
+    with session_of(cluster) as session:
+        registry = BookieRegistry(session)
+        cookie = registry.read_cookie("bookie-2")
+        text = victim.config_path.read_text()
+        listen = tomllib.loads(text)["listen"]
+        elsewhere = tmp_path / "bookie.toml"
+        elsewhere.write_text(text.replace(listen, f"127.0.0.1:{free_port()}"))
+        refused = fix_cookie(victim, elsewhere)
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        assert "bookie-2 is registered as available" in refused.stdout + refused.stderr
+        assert registry.read_cookie("bookie-2") == cookie  # nothing changed
+    assert victim.running
