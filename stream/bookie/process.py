@@ -1,9 +1,9 @@
 """One bookie process, start to finish (DESIGN §4, §9).
 
-Start: logging, metadata session, cookie check, storage open (sets the unclean-shutdown bit and
-replays the journal), BP-46 phase one when the previous run may have lost acknowledged entries
-(then the cookie fix, if any), gRPC on `listen`, Prometheus on `metrics_listen`, and only once
-serving: the ephemeral registration `/bookies/available/<bookie_id>`, the periodic disk check
+Start: logging, metadata session, both ports bound (`listen`, `metrics_listen`), cookie check,
+storage open (sets the unclean-shutdown bit and replays the journal), BP-46 phase one when the
+previous run may have lost acknowledged entries (then the cookie fix, if any), gRPC serving,
+and only once serving: the ephemeral registration `/bookies/available/<bookie_id>`, the periodic disk check
 and phase two (limbo repair, `stream.bookie.integrity`) in the background.
 Stop (SIGTERM/SIGINT): unregister, stop accepting, let in-flight requests finish for
 `shutdown_grace_ms`, close the storage (it clears the unclean-shutdown bit last), close the
@@ -133,10 +133,10 @@ class Bookie:
         )
         instance_id = await asyncio.to_thread(self._session.instance_id)
         self._registry = BookieRegistry(self._session)
-        cookies = await asyncio.to_thread(check_cookies, config, instance_id, self._registry)
-
-        # Bind before opening the storage: a second process started with the same config fails
-        # here, before it touches the directories (or replays a long journal).
+        # Bind both ports before the cookie check and the storage: a second process started
+        # with the same config fails here, before it touches the directories (or replays a
+        # long journal), and a start that fails on a busy port leaves no first-boot cookie
+        # behind (the corrected start would otherwise need `fix-cookie`).
         server = grpc.aio.server(options=server_options(config))
         self._server = server
         try:
@@ -148,6 +148,15 @@ class Bookie:
             reason = "address in use or not local"
         if port == 0:
             raise ConfigError(f"cannot listen on {config.listen}: {reason}", key="listen")
+        if config.metrics_listen:
+            host, mport = _split_host_port("metrics_listen", config.metrics_listen)
+            try:
+                self._metrics_server, _ = start_http_server(mport, addr=host)
+            except OSError as e:
+                raise ConfigError(
+                    f"cannot serve metrics on {config.metrics_listen}: {e}", key="metrics_listen"
+                ) from e
+        cookies = await asyncio.to_thread(check_cookies, config, instance_id, self._registry)
 
         preparation = await asyncio.to_thread(integrity.prepare_boot, config, cookies)
         # Storage calls belong to this (the event loop's) thread from here on.
@@ -190,15 +199,6 @@ class Bookie:
         self._service.set_disk_status(disk)
         add_to_server(self._service, server)
         await server.start()
-
-        if config.metrics_listen:
-            host, mport = _split_host_port("metrics_listen", config.metrics_listen)
-            try:
-                self._metrics_server, _ = start_http_server(mport, addr=host)
-            except OSError as e:
-                raise ConfigError(
-                    f"cannot serve metrics on {config.metrics_listen}: {e}", key="metrics_listen"
-                ) from e
 
         self._tasks.append(asyncio.create_task(self._register(), name="register"))
         self._tasks.append(asyncio.create_task(self._check_disks_forever(), name="disk-check"))

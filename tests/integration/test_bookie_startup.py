@@ -12,6 +12,7 @@ from kazoo.client import KazooClient
 
 from stream.bookie.cookie import COOKIE_FILE, Cookie
 from stream.metadata import paths
+from stream.sandbox.ports import free_port
 from stream.wire import bookie_pb2 as pb
 from tests.integration.bookie_support import BookieFactory, add_all, add_request
 
@@ -109,14 +110,26 @@ def test_bad_config_exits_1_naming_the_key(
     assert "Traceback" not in bookie.log_path.read_text()
 
 
-def test_second_process_on_the_same_port_exits_1(bookies: BookieFactory) -> None:
+@pytest.mark.parametrize("busy", ["listen", "metrics_listen"])
+def test_a_start_on_a_busy_port_exits_1_and_leaves_no_cookie(
+    bookies: BookieFactory, busy: str
+) -> None:
     first = bookies.start("bookie-1")
     second = bookies.create("bookie-2")
-    second.port = first.port
+    if busy == "listen":
+        second.port = first.port
+    else:
+        second.metrics_port = first.port  # a port with a listener on it
     second.start()
     assert second.wait_exit(30) == 1
-    assert "cannot listen on" in second.log_tail(3)
-    # Refused before its storage was opened: its directories hold only their first-boot cookies.
-    for name in ("journal", "ledgers", "index"):
-        assert {p.name for p in (second.data_dir / "data" / name).iterdir()} == {COOKIE_FILE}
+    assert ("cannot listen on" if busy == "listen" else "cannot serve metrics") in (
+        second.log_tail(3)
+    )
+    # Refused before the cookie check and the storage: no cookie anywhere, so the corrected
+    # start (another port) is a plain first boot, not a cookie mismatch.
+    data = second.data_dir / "data"
+    assert not data.exists() or not any(p.is_file() for p in data.rglob("*"))
+    second.port, second.metrics_port = free_port(), free_port()
+    second.start()
+    second.wait_ready(60)
     assert first.stub().Info(pb.InfoRequest(), timeout=10).bookie_id == "bookie-1"
