@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
-# Sets up what is missing, starts a local sandbox cluster (ZooKeeper and bookies on 127.0.0.1),
-# runs a short smoke against it and stops it. Pass --keep to leave the sandbox running.
+# Sets up what is missing, starts a local sandbox cluster (ZooKeeper and four bookies on
+# 127.0.0.1), runs a short append-and-tail against it and stops it. Pass --keep to leave the
+# sandbox running until Ctrl-C. Data go to a temporary directory removed at the end, or to
+# $SANDBOX_DIR (kept) when set.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-data_dir=${SANDBOX_DIR:-$(mktemp -d /tmp/streamkeeper-sandbox.XXXXXX)}
-if [ "${1:-}" = "--keep" ]; then
-  exec .venv/bin/streamctl sandbox --bookies 3 --data-dir "$data_dir"
+args=()
+if [ -n "${SANDBOX_DIR:-}" ]; then
+  args+=(--data-dir "$SANDBOX_DIR")
 fi
-exec .venv/bin/streamctl sandbox --bookies 3 --data-dir "$data_dir" --demo
+if [ "${1:-}" = "--keep" ]; then
+  exec .venv/bin/streamctl sandbox "${args[@]}"
+fi
+exec .venv/bin/streamctl sandbox "${args[@]}" --demo

@@ -3,17 +3,19 @@
 Start: logging, metadata session, both ports bound (`listen`, `metrics_listen`), cookie check,
 storage open (sets the unclean-shutdown bit and replays the journal), BP-46 phase one when the
 previous run may have lost acknowledged entries (then the cookie fix, if any), gRPC serving,
-and only once serving: the ephemeral registration `/bookies/available/<bookie_id>`, the periodic disk check
-and phase two (limbo repair, `stream.bookie.integrity`) in the background.
-Stop (SIGTERM/SIGINT): unregister, stop accepting, let in-flight requests finish for
-`shutdown_grace_ms`, close the storage (it clears the unclean-shutdown bit last), close the
-metadata session.
+and only once serving: the ephemeral registration `/bookies/available/<bookie_id>`, the
+periodic disk check and phase two (limbo repair, `stream.bookie.integrity`) in the background.
+Stop (SIGTERM/SIGINT), within `shutdown_grace_ms` even with ZooKeeper unreachable (each step
+that needs it gets at least half a second): unregister, stop accepting, let in-flight
+requests finish for what is left of the grace period, close the storage (it clears the
+unclean-shutdown bit last), close the metadata session.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import signal
 import sys
 import threading
@@ -359,9 +361,18 @@ class Bookie:
         self._stopping = True
         self._drain_watch_stopped = True
         log.info("bookie.stopping", bookie_id=self.config.bookie_id)
+        # The whole stop fits in the grace period even when ZooKeeper is unreachable: the
+        # steps that need it get what is left of it, then are abandoned (the registration is
+        # ephemeral and goes with the session anyway).
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.shutdown_grace_ms / 1000
+
+        def left() -> float:
+            return max(deadline - loop.time(), _MIN_STEP_S)
+
         if self._autorecovery is not None:
             autorecovery, self._autorecovery = self._autorecovery, None
-            await asyncio.to_thread(autorecovery.stop)
+            await _bounded(functools.partial(autorecovery.stop, left()), left(), "autorecovery")
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -369,15 +380,13 @@ class Bookie:
                 await task
         self._tasks.clear()
         if self._registered and self._registry is not None:
-            try:
-                await asyncio.to_thread(self._registry.unregister, self.config.bookie_id)
-            except Exception as e:
-                log.warning("bookie.unregister_failed", error=repr(e))
+            registry, bookie_id = self._registry, self.config.bookie_id
+            await _bounded(lambda: registry.unregister(bookie_id), left(), "unregister")
             self._registered = False
         if self._server is not None:
             # New calls are refused at once; running ones (in-flight adds waiting for the
-            # journal) get the grace period to finish, then are cancelled.
-            await self._server.stop(self.config.shutdown_grace_ms / 1000)
+            # journal) get what is left of the grace period to finish, then are cancelled.
+            await self._server.stop(left())
             self._server = None
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
@@ -391,8 +400,7 @@ class Bookie:
                 raise
         if self._session is not None:
             session, self._session = self._session, None
-            with contextlib.suppress(Exception):
-                await asyncio.to_thread(session.close)
+            await _bounded(session.close, _MIN_STEP_S, "metadata_close")
         self._stopped = True
         log.info("bookie.stopped", bookie_id=self.config.bookie_id)
 
@@ -408,6 +416,39 @@ class Bookie:
             log.info("bookie.signal", action="clean shutdown")
         finally:
             await self.stop()
+
+
+# The least a stop step that needs ZooKeeper gets, the grace period spent or not.
+_MIN_STEP_S = 0.5
+
+
+async def _bounded(step: Callable[[], object], timeout_s: float, name: str) -> None:
+    """Runs `step` in a daemon thread and waits up to `timeout_s` for it; then goes on without
+    it (logged). A daemon thread: one stuck on an unreachable ZooKeeper must not hold the
+    process at exit, as the default executor's threads would."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def finish(error: BaseException | None) -> None:
+        if not done.done():
+            done.set_result(None)
+        if error is not None:
+            log.warning("bookie.stop_step_failed", step=name, error=repr(error))
+
+    def run() -> None:
+        error: BaseException | None = None
+        try:
+            step()
+        except Exception as e:
+            error = e
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
+            loop.call_soon_threadsafe(finish, error)
+
+    threading.Thread(target=run, name=f"stop-{name}", daemon=True).start()
+    try:
+        await asyncio.wait_for(done, timeout_s)
+    except TimeoutError:
+        log.warning("bookie.stop_step_abandoned", step=name, after_s=round(timeout_s, 3))
 
 
 def run_bookie(config: BookieConfig) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,9 @@ from typing import Any
 from rich.console import Console
 
 from stream.sandbox.cluster import SandboxCluster
+
+# How often the sandbox looks for processes that exited.
+_SUPERVISE_S = 0.5
 
 
 def register(sub: Any) -> None:
@@ -22,8 +26,18 @@ def register(sub: Any) -> None:
         "connect string, and runs until interrupted (or, with --demo, runs a short "
         "append-and-read and stops).",
     )
-    p.add_argument("--bookies", type=int, default=3, help="number of bookies (default 3)")
-    p.add_argument("--data-dir", type=Path, required=True, help="where all data and logs go")
+    p.add_argument(
+        "--bookies",
+        type=int,
+        default=4,
+        help="number of bookies (default 4: with E = 3, writes go on when one fails)",
+    )
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="where all data and logs go (default: a temporary directory, removed at the end)",
+    )
     p.add_argument("--zk-port", type=int, default=None, help="ZooKeeper port (default: free)")
     p.add_argument(
         "--demo", action="store_true", help="run a short smoke against the cluster, then stop"
@@ -43,8 +57,17 @@ def run(args: argparse.Namespace) -> int:
         from stream.retention.units import parse_duration
 
         retention_s = parse_duration(args.retention_interval)
+    if args.data_dir is None:
+        with tempfile.TemporaryDirectory(prefix="streamkeeper-sandbox-") as data_dir:
+            return _run(args, Path(data_dir), console, retention_s)
+    return _run(args, args.data_dir, console, retention_s)
+
+
+def _run(
+    args: argparse.Namespace, data_dir: Path, console: Console, retention_s: float | None
+) -> int:
     cluster = SandboxCluster(
-        args.data_dir,
+        data_dir,
         bookies=args.bookies,
         zk_port=args.zk_port,
         retention_interval_s=retention_s,
@@ -55,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
         # The connect string alone on stdout, for scripts.
         sys.stdout.write(cluster.metadata + "\n")
         sys.stdout.flush()
-        console.print(f"[green]sandbox up[/]: data and logs in {args.data_dir}")
+        kept = "" if args.data_dir is not None else " (removed when it stops)"
+        console.print(f"[green]sandbox up[/]: data and logs in {data_dir}{kept}", soft_wrap=True)
         if args.demo:
             from stream.sandbox.demo import run_demo
 
@@ -64,8 +88,26 @@ def run(args: argparse.Namespace) -> int:
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, lambda *_: stop.set())
         console.print("press Ctrl-C to stop")
-        stop.wait()
-        return 0
+        return _supervise(cluster, console, stop)
     finally:
         with console.status("stopping the sandbox"):
             cluster.stop()
+
+
+def _supervise(cluster: SandboxCluster, console: Console, stop: threading.Event) -> int:
+    """Runs until `stop`, reporting at once each process that exits on its own; nothing is
+    restarted. Without ZooKeeper nothing works: the sandbox stops with exit code 1."""
+    reported: set[str] = set()
+    while not stop.wait(_SUPERVISE_S):
+        for gone in cluster.exited():
+            if gone.name in reported:
+                continue
+            reported.add(gone.name)
+            console.print(
+                f"[red]{gone.name} exited[/] (code {gone.returncode}), not restarted: "
+                f"see {gone.log}",
+                soft_wrap=True,
+            )
+            if gone.name == "ZooKeeper":
+                return 1
+    return 0

@@ -3,7 +3,9 @@ retention service. Used by `streamctl sandbox`, the integration tests and the be
 
 from __future__ import annotations
 
+import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,15 @@ from stream.sandbox.zookeeper import ZooKeeperServer
 log = structlog.get_logger(__name__)
 
 DEFAULT_ROOT = "/streamkeeper"
+
+
+@dataclass(frozen=True)
+class Exited:
+    """A sandbox process that exited on its own: what it was, its exit code, its log."""
+
+    name: str
+    returncode: int
+    log: Path
 
 
 class SandboxCluster:
@@ -119,10 +130,24 @@ class SandboxCluster:
             if len(ids) == count:
                 return ids
             if time.monotonic() > deadline:
-                raise StreamError(
-                    "bookies did not register in time", want=count, registered=ids
-                )
+                raise StreamError("bookies did not register in time", want=count, registered=ids)
             time.sleep(0.05)
+
+    def exited(self) -> list[Exited]:
+        """Returns the processes of the sandbox that exited on their own (a ZooKeeper, bookie
+        or retention service that died), with their exit codes; the sandbox restarts none."""
+        watched: list[tuple[str, subprocess.Popen[bytes] | None, Path]] = [
+            (b.bookie_id, b.process, b.log_path) for b in self.bookies
+        ]
+        if self._own_zookeeper:
+            watched.insert(0, ("ZooKeeper", self.zookeeper.process, self.zookeeper.log_path))
+        if self.retention is not None:
+            watched.append(("retention service", self.retention.process, self.retention.log_path))
+        return [
+            Exited(name, process.returncode, log_path)
+            for name, process, log_path in watched
+            if process is not None and process.poll() is not None
+        ]
 
     def _ensure_root(self) -> None:
         zk = KazooClient(hosts=self.zookeeper.hosts)

@@ -42,6 +42,10 @@ class ZooKeeperServer:
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
+    def log_path(self) -> Path:
+        return self.data_dir / "zookeeper.log"
+
+    @property
     def hosts(self) -> str:
         return f"{self.host}:{self.port}"
 
@@ -73,7 +77,7 @@ class ZooKeeperServer:
                 "ZooKeeper needs Debian's `zookeeper` package and a JRE: run scripts/setup.sh"
             )
         cfg = self._write_config()
-        logfile = open(self.data_dir / "zookeeper.log", "ab")  # noqa: SIM115 - owned by Popen
+        logfile = open(self.log_path, "ab")  # noqa: SIM115 - owned by Popen
         self.process = subprocess.Popen(
             [java, "-Xmx256m", "-cp", ZOOKEEPER_CLASSPATH, MAIN_CLASS, str(cfg)],
             stdout=logfile,

@@ -4,6 +4,7 @@ configuration stops the process with exit code 1 naming the key."""
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from kazoo.client import KazooClient
 from stream.bookie.cookie import COOKIE_FILE, Cookie
 from stream.metadata import paths
 from stream.sandbox.ports import free_port
+from stream.sandbox.zookeeper import ZooKeeperServer
 from stream.wire import bookie_pb2 as pb
 from tests.integration.bookie_support import BookieFactory, add_all, add_request
 
@@ -133,3 +135,23 @@ def test_a_start_on_a_busy_port_exits_1_and_leaves_no_cookie(
     second.start()
     second.wait_ready(60)
     assert first.stub().Info(pb.InfoRequest(), timeout=10).bookie_id == "bookie-1"
+
+
+def test_a_bookie_stops_cleanly_within_its_grace_period_without_zookeeper(
+    tmp_path: Path,
+) -> None:
+    # Its own ZooKeeper, killed under it. The stop used to wait on ZooKeeper (auto-recovery,
+    # unregistering) until SIGKILL.
+    zookeeper = ZooKeeperServer(tmp_path / "zookeeper").start()
+    try:
+        factory = BookieFactory(tmp_path / "bookies", zookeeper.hosts)
+        bookie = factory.start("bookie-1", shutdown_grace_ms=2000)
+        add_all(bookie.stub(), [add_request(1, 1, range(10))])
+    finally:
+        zookeeper.stop()  # SIGTERM, then SIGKILL: gone either way
+    time.sleep(1.0)
+    started = time.monotonic()
+    assert bookie.terminate(timeout_s=20) == 0
+    took = time.monotonic() - started
+    assert took < 2.0 + 2 * 0.5 + 1.5, took  # grace, the two ZooKeeper steps' floor, exit
+    assert '"bookie.stopped"' in bookie.log_path.read_text()
