@@ -101,7 +101,9 @@ def _run(args: argparse.Namespace) -> int:
         replication_workers=args.workers,
         replication_rate_bytes=0 if args.rate_limit.strip() == "0" else parse_size(args.rate_limit),
     )
-    configure_logging(json=True, level="debug" if args.log_level == "debug" else "info")
+    configure_logging(
+        json=args.log_json or None, level="debug" if args.log_level == "debug" else "info"
+    )
     with _session(args, parse_duration(args.session_timeout)) as session:
         service = AutoRecovery(session, settings, identifier=args.id, auditor=not args.no_auditor)
 
