@@ -1,4 +1,4 @@
-"""One bookie process, start to finish (DESIGN §4, §9).
+"""One bookie process, start to finish (docs/design.md §4, §9).
 
 Start: logging, metadata session, cookie check, storage open (sets the unclean-shutdown bit and
 replays the journal), BP-46 phase one when the previous run may have lost acknowledged entries

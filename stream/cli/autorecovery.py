@@ -1,5 +1,5 @@
 """`streamctl autorecovery run`, `streamctl underreplicated` and `streamctl bookie
-decommission` (DESIGN §7, §9)."""
+decommission` (docs/design.md §7, §9)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     """Adds `autorecovery run` and `underreplicated` (`bookie decommission` is added by
     `stream.cli.bookie` with `add_decommission`)."""
     autorecovery = subparsers.add_parser(
-        "autorecovery", help="the auditor and replication workers (DESIGN §7)"
+        "autorecovery", help="the auditor and replication workers (docs/design.md §7)"
     )
     sub = autorecovery.add_subparsers(dest="autorecovery_command", metavar="ACTION", required=True)
     run = sub.add_parser(
