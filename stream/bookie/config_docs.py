@@ -107,15 +107,22 @@ def config_table() -> str:
     return "\n".join(rows) + "\n"
 
 
+def _table_span(text: str) -> tuple[int, int]:
+    """Returns where the table between the markers starts and ends in a document's text."""
+    if BEGIN not in text or END not in text:
+        raise StreamError("the document has no bookie-config-table markers")
+    return text.index(BEGIN) + len(BEGIN) + 1, text.index(END)
+
+
 def committed_table(text: str) -> str:
     """Returns the table between the markers of a document's text."""
-    start, end = text.index(BEGIN) + len(BEGIN) + 1, text.index(END)
+    start, end = _table_span(text)
     return text[start:end]
 
 
 def with_table(text: str) -> str:
     """Returns the document's text with the generated table between its markers."""
-    start, end = text.index(BEGIN) + len(BEGIN) + 1, text.index(END)
+    start, end = _table_span(text)
     return text[:start] + config_table() + text[end:]
 
 
