@@ -1,5 +1,5 @@
-"""The Spark Structured Streaming connector of Streamkeeper (DESIGN §8): a PySpark Python data
-source named `streamkeeper`. Call `register(spark)` once per session, then
+"""The Spark Structured Streaming connector of Streamkeeper (docs/design.md §8): a PySpark Python
+data source named `streamkeeper`. Call `register(spark)` once per session, then
 `spark.readStream.format("streamkeeper").option("metadata", ...).option("streams", ...)`."""
 
 from __future__ import annotations

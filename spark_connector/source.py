@@ -20,7 +20,7 @@ NAME = "streamkeeper"
 
 
 class StreamkeeperDataSource(DataSource):
-    """`format("streamkeeper")`; options as in DESIGN §8 (see `spark_connector.options`)."""
+    """`format("streamkeeper")`; options as in docs/design.md §8 (see `spark_connector.options`)."""
 
     @classmethod
     def name(cls) -> str:

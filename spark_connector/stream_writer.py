@@ -4,7 +4,7 @@ appends them with one writer (one term per batch: a stream has one writer at a t
 parallel tasks would take it over from each other; each takeover also writes a truncate no-op)
 and returns once every entry is acknowledged, so Spark marks the batch done only after that.
 A batch run again after a failed commit or a crash before Spark recorded the commit appends
-its rows again (at-least-once, like Spark's Kafka sink; the README spells out the rules)."""
+its rows again (at-least-once, like Spark's Kafka sink; docs/spark.md spells out the rules)."""
 
 from __future__ import annotations
 

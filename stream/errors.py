@@ -84,7 +84,7 @@ class StreamInLimboError(StreamError):
     entry after the last one a bookie holds, and no recovery can prove it absent. `bookies`
     names them, `entry_id` the undecided entry. Limbo clears only after a recovery completes,
     so the stream stays stuck until an operator gives those entries up:
-    `streamctl recover STREAM --accept-loss` (DESIGN §4)."""
+    `streamctl recover STREAM --accept-loss` (docs/design.md §4)."""
 
 
 class WriterClosedError(StreamError):

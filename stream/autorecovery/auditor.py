@@ -1,5 +1,5 @@
-"""The auditor (DESIGN §7): finds the fragments that name a lost or draining bookie and marks
-them under-replicated; closes, by a takeover, the open last fragment of a stream without a
+"""The auditor (docs/design.md §7): finds the fragments that name a lost or draining bookie and
+marks them under-replicated; closes, by a takeover, the open last fragment of a stream without a
 live writer so that it can be repaired; runs the scrub. One auditor leads at a time (the
 election is in `stream.autorecovery.service`); two for a moment only duplicate work, since
 marks are idempotent and every metadata change is a CAS.

@@ -1,4 +1,4 @@
-"""The scrub (DESIGN §7): does each live bookie hold the entries metadata assigns to it?
+"""The scrub (docs/design.md §7): does each live bookie hold the entries metadata assigns to it?
 
 Cheap pass: the first and the last id of each bookie's share of each fixed fragment (a bookie
 that lost a whole stream or a fragment's tail shows there). Full pass, on a slower schedule:

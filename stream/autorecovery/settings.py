@@ -1,4 +1,4 @@
-"""Auto-recovery settings (DESIGN §7), shared by the bookie's embedded auto-recovery
+"""Auto-recovery settings (docs/design.md §7), shared by the bookie's embedded auto-recovery
 (`bookie.toml`) and `streamctl autorecovery run`."""
 
 from __future__ import annotations

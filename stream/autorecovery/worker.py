@@ -1,4 +1,4 @@
-"""Replication workers (DESIGN §7): take an under-replication marker with an ephemeral lock,
+"""Replication workers (docs/design.md §7): take an under-replication marker with an ephemeral lock,
 copy the share of the fragment that each named bookie held (by write set) from the surviving
 copies to a chosen bookie, check it landed, CAS the fragment's ensemble, drop the marker.
 

@@ -28,8 +28,9 @@ def _check_address(key: str, value: str, *, allow_empty: bool = False) -> None:
 
 @dataclass(frozen=True)
 class BookieConfig:
-    """One bookie's configuration. Defaults are documented beside each field (and in the
-    README); sizes are bytes, durations milliseconds, ratios in [0, 1]."""
+    """One bookie's configuration. Defaults are documented beside each field; `CONFIG_KEYS` in
+    stream.bookie.config_docs says what each key means for docs/operations.md. Sizes are bytes,
+    durations milliseconds, ratios in [0, 1]."""
 
     # Required: who the bookie is, where it listens, where the metadata lives.
     bookie_id: str
@@ -90,8 +91,8 @@ class BookieConfig:
     shutdown_grace_ms: int = 2_000  # on SIGTERM: time for in-flight requests to finish
     log_level: str = "info"
 
-    # Auto-recovery (DESIGN §7) in this process: an auditor candidate and replication workers
-    # (stream.autorecovery.settings documents each key).
+    # Auto-recovery (docs/design.md §7) in this process: an auditor candidate and replication
+    # workers (stream.autorecovery.settings documents each key).
     autorecovery: bool = True
     lost_bookie_recovery_delay_ms: int = 30_000
     open_stream_replication_delay_ms: int = 30_000
@@ -100,6 +101,8 @@ class BookieConfig:
     scrub_full_interval_ms: int = 86_400_000  # 0 = never
     replication_workers: int = 1
     replication_rate_bytes: int = 0  # per worker; 0 = unlimited
+    max_takeovers_per_audit: int = 16
+    bookie_timeout_ms: int = 10_000
 
     def __post_init__(self) -> None:
         if not _BOOKIE_ID.match(self.bookie_id):
@@ -169,15 +172,7 @@ class BookieConfig:
 
     def autorecovery_settings(self) -> AutoRecoverySettings:
         """Returns the auto-recovery settings of this bookie's keys."""
-        keys = (
-            "lost_bookie_recovery_delay_ms",
-            "open_stream_replication_delay_ms",
-            "audit_interval_ms",
-            "scrub_interval_ms",
-            "scrub_full_interval_ms",
-            "replication_workers",
-            "replication_rate_bytes",
-        )
+        keys = [f.name for f in dataclasses.fields(AutoRecoverySettings)]
         try:
             return AutoRecoverySettings(**{k: getattr(self, k) for k in keys})
         except InvalidArgumentError as e:

@@ -7,10 +7,10 @@ acknowledged there may be gone, and serving from it could answer "no such entry"
 it once acknowledged. A directory holding another bookie's (or another incarnation's) cookie
 was swapped or restored from elsewhere.
 
-Some mismatches phase one can make safe (DESIGN §4): an emptied directory, or a configuration
-that moved the bookie's address or directories. With `auto_fix_cookie = true`, or by hand with
-`streamctl bookie fix-cookie`, the boot then runs phase one (term fence and limbo for every
-open stream naming the bookie) and only then rewrites the cookie; phase two copies back what
+Some mismatches phase one can make safe (docs/design.md §4): an emptied directory, or a
+configuration that moved the bookie's address or directories. With `auto_fix_cookie = true`, or by
+hand with `streamctl bookie fix-cookie`, the boot then runs phase one (term fence and limbo for
+every open stream naming the bookie) and only then rewrites the cookie; phase two copies back what
 was lost. The others (foreign or unreadable cookies, data without a cookie, another cluster)
 always need an operator: no automatic rule can tell whose data a directory holds.
 

@@ -1,5 +1,5 @@
-"""Data integrity of a bookie that may have lost acknowledged entries (BP-46, DESIGN §4 "Crash
-protection without the journal").
+"""Data integrity of a bookie that may have lost acknowledged entries (BP-46, docs/design.md §4
+"Crash protection without the journal").
 
 Without the journal (`journal_write_data = false`) an add is acknowledged once it is in the
 write cache; a crash loses what was not flushed yet. A wiped or replaced disk loses
@@ -525,8 +525,8 @@ class Repairer:
         return "repaired"
 
     async def _take_over(self, meta: StreamMeta, repair: StreamRepair) -> None:
-        """Runs a takeover (new term, recovery: DESIGN §5) so that the stream's end is fixed,
-        and publishes the recovered LAC; raises `_RetryRepair` when another recovery runs or
+        """Runs a takeover (new term, recovery: docs/design.md §5) so that the stream's end is
+        fixed, and publishes the recovered LAC; raises `_RetryRepair` when another recovery runs or
         won."""
         loop = asyncio.get_running_loop()
         if meta.state is StreamState.IN_RECOVERY:

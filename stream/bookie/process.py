@@ -1,4 +1,4 @@
-"""One bookie process, start to finish (DESIGN §4, §9).
+"""One bookie process, start to finish (docs/design.md §4, §9).
 
 Start: logging, metadata session, both ports bound (`listen`, `metrics_listen`), cookie check,
 storage open (sets the unclean-shutdown bit and replays the journal), BP-46 phase one when the
@@ -451,10 +451,11 @@ async def _bounded(step: Callable[[], object], timeout_s: float, name: str) -> N
         log.warning("bookie.stop_step_abandoned", step=name, after_s=round(timeout_s, 3))
 
 
-def run_bookie(config: BookieConfig) -> int:
+def run_bookie(config: BookieConfig, *, log_json: bool | None = None) -> int:
     """Runs one bookie in the foreground until SIGTERM/SIGINT; returns the exit code (0 after a
-    clean shutdown). ConfigError and CookieMismatchError propagate for the CLI to report."""
-    configure_logging(json=True, level=config.log_level)
+    clean shutdown). ConfigError and CookieMismatchError propagate for the CLI to report.
+    `log_json`: as `configure_logging`'s `json` (None: JSON unless stderr is a terminal)."""
+    configure_logging(json=log_json, level=config.log_level)
     # The journal and flusher threads hand the GIL back and forth with the event loop; at the
     # default 5 ms switch interval a group commit waits up to 5 ms per hand-over (measured:
     # mean commit 16 ms -> 6 ms at 1 ms, same throughput).

@@ -1,5 +1,5 @@
-"""A bookie's reconciliation with metadata (DESIGN §6): every GC interval, for the streams this
-bookie holds, read each stream's first retained entry id from ZooKeeper and trim the local copy
+"""A bookie's reconciliation with metadata (docs/design.md §6): every GC interval, for the streams
+this bookie holds, read each stream's first retained entry id from ZooKeeper and trim the local copy
 below it; a stream deleted from metadata is trimmed away entirely. So a bookie that was down
 (or unreachable) when the retention service or a client sent `Trim` still lets go of the data,
 and its GC and compaction then return the disk space.

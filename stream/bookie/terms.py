@@ -1,5 +1,5 @@
-"""Terms a wiped disk took (DESIGN §4: "a bookie never answers a term-bearing request with a term
-it may have forgotten").
+"""Terms a wiped disk took (docs/design.md §4: "a bookie never answers a term-bearing request with a
+term it may have forgotten").
 
 Terms are journaled with fsync, so a crash forgets none; a wiped or replaced disk forgets all of
 them. BP-46 phase one fences only the non-sealed streams whose fragments name the bookie, so the

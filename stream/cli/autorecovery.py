@@ -1,5 +1,5 @@
 """`streamctl autorecovery run`, `streamctl underreplicated` and `streamctl bookie
-decommission` (DESIGN §7, §9)."""
+decommission` (docs/design.md §7, §9)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     """Adds `autorecovery run` and `underreplicated` (`bookie decommission` is added by
     `stream.cli.bookie` with `add_decommission`)."""
     autorecovery = subparsers.add_parser(
-        "autorecovery", help="the auditor and replication workers (DESIGN §7)"
+        "autorecovery", help="the auditor and replication workers (docs/design.md §7)"
     )
     sub = autorecovery.add_subparsers(dest="autorecovery_command", metavar="ACTION", required=True)
     run = sub.add_parser(
@@ -101,7 +101,9 @@ def _run(args: argparse.Namespace) -> int:
         replication_workers=args.workers,
         replication_rate_bytes=0 if args.rate_limit.strip() == "0" else parse_size(args.rate_limit),
     )
-    configure_logging(json=True, level="debug" if args.log_level == "debug" else "info")
+    configure_logging(
+        json=args.log_json or None, level="debug" if args.log_level == "debug" else "info"
+    )
     with _session(args, parse_duration(args.session_timeout)) as session:
         service = AutoRecovery(session, settings, identifier=args.id, auditor=not args.no_auditor)
 

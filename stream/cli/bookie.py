@@ -50,7 +50,7 @@ def _start(args: argparse.Namespace) -> int:
     from stream.bookie.config import BookieConfig
     from stream.bookie.process import run_bookie
 
-    return run_bookie(BookieConfig.load(args.config))
+    return run_bookie(BookieConfig.load(args.config), log_json=args.log_json or None)
 
 
 def _fix_cookie(args: argparse.Namespace) -> int:

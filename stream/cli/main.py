@@ -27,7 +27,11 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"ZooKeeper HOSTS/ROOT (default {DEFAULT_METADATA})",
     )
     parser.add_argument("--log-level", default="warning", help="debug|info|warning|error")
-    parser.add_argument("--log-json", action="store_true", help="log JSON lines")
+    parser.add_argument(
+        "--log-json",
+        action="store_true",
+        help="log JSON lines (default: readable on a terminal, JSON otherwise)",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(f"stream.cli.{name}").register(sub)

@@ -166,8 +166,10 @@ def _run(args: argparse.Namespace) -> int:
         max_takeovers_per_round=args.max_takeovers_per_round,
     )
     session_timeout_s = parse_duration(args.session_timeout)
-    # A service logs what it does: JSON lines at info unless asked for more.
-    configure_logging(json=True, level="debug" if args.log_level == "debug" else "info")
+    # A service logs what it does, at info unless asked for more.
+    configure_logging(
+        json=args.log_json or None, level="debug" if args.log_level == "debug" else "info"
+    )
     console = Console(stderr=True)
     with _session(args, session_timeout_s) as session:
         service = RetentionService(session, settings, identifier=args.id)

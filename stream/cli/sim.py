@@ -1,5 +1,5 @@
-"""`streamctl sim`: the deterministic simulator (DESIGN §10). Runs seeded simulations of the real
-client against simulated bookies, network and ZooKeeper, with random faults (or a directed
+"""`streamctl sim`: the deterministic simulator (docs/design.md §10). Runs seeded simulations of the
+real client against simulated bookies, network and ZooKeeper, with random faults (or a directed
 scenario), prints a summary, and exits 1 with the first failing seed and the violated property
 when the checker finds one. A seed replays identically: `--seeds 1 --seed S` reruns it."""
 

@@ -65,7 +65,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     recover = subparsers.add_parser(
         "recover",
         help="end a recovery stuck on bookies in limbo by giving up what they may have lost "
-        "(--accept-loss; DESIGN §4)",
+        "(--accept-loss; docs/design.md §4)",
     )
     recover.add_argument("name")
     recover.add_argument(
@@ -286,7 +286,7 @@ def _recover(args: argparse.Namespace) -> int:
     if not args.accept_loss:
         err.print(
             "streamctl recover: only --accept-loss is run by hand (a writer's takeover recovers "
-            "a stream otherwise); read what it gives up first: DESIGN §4 / README Durability"
+            "a stream otherwise); read what it gives up first: docs/operations.md, Recovery"
         )
         return 2
     with _client(args) as client:

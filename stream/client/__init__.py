@@ -1,5 +1,5 @@
-"""The Streamkeeper client: `StreamClient` (the synchronous API of DESIGN §5) and its asyncio
-core (writer, reader, recovery) behind the ports of `stream.client.ports`."""
+"""The Streamkeeper client: `StreamClient` (the synchronous API of docs/design.md §5) and its
+asyncio core (writer, reader, recovery) behind the ports of `stream.client.ports`."""
 
 from stream.client.client import StreamClient, StreamReader, StreamWriter
 from stream.client.entries import Entry, EntryColumns, Fragment, StreamInfo

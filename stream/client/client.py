@@ -1,4 +1,4 @@
-"""The public synchronous API of DESIGN §5: `StreamClient` and its writers and readers.
+"""The public synchronous API of docs/design.md §5: `StreamClient` and its writers and readers.
 
 A thin facade: one asyncio loop in a background thread runs the asyncio core (writer, reader,
 recovery) over the gRPC transport and the ZooKeeper metadata port. Appends cross from the
@@ -360,7 +360,7 @@ class StreamClient:
     def survey_loss(self, name: str) -> LossSurvey:
         """Returns what `recover_accepting_loss` would give up now: which bookies of the last
         fragment are in limbo or unreachable, the last entry some bookie holds, and the range
-        of entries that may be lost (DESIGN §4). Changes nothing."""
+        of entries that may be lost (docs/design.md §4). Changes nothing."""
         validate_stream_name(name)
         return self._run(
             survey_loss(

@@ -10,8 +10,8 @@ from stream.errors import InvalidArgumentError
 
 @dataclass(frozen=True, slots=True)
 class Protections:
-    """The safety mechanisms of DESIGN §5, all on by default. The simulator switches one off to
-    show that its checker then finds the counterexample from the references; nothing else in
+    """The safety mechanisms of docs/design.md §5, all on by default. The simulator switches one off
+    to show that its checker then finds the counterexample from the references; nothing else in
     the client reads these flags.
 
     - `term_fencing`: a takeover sends `Fence` with its new term to the last fragment's ensemble
@@ -28,7 +28,7 @@ class Protections:
       does not hold yet: the stored fragment still counts its copies, and the new-member
       truncation would strip them. Off: any bookie outside the current ensemble.
 
-    Two more keep the writer live (DESIGN §10 progress) rather than safe:
+    Two more keep the writer live (docs/design.md §10 progress) rather than safe:
     - `keep_failed_bookies`: a bookie whose add failed stays failed until it is replaced, also
       when an ensemble change replaces another one first. Off: that change reopens its link
       without resending what it missed (two bookies failing at once stall the writer).

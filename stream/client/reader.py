@@ -1,4 +1,4 @@
-"""The stream reader's asyncio core (DESIGN §5 "Reading"): reads at or below the LAC, one
+"""The stream reader's asyncio core (docs/design.md §5 "Reading"): reads at or below the LAC, one
 bookie of the write set at a time with speculative reads after a timeout, ReadRange catch-up on
 unstriped ensembles, checksum verification, no-op entries skipped, trimmed entries refused, and
 `tail`, which long-polls `ReadLac` and follows fragment changes through the metadata watch.

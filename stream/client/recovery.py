@@ -1,4 +1,4 @@
-"""Taking over a stream: a new term and its recovery (DESIGN §5 "Taking over", steps 1-6).
+"""Taking over a stream: a new term and its recovery (docs/design.md §5 "Taking over", steps 1-6).
 
 1. CAS `meta`: term + 1, IN_RECOVERY; the last fragment's ensemble is captured.
 2. `Fence` that ensemble with the new term; proceed at EC positives (`FenceTally`), retry later
@@ -179,7 +179,7 @@ class Takeover:
         accept_loss_operator: str | None = None,
     ) -> None:
         """With `accept_loss_operator` (who asked, recorded in the meta), the recovery counts
-        limbo UNKNOWNs as absent (DESIGN §4, `recover --accept-loss`): an entry that no
+        limbo UNKNOWNs as absent (docs/design.md §4, `recover --accept-loss`): an entry that no
         bookie holds and that only bookies in limbo could not deny ends the previous term."""
         self.name = name
         self._transport = transport
@@ -1013,7 +1013,7 @@ async def recover_accepting_loss(
     identity: WriterIdentity,
     operator: str,
 ) -> TakeoverResult:
-    """The way out of a stuck limbo (DESIGN §4, `streamctl recover --accept-loss`): runs a
+    """The way out of a stuck limbo (docs/design.md §4, `streamctl recover --accept-loss`): runs a
     takeover whose recovery counts limbo UNKNOWNs as absent, so that it ends the previous term
     after the last entry some reachable bookie still holds; records what it gave up and who
     asked (`operator`) in the meta first; publishes the recovered LAC and leaves the stream

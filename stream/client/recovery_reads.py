@@ -1,4 +1,5 @@
-"""The recovery reads of a takeover (DESIGN §5 step 3), gathered fast and decided by the rules.
+"""The recovery reads of a takeover (docs/design.md §5 step 3), gathered fast and decided by the
+rules.
 
 Every entry's outcome is decided by its own `RecoveryReadTally` over its write set in the
 captured ensemble: one positive recovers it, QC explicit negatives end the previous term just
@@ -138,7 +139,7 @@ class RecoveryReads:
             config.write_set_bookies(self._ensemble, r) for r in range(config.ensemble)
         )
         self._options = options
-        # An operator's accept-loss recovery: limbo UNKNOWNs count as absent (DESIGN §4).
+        # An operator's accept-loss recovery: limbo UNKNOWNs count as absent (docs/design.md §4).
         self._accept_loss = accept_loss
         # Bulk needs every source in every entry's write set: E == WQ.
         striped = config.ensemble != config.write_quorum

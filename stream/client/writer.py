@@ -1,5 +1,5 @@
-"""The stream writer's asyncio core (DESIGN §5 "Writing"): appends batched onto the add pipeline,
-in-order acknowledgment at AQ, explicit LAC when idle, ensemble changes committed by CAS,
+"""The stream writer's asyncio core (docs/design.md §5 "Writing"): appends batched onto the add
+pipeline, in-order acknowledgment at AQ, explicit LAC when idle, ensemble changes committed by CAS,
 capacity rolls, new-member truncation, and disengaging (or re-engaging) on INVALID_TERM.
 
 Appends may come from any thread (`submit_threadsafe`: a thread-safe deque, the loop woken only

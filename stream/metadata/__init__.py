@@ -1,4 +1,4 @@
-"""The ZooKeeper metadata layer (DESIGN §3): sessions, the stream layout and its term-atomic
+"""The ZooKeeper metadata layer (docs/design.md §3): sessions, the stream layout and its term-atomic
 CAS operations, and the bookie registry. Pure data and kazoo calls, no bookie I/O."""
 
 from stream.metadata.bookies import BookieRegistration, BookieRegistry

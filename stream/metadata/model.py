@@ -1,5 +1,5 @@
-"""The metadata's values (DESIGN §3) as frozen dataclasses with their JSON znode encoding and
-their checks: `StreamMeta`, `Fragment`, `RetentionPolicy`, `WriterInfo`, plus name checks.
+"""The metadata's values (docs/design.md §3) as frozen dataclasses with their JSON znode encoding
+and their checks: `StreamMeta`, `Fragment`, `RetentionPolicy`, `WriterInfo`, plus name checks.
 
 Construction validates (raising `InvalidArgumentError`); `from_json` turns anything malformed
 read from ZooKeeper into `MetadataError` instead."""
@@ -232,8 +232,8 @@ def compact_term_history(
 
 @dataclass(frozen=True)
 class AcceptedLoss:
-    """One `recover --accept-loss` (DESIGN §4): the recovery of `term` ended the previous term
-    before `first_entry_id` although bookies in limbo (`limbo_bookies`) could not say that
+    """One `recover --accept-loss` (docs/design.md §4): the recovery of `term` ended the previous
+    term before `first_entry_id` although bookies in limbo (`limbo_bookies`) could not say that
     entry was absent. The entries from `first_entry_id` up to `last_entry_id` (a bound: what
     the previous writer could have acknowledged) were given up. `operator` ran it at `at_ms`."""
 

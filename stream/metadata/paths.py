@@ -1,4 +1,4 @@
-"""The ZooKeeper layout of DESIGN §3: every znode path, relative to the metadata root (the
+"""The ZooKeeper layout of docs/design.md §3: every znode path, relative to the metadata root (the
 session's chroot). Only this module spells paths; the rest call these functions."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ BOOKIES = "/bookies"
 BOOKIES_AVAILABLE = "/bookies/available"
 BOOKIES_COOKIES = "/bookies/cookies"
 UNDERREPLICATED = "/underreplicated"
-# Auto-recovery (DESIGN §7): one marker per under-replicated fragment, the workers' ephemeral
-# locks on them, the auditor's election, and the bookies being drained (decommissioned).
+# Auto-recovery (docs/design.md §7): one marker per under-replicated fragment, the workers'
+# ephemeral locks on them, the auditor's election, and the bookies being drained (decommissioned).
 UNDERREPLICATED_FRAGMENTS = "/underreplicated/fragments"
 UNDERREPLICATED_LOCKS = "/underreplicated/locks"
 AUDITOR_ELECTION = "/auditor/leader"

@@ -1,5 +1,5 @@
-"""Streams in ZooKeeper (DESIGN §3): create/read/list/delete, and the term-atomic changes, each
-one ZooKeeper multi-op that checks the `meta` znode's version.
+"""Streams in ZooKeeper (docs/design.md §3): create/read/list/delete, and the term-atomic changes,
+each one ZooKeeper multi-op that checks the `meta` znode's version.
 
 Invariant that the consistent reads rely on: every change to a stream's fragment znodes (and
 to anything else of the stream except its ephemeral `writer`) rewrites `meta` in the same
@@ -76,7 +76,7 @@ class BadVersionError(MetadataError):
     the retention service changed it. Reread the stream (its term may be higher) and decide."""
 
 
-# The name DESIGN discussions use for the same condition.
+# The name design discussions use for the same condition.
 MetadataVersionError = BadVersionError
 
 

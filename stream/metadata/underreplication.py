@@ -1,4 +1,4 @@
-"""Auto-recovery's state in ZooKeeper (DESIGN §3, §7): under-replication markers, the
+"""Auto-recovery's state in ZooKeeper (docs/design.md §3, §7): under-replication markers, the
 replication workers' locks on them, and the bookies being drained.
 
 - `/underreplicated/fragments/<stream id>-<first entry id>`: persistent, one per fragment that

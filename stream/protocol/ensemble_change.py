@@ -1,4 +1,4 @@
-"""Planning an ensemble change (DESIGN §5): which fragments result when a failed bookie is
+"""Planning an ensemble change (docs/design.md §5): which fragments result when a failed bookie is
 replaced, and which bookies may not be replaced yet (pinning).
 
 The new fragment starts at LAFR + 1 so that every entry not yet at its whole write set moves to
@@ -46,7 +46,8 @@ class EnsembleChange:
     @property
     def truncate_after_entry_id(self) -> int:
         """Return the id above which the replacement must drop entries before it joins
-        (new-member truncation, DESIGN §5): it may hold dirty entries from an earlier term."""
+        (new-member truncation, docs/design.md §5): it may hold dirty entries from an earlier
+        term."""
         return self.first_entry_id - 1
 
 

@@ -1,4 +1,4 @@
-"""Choosing bookies for a new ensemble or to replace a failed member (DESIGN §5, placement).
+"""Choosing bookies for a new ensemble or to replace a failed member (docs/design.md §5, placement).
 
 Randomness comes from the `random.Random` passed in, so a seed reproduces every choice.
 """
@@ -25,7 +25,7 @@ class BookieCandidate:
 
 def journal_required(ack_quorum: int) -> bool:
     """Return whether a stream with this AQ may only be placed on bookies with the journal on
-    (DESIGN §4): with AQ = 1 one crash of a journal-less bookie loses an acknowledged entry
+    (docs/design.md §4): with AQ = 1 one crash of a journal-less bookie loses an acknowledged entry
     that no other bookie may hold, and no recovery can tell."""
     return ack_quorum == 1
 

@@ -1,5 +1,5 @@
-"""Decisions of a takeover's recovery (DESIGN §5, steps 2-3): when fencing is complete and where
-reading starts, what each recovery read proves, and where the truncate no-op goes.
+"""Decisions of a takeover's recovery (docs/design.md §5, steps 2-3): when fencing is complete and
+where reading starts, what each recovery read proves, and where the truncate no-op goes.
 
 Every tally counts the first answer from each member and ignores later ones: a retry after an
 unknown answer belongs to a new attempt with a new tally. Callers feed a timeout or transport
@@ -156,7 +156,7 @@ class RecoveryReadTally(Generic[M, T]):
 
     Members in limbo answer UNKNOWN (`Code.UNKNOWN`) where they would say "absent"
     (`limbo_code`); `blocked_by_limbo` tells when only those answers keep the entry UNKNOWN
-    (`limbo_blocked`). With `accept_loss` (an operator's `recover --accept-loss`, DESIGN §4)
+    (`limbo_blocked`). With `accept_loss` (an operator's `recover --accept-loss`, docs/design.md §4)
     such an entry is ENDED instead: whatever the limbo members may have lost is given up.
     """
 
@@ -279,7 +279,7 @@ def limbo_blocked(
     transport error is not one: that member may hold the entry.
 
     Retrying cannot decide such an entry while those members stay in limbo, and limbo clears
-    only once a recovery completes (DESIGN §4). Counting the limbo answers as explicit
+    only once a recovery completes (docs/design.md §4). Counting the limbo answers as explicit
     negatives would end the previous term here (WQ >= QC negatives): that is what an
     accept-loss recovery does, giving up whatever those members may have lost.
     """

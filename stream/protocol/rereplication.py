@@ -1,4 +1,4 @@
-"""Re-replication decisions (DESIGN §7), pure: which fragments a lost bookie leaves
+"""Re-replication decisions (docs/design.md §7), pure: which fragments a lost bookie leaves
 under-replicated, which entries a repair must copy, and from whom.
 
 Used by the auditor and the replication workers (`stream.autorecovery`) and by a bookie's own

@@ -1,5 +1,5 @@
-"""The bookie's term rule for every term-bearing request (DESIGN §4), as a pure decision, and
-when a bookie must first learn a stream's term from metadata because a wiped disk may have
+"""The bookie's term rule for every term-bearing request (docs/design.md §4), as a pure decision,
+and when a bookie must first learn a stream's term from metadata because a wiped disk may have
 taken it."""
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def must_learn_term(stream_id: int, *, known: bool, forgotten_below: int) -> boo
     before it applies `term_decision` to a term-bearing request for it.
 
     A wiped or replaced disk forgets every term, also those of SEALED streams and of streams
-    whose fragments no longer name the bookie, which BP-46 phase one does not fence (DESIGN
+    whose fragments no longer name the bookie, which BP-46 phase one does not fence (docs/design.md
     §4: a bookie never answers with a term it may have forgotten). `forgotten_below` is the
     stream id counter read when the disk's loss was repaired (the cookie fix; 0: never): only
     streams created before then (lower ids; ids are never reused) can have had a term here.

@@ -1,5 +1,5 @@
-"""Retention (DESIGN §6): policies (`policy`, pure arithmetic), human units (`units`), and the
-leader-elected retention service (`service`) that deletes fragments and tells bookies to trim.
+"""Retention (docs/design.md §6): policies (`policy`, pure arithmetic), human units (`units`), and
+the leader-elected retention service (`service`) that deletes fragments and tells bookies to trim.
 """
 
 from stream.metadata.model import RetentionPolicy

@@ -1,5 +1,5 @@
-"""Which fragments a retention policy drops (DESIGN §6): pure arithmetic over fragment metadata,
-no I/O, no clock (the caller passes `now_ms`).
+"""Which fragments a retention policy drops (docs/design.md §6): pure arithmetic over fragment
+metadata, no I/O, no clock (the caller passes `now_ms`).
 
 Rules, for a stream's fragments sorted by first entry id:
 - Only whole fragments go, only the oldest ones (a prefix), and never the last fragment: the

@@ -53,6 +53,7 @@ class RetentionProcess:
                     sys.executable,
                     "-m",
                     "stream.cli.main",
+                    "--log-json",  # the log file is read back as JSON lines
                     "--metadata",
                     self.metadata,
                     "retention",

@@ -1,4 +1,4 @@
-"""The retention service (DESIGN §6): leader-elected, periodic, bounded work per round.
+"""The retention service (docs/design.md §6): leader-elected, periodic, bounded work per round.
 
 One instance leads at a time, elected with kazoo's `Lock` recipe under `/retention` (the
 others wait on the lock). Each round the leader, for a bounded number of streams:
@@ -76,7 +76,7 @@ log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
 
-# Under the metadata root, beside /streams and /bookies (DESIGN §3 lists `/retention`).
+# Under the metadata root, beside /streams and /bookies (docs/design.md §3 lists `/retention`).
 ELECTION_PATH = "/retention/leader"
 # Deletions per trim multi-op: one op of the multi-op rewrites `meta`.
 _DELETES_PER_CAS = MAX_OPS_PER_MULTI - 1

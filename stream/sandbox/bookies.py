@@ -121,6 +121,7 @@ class BookieProcess:
                     sys.executable,
                     "-m",
                     "stream.cli.main",
+                    "--log-json",  # the log file is read back as JSON lines
                     "bookie",
                     "start",
                     "--config",

@@ -12,8 +12,8 @@ term) and limbo for every non-sealed stream naming it) before serving, and phase
 background: once a recovery of a newer term fixed the stream's end, it copies its share up to
 that end from its peers and clears limbo.
 
-One deliberate difference from DESIGN §4, which marks limbo after ANY unclean start: limbo is
-set only when entries may have been lost (no `journal_write_data`, or a lost disk). A bookie
+One deliberate difference from docs/design.md §4, which marks limbo after ANY unclean start: limbo
+is set only when entries may have been lost (no `journal_write_data`, or a lost disk). A bookie
 whose entries were all journaled lost nothing, and marking it limbo can stall every recovery
 for good: once AQ bookies of one write set are in limbo, the entry after the end can never
 get QC explicit negatives, so no recovery completes, and limbo only clears after one does.
@@ -21,7 +21,7 @@ get QC explicit negatives, so no recovery completes, and limbo only clears after
 A bookie whose disk was lost also learns, after its restart, the term of any stream created
 before then that it holds no state for (a SEALED stream, or one whose fragments no longer name
 it: phase one skips both) from metadata before it serves a term-bearing request for it
-(`stream.protocol.must_learn_term`, DESIGN §4), as the real bookie's `stream.bookie.terms`.
+(`stream.protocol.must_learn_term`, docs/design.md §4), as the real bookie's `stream.bookie.terms`.
 
 Each of phase one's two halves can be switched off (`BookieProtections`), and so can that
 metadata check and the term rule itself: with `enforce_terms=False` the bookie serves every

@@ -1,5 +1,5 @@
-"""The simulation's checker: the four safety properties of DESIGN §10, evaluated from what the
-application saw (acknowledgments, reads) and from the bookies' contents.
+"""The simulation's checker: the four safety properties of docs/design.md §10, evaluated from what
+the application saw (acknowledgments, reads) and from the bookies' contents.
 
 1. `durability`: no acknowledged entry is ever lost or changed. Two acknowledgments of one
    entry id with different payloads, or a final read (after a last takeover fixed the end)
@@ -32,8 +32,8 @@ DURABILITY = "durability"
 NO_DIVERGENCE = "no-divergence"
 READER_AGREEMENT = "reader-agreement"
 SUPERSEDED_WRITER = "superseded-writer"
-# Not a safety property (DESIGN §10 progress): with every fault healed and E writable bookies
-# up, a writer left appends neither acknowledged nor failed: a stall with no error.
+# Not a safety property (docs/design.md §10 progress): with every fault healed and E writable
+# bookies up, a writer left appends neither acknowledged nor failed: a stall with no error.
 PROGRESS = "progress"
 # Not a safety property: the run could not finish its final takeover or read with every
 # fault healed (a bug or a protocol that cannot make progress).

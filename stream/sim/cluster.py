@@ -656,8 +656,8 @@ class Simulation:
         ]
 
     async def _check_progress(self) -> None:
-        """DESIGN §10 progress: with every fault healed and E writable bookies up, a writer that
-        has not failed resolves every append it took within `PROGRESS_S` (acknowledged, or
+        """docs/design.md §10 progress: with every fault healed and E writable bookies up, a writer
+        that has not failed resolves every append it took within `PROGRESS_S` (acknowledged, or
         failed with an error naming why). A stall with no error is a violation."""
         writable = [b for b, bookie in self.bookies.items() if bookie.up]
         if len(set(writable) - self._read_only) < self.config.ensemble:

@@ -9,7 +9,7 @@ random run. With the protection a script targets switched on, the same schedule 
   recovers B from B1 and writes it over the acknowledged C.
 - `gwq-divergence` (gwq): the same with the truncate no-op on but counted done at AQ: the no-op
   never reaches B1, which keeps its dirty e1..e3 inside the write sets.
-- `design-new-member` (new-member-truncation): DESIGN §5's example with B1..B5: B1 keeps
+- `design-new-member` (new-member-truncation): docs/design.md §5's example with B1..B5: B1 keeps
   C1's dirty A1..A20, is dropped by C2's recovery, rejoins at C2's roll at e10; C2's
   e10 = X reaches B2, B5 only; C3 reads A10 from B1 and writes it over X.
 - `bp46-lost-fence` (phase-one-fence): BP-46 scenario 1 with terms (E=4, WQ=2, AQ=2). C1
@@ -192,7 +192,7 @@ async def gwq_divergence(sim: Simulation) -> None:
 
 
 async def design_new_member(sim: Simulation) -> None:
-    """DESIGN §5's example of why a bookie joining a fragment is truncated first."""
+    """docs/design.md §5's example of why a bookie joining a fragment is truncated first."""
     for bookie_id in ("b4", "b5"):
         sim.set_read_only(bookie_id, True)
     # 1. C1 (term 1): e0 on B1-B3; e1..e20 = A1..A20 reach only B1; C1 dies.
@@ -639,7 +639,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(
             "design-new-member",
             NEW_MEMBER_TRUNCATION,
-            "DESIGN §5: a dropped bookie rejoins with dirty entries (B1..B5)",
+            "docs/design.md §5: a dropped bookie rejoins with dirty entries (B1..B5)",
             _config(bookies=5, fragment_max_bytes=1000),
             design_new_member,
         ),

@@ -1,4 +1,4 @@
-"""Auto-recovery on real processes (DESIGN §7): a bookie killed for good is re-replicated
+"""Auto-recovery on real processes (docs/design.md §7): a bookie killed for good is re-replicated
 away by the bookies' own auditor and workers; workers never share a marker and a killed
 worker's marker goes to another; a live bookie is drained with nobody noticing."""
 

@@ -1,4 +1,4 @@
-"""BP-46 on real processes: a wiped bookie never answers with a term it forgot (DESIGN §4).
+"""BP-46 on real processes: a wiped bookie never answers with a term it forgot (docs/design.md §4).
 
 Journal-less bookies; a stream is written and SEALED (BP-46 phase one skips sealed streams), a
 second stream lives on two of the three bookies (its fragments never name the third), a third

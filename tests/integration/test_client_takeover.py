@@ -1,5 +1,5 @@
-"""Takeovers on real processes (DESIGN §5 "Taking over"): two writers in turn, a writer killed
-mid-batch and its stream taken over (every acknowledged entry kept, the truncate no-op
+"""Takeovers on real processes (docs/design.md §5 "Taking over"): two writers in turn, a writer
+killed mid-batch and its stream taken over (every acknowledged entry kept, the truncate no-op
 invisible), re-engaging after INVALID_TERM, and sealing."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""A stuck limbo on real processes (issue 14 item 4, DESIGN §4): two journal-less bookies of an
-E3 W3 A2 stream are killed together (SIGKILL) after their write caches were flushed, and come
+"""A stuck limbo on real processes (issue 14 item 4, docs/design.md §4): two journal-less bookies of
+an E3 W3 A2 stream are killed together (SIGKILL) after their write caches were flushed, and come
 back in limbo. No recovery can complete: the entry after the last one gets UNKNOWN from both
 (limbo) and a single explicit negative, short of QC = 2. A takeover must fail with
 `StreamInLimboError` naming them within its deadline (not hang), `streamctl recover --accept-loss

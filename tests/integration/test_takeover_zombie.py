@@ -1,5 +1,5 @@
-"""Terms on real processes (DESIGN §5 "Taking over", §10 properties 1-4): a writer frozen with
-SIGSTOP while another takes over, then resumed (a zombie); two re-engaging writers taking the
+"""Terms on real processes (docs/design.md §5 "Taking over", §10 properties 1-4): a writer frozen
+with SIGSTOP while another takes over, then resumed (a zombie); two re-engaging writers taking the
 stream from each other in turns; and `streamctl info` showing the term history.
 
 Every check reads the data back twice: through readers (two independent clients must see one

@@ -202,8 +202,8 @@ def wait_for(out: Path, stream: str, driver: subprocess.Popen[bytes], run: int,
 def test_query_process_killed_with_sigkill_mid_stream_and_restarted_writes_every_entry_once(
     spark: Any, spark_cluster: Any, client: StreamClient, stream_name: str, tmp_path: Path
 ) -> None:
-    """The must-show of DESIGN §8: a checkpointed query in its own process tails a stream while
-    a producer appends 100,000 entries; kill -9 of that process mid-stream and a restart on
+    """The must-show of docs/design.md §8: a checkpointed query in its own process tails a stream
+    while a producer appends 100,000 entries; kill -9 of that process mid-stream and a restart on
     the same checkpoint leave the parquet output with every payload once, in entry order."""
     client.create_stream(stream_name)
     total = KILLED_QUERY_ENTRIES

@@ -93,6 +93,8 @@ def test_unknown_key_is_named() -> None:
         ("scrub_full_interval_ms", -1),
         ("replication_workers", -1),
         ("replication_rate_bytes", -1),
+        ("max_takeovers_per_audit", -1),
+        ("bookie_timeout_ms", 0),
     ],
 )
 def test_bad_value_is_named(key: str, value: Any) -> None:
@@ -100,6 +102,12 @@ def test_bad_value_is_named(key: str, value: Any) -> None:
         config(**{key: value})
     assert e.value.context["key"] == key
     assert key in str(e.value)
+
+
+def test_every_auto_recovery_setting_is_a_bookie_key() -> None:
+    settings = config(max_takeovers_per_audit=3, bookie_timeout_ms=2500).autorecovery_settings()
+    assert settings.max_takeovers_per_audit == 3
+    assert settings.bookie_timeout_ms == 2500
 
 
 def test_float_keys_take_integers() -> None:

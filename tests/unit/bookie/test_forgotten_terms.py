@@ -1,6 +1,6 @@
 """A bookie that lost its disk learns a stream's forgotten term from metadata before it serves a
-term-bearing request for a stream it holds no state for (DESIGN §4): the durable bound, and the
-service over the real storage engine with a fake metadata reader (one read per stream, shared by
+term-bearing request for a stream it holds no state for (docs/design.md §4): the durable bound, and
+the service over the real storage engine with a fake metadata reader (one read per stream, shared by
 requests arriving together; deleted streams refused; metadata unavailable -> try again)."""
 
 from __future__ import annotations

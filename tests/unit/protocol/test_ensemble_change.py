@@ -1,4 +1,4 @@
-"""Ensemble change planning and pinning (DESIGN §5), and its agreement with PendingAdds."""
+"""Ensemble change planning and pinning (docs/design.md §5), and its agreement with PendingAdds."""
 
 from __future__ import annotations
 

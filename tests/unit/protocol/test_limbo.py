@@ -1,5 +1,5 @@
-"""Limbo in the recovery reads (DESIGN §4): when only bookies in limbo keep an entry undecided
-(`limbo_blocked`), and what an accept-loss recovery decides there, exhaustively for small
+"""Limbo in the recovery reads (docs/design.md §4): when only bookies in limbo keep an entry
+undecided (`limbo_blocked`), and what an accept-loss recovery decides there, exhaustively for small
 configurations against the plain tally."""
 
 from __future__ import annotations

@@ -113,7 +113,7 @@ def test_choose_replacement_properties(
     )
 
 
-# --- the journal rule (DESIGN §4): AQ = 1 never on a journal-less bookie ----------------------
+# --- the journal rule (docs/design.md §4): AQ = 1 never on a journal-less bookie --------------
 
 
 def test_only_ack_quorum_one_requires_the_journal() -> None:

@@ -343,7 +343,7 @@ def test_scan_agrees_with_oracle(start: int, outcomes: list[ReadOutcome]) -> Non
 
 
 def test_design_takeover_truncates_dirty_tail() -> None:
-    """DESIGN §5 step 2: E=WQ=3, AQ=2; e0 on B1-B3, e1..e20 only on B1 (unreachable)."""
+    """docs/design.md §5 step 2: E=WQ=3, AQ=2; e0 on B1-B3, e1..e20 only on B1 (unreachable)."""
     config = QuorumConfig(3, 3, 2)
     fence = FenceTally(config, last_fragment_first_entry_id=0)
     fence.on_response(1, Code.OK, lac=0, lafr=0)
