@@ -29,6 +29,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     create.add_argument("--fragment-max-age", type=float, default=None, help="seconds")
     create.add_argument("--retention-max-age", type=float, default=None, help="seconds")
     create.add_argument("--retention-max-bytes", type=int, default=None)
+    create.add_argument(
+        "--allow-fewer-bookies",
+        action="store_true",
+        help="create it even when fewer writable bookies than E are registered "
+        "(appends wait for them)",
+    )
     create.set_defaults(handler=_create)
 
     append = subparsers.add_parser(
@@ -109,6 +115,7 @@ def _create(args: argparse.Namespace) -> int:
             fragment_max_bytes=args.fragment_max_bytes,
             fragment_max_age_s=args.fragment_max_age,
             retention=retention,
+            allow_fewer_bookies=args.allow_fewer_bookies,
         )
     Console().print(
         f"created stream [bold]{meta.name}[/] (id {meta.id}, "

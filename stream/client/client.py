@@ -35,7 +35,7 @@ from stream.client.recovery import (
 )
 from stream.client.writer import AsyncStreamWriter
 from stream.client.zk_metadata import ZkMetadata
-from stream.errors import InvalidArgumentError, StreamError
+from stream.errors import InvalidArgumentError, NotEnoughBookiesError, StreamError
 from stream.metadata import (
     AcceptedLoss,
     BadVersionError,
@@ -44,6 +44,7 @@ from stream.metadata import (
     StreamMeta,
 )
 from stream.metadata.model import validate_stream_name
+from stream.protocol import QuorumConfig, choose_ensemble, journal_required
 
 log = structlog.get_logger(__name__)
 
@@ -174,12 +175,19 @@ class StreamClient:
         fragment_max_bytes: int = 64 << 20,
         fragment_max_age_s: float | None = None,
         retention: RetentionPolicy | None = None,
+        allow_fewer_bookies: bool = False,
     ) -> StreamMeta:
         """Creates stream `name` and returns its metadata. Everything is checked before
         anything is written (`InvalidArgumentError`); an existing stream with the same
-        configuration is returned as is, one with another raises `StreamExistsError`."""
-        return self._run(
-            self._metadata.create_stream(
+        configuration is returned as is, one with another raises `StreamExistsError`. Fewer
+        writable bookies registered than `ensemble` raise `NotEnoughBookiesError` (the first
+        append could only wait), unless `allow_fewer_bookies` (bookies added later)."""
+
+        async def create() -> StreamMeta:
+            if not allow_fewer_bookies:
+                quorum = QuorumConfig(ensemble, write_quorum, ack_quorum)
+                await self._check_enough_bookies(validate_stream_name(name), quorum)
+            return await self._metadata.create_stream(
                 name,
                 ensemble,
                 write_quorum,
@@ -189,7 +197,23 @@ class StreamClient:
                 fragment_max_age_s,
                 retention,
             )
-        )
+
+        return self._run(create())
+
+    async def _check_enough_bookies(self, name: str, quorum: QuorumConfig) -> None:
+        """Raises `NotEnoughBookiesError` unless the registered bookies can hold an ensemble:
+        placement's own rule (writable; journal on for AQ = 1) decides."""
+        candidates = await self._metadata.available_bookies()
+        journal = journal_required(quorum.ack_quorum)
+        try:
+            choose_ensemble(candidates, quorum.ensemble, random.Random(0), needs_journal=journal)
+        except NotEnoughBookiesError as exc:
+            raise NotEnoughBookiesError(
+                f"{exc.message}; nothing was created (allow_fewer_bookies=True, or "
+                "streamctl create --allow-fewer-bookies, creates it for bookies added later)",
+                stream=name,
+                **exc.context,
+            ) from None
 
     def list_streams(self) -> list[str]:
         """Returns every stream name, sorted."""

@@ -9,7 +9,8 @@ import time
 import pytest
 
 from stream.client import StreamClient
-from stream.errors import InvalidArgumentError
+from stream.errors import InvalidArgumentError, NotEnoughBookiesError
+from tests.integration.cli_support import streamctl
 from tests.integration.conftest import ClusterFactory
 
 pytestmark = pytest.mark.integration
@@ -36,3 +37,37 @@ def test_oversized_entry_is_refused_before_sending_and_the_writer_stays_usable(
             assert writer.append(b"after", timeout_s=30) == 2
         got = [e.payload for e in client.open_reader("big").read(0, 2)]
         assert got == [b"before", b"y" * _LIMIT, b"after"]
+
+
+def test_create_stream_with_more_bookies_than_registered_fails_at_once(
+    cluster_factory: ClusterFactory,
+) -> None:
+    cluster = cluster_factory(3)
+    with StreamClient.connect(cluster.metadata) as client:
+        with pytest.raises(NotEnoughBookiesError, match="allow_fewer_bookies") as raised:
+            client.create_stream("wide", ensemble=5, write_quorum=3, ack_quorum=2)
+        assert raised.value.context["needed"] == 5
+        assert raised.value.context["available"] == 3
+        assert "wide" not in client.list_streams()
+        # The opt-out, for bookies added later.
+        meta = client.create_stream(
+            "wide", ensemble=5, write_quorum=3, ack_quorum=2, allow_fewer_bookies=True
+        )
+        assert meta.ensemble == 5
+        assert client.create_stream("narrow", ensemble=3).ensemble == 3
+
+
+def test_streamctl_create_with_more_bookies_than_registered_fails_at_once(
+    cluster_factory: ClusterFactory,
+) -> None:
+    cluster = cluster_factory(3)
+    refused = streamctl(cluster.metadata, "create", "wide", "--ensemble", "5")
+    assert refused.returncode == 1
+    assert "not enough writable bookies" in refused.stderr
+    assert "--allow-fewer-bookies" in refused.stderr
+    created = streamctl(
+        cluster.metadata, "create", "wide", "--ensemble", "5", "--allow-fewer-bookies"
+    )
+    assert created.returncode == 0, created.stderr
+    with StreamClient.connect(cluster.metadata) as client:
+        assert client.stream_info("wide").fragments == []
