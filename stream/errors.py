@@ -46,6 +46,11 @@ class InvalidTermError(StreamError):
         super().__init__(message, term=term, current_term=current_term, **context)
 
 
+class StreamInUseError(StreamError):
+    """A live writer holds the stream (its writer znode exists); the operation was refused and
+    nothing changed. `force=True` (`--force` in streamctl) does it anyway."""
+
+
 class EntryTrimmedError(StreamError):
     """The entry lies below the stream's first retained entry (`first_entry_id`)."""
 

@@ -85,6 +85,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     delete = subparsers.add_parser("delete", help="delete a stream and its data")
     delete.add_argument("name")
+    delete.add_argument(
+        "--force", action="store_true", help="delete it even while a writer has it open"
+    )
     delete.set_defaults(handler=_delete)
 
     streams = subparsers.add_parser("streams", help="list the streams")
@@ -333,7 +336,7 @@ def _recover(args: argparse.Namespace) -> int:
 
 def _delete(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        client.delete_stream(args.name)
+        client.delete_stream(args.name, force=args.force)
     Console().print(f"deleted {args.name}")
     return 0
 

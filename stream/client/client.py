@@ -35,7 +35,12 @@ from stream.client.recovery import (
 )
 from stream.client.writer import AsyncStreamWriter
 from stream.client.zk_metadata import ZkMetadata
-from stream.errors import InvalidArgumentError, NotEnoughBookiesError, StreamError
+from stream.errors import (
+    InvalidArgumentError,
+    NotEnoughBookiesError,
+    StreamError,
+    StreamInUseError,
+)
 from stream.metadata import (
     AcceptedLoss,
     BadVersionError,
@@ -420,11 +425,23 @@ class StreamClient:
         )
         return result.accepted_loss
 
-    def delete_stream(self, name: str) -> None:
-        """Deletes the stream's metadata, then asks its bookies to drop its entries."""
+    def delete_stream(self, name: str, *, force: bool = False) -> None:
+        """Deletes the stream's metadata, then asks its bookies to drop its entries. A stream
+        with a live writer raises `StreamInUseError` unless `force` (that writer then fails
+        with `StreamNotFoundError`)."""
 
         async def delete() -> None:
             meta, _ = await self._metadata.get_stream(name)
+            writer = None if force else await self._metadata.get_writer(meta.id)
+            if writer is not None:
+                raise StreamInUseError(
+                    "stream has a live writer; nothing was deleted "
+                    "(force=True, or streamctl delete --force, deletes it under the writer)",
+                    stream=name,
+                    writer=writer.writer_id,
+                    host=writer.host,
+                    pid=writer.pid,
+                )
             _, _, fragments = await self._metadata.get_snapshot(meta.id)
             await self._metadata.delete_stream(name)
             bookies = sorted({b for f in fragments for b in f.ensemble})

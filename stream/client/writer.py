@@ -37,11 +37,13 @@ from stream.client.recovery import (
     truncate_members,
 )
 from stream.errors import (
+    EntryTrimmedError,
     InvalidArgumentError,
     InvalidTermError,
     MetadataError,
     NotEnoughBookiesError,
     StreamError,
+    StreamNotFoundError,
     WriterClosedError,
 )
 from stream.metadata.model import Fragment, StreamMeta, StreamState
@@ -132,6 +134,7 @@ class AsyncStreamWriter:
         # closes the fragment with the ensemble it saw once the fragment was fully replicated).
         self._roll_committing = False
         self._reengaging = False
+        self._trim_checking = False  # a bookie answered TRIMMED: finding out why
         self._tasks: set[asyncio.Task[Any]] = set()
         self._age_timer: asyncio.TimerHandle | None = None
         # Set by `_install` (the takeover's result).
@@ -465,6 +468,43 @@ class AsyncStreamWriter:
 
     def on_invalid_term(self, bookie_id: str, bookie_term: int) -> None:
         self._on_fenced(bookie_term)
+
+    def on_trimmed(self, bookie_id: str, message: str) -> None:
+        if self._error is None and not self._trim_checking:
+            self._trim_checking = True
+            self._start_task(self._fail_trimmed(bookie_id, message))
+
+    async def _fail_trimmed(self, bookie_id: str, message: str) -> None:
+        """Stops the writer with the reason its entries were trimmed: the stream is gone
+        (`StreamNotFoundError`; deleting it trims its bookies) or was trimmed past them
+        (`EntryTrimmedError`)."""
+        assert self._meta is not None
+        stream_id = self._meta.id
+        try:
+            meta, _, _ = await self._metadata.get_snapshot(stream_id)
+        except StreamNotFoundError:
+            self._fail(
+                StreamNotFoundError(
+                    "the stream was deleted while this writer had it open",
+                    stream=self.name,
+                    stream_id=stream_id,
+                    term=self._term,
+                )
+            )
+            return
+        except StreamError as e:
+            log.warning("writer.trim_check_failed", stream=self.name, error=str(e))
+            meta = self._meta
+        self._fail(
+            EntryTrimmedError(
+                "entries being written were trimmed under the writer",
+                stream=self.name,
+                term=self._term,
+                bookie=bookie_id,
+                first_entry_id=meta.first_entry_id,
+                detail=message,
+            )
+        )
 
     def on_error(self, error: Exception) -> None:
         self._fail(StreamError(f"writer failed: {error!r}", stream=self.name))

@@ -4,12 +4,20 @@ writer whose stream was deleted or trimmed under it, and an append that timed ou
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
 
 from stream.client import StreamClient
-from stream.errors import InvalidArgumentError, NotEnoughBookiesError
+from stream.errors import (
+    EntryTrimmedError,
+    InvalidArgumentError,
+    NotEnoughBookiesError,
+    StreamInUseError,
+    StreamNotFoundError,
+)
+from stream.wire import bookie_pb2 as pb
 from tests.integration.cli_support import streamctl
 from tests.integration.conftest import ClusterFactory
 
@@ -71,3 +79,70 @@ def test_streamctl_create_with_more_bookies_than_registered_fails_at_once(
     assert created.returncode == 0, created.stderr
     with StreamClient.connect(cluster.metadata) as client:
         assert client.stream_info("wide").fragments == []
+
+
+def test_writer_of_a_stream_deleted_under_it_gets_stream_not_found(
+    cluster_factory: ClusterFactory,
+) -> None:
+    cluster = cluster_factory(3)
+    with StreamClient.connect(cluster.metadata) as client:
+        client.create_stream("doomed", ensemble=3, write_quorum=3, ack_quorum=2)
+        with client.open_writer("doomed") as writer:
+            assert writer.append(b"kept until deleted") == 0
+            client.delete_stream("doomed", force=True)
+            started = time.monotonic()
+            with pytest.raises(StreamNotFoundError, match="deleted while this writer") as raised:
+                writer.append(b"into the void", timeout_s=30)
+            assert time.monotonic() - started < 3
+            assert "replace" not in str(raised.value)
+            # The writer stays stopped with the same reason.
+            with pytest.raises(StreamNotFoundError):
+                writer.append(b"again", timeout_s=30)
+
+
+def test_writer_whose_entries_were_trimmed_under_it_gets_entry_trimmed(
+    cluster_factory: ClusterFactory,
+) -> None:
+    cluster = cluster_factory(3)
+    with StreamClient.connect(cluster.metadata) as client:
+        client.create_stream("cut", ensemble=3, write_quorum=3, ack_quorum=2)
+        with client.open_writer("cut") as writer:
+            for i in range(5):
+                writer.append(b"entry %d" % i)
+            stream_id = client.stream_info("cut").stream_id
+            # Something trims the bookies past the entries being written (not the client's
+            # trim, which keeps the last fragment).
+            for bookie in cluster.bookies:
+                request = pb.TrimRequest(stream_id=stream_id, before_entry_id=1000)
+                assert bookie.stub().Trim(request, timeout=10).code == pb.OK
+            started = time.monotonic()
+            with pytest.raises(EntryTrimmedError, match="trimmed under the writer") as raised:
+                writer.append(b"below the bookies' first entry", timeout_s=30)
+            assert time.monotonic() - started < 3
+            assert "replace" not in str(raised.value)
+
+
+def test_delete_of_a_stream_with_a_live_writer_needs_force(
+    cluster_factory: ClusterFactory,
+) -> None:
+    cluster = cluster_factory(3)
+    with StreamClient.connect(cluster.metadata) as client:
+        client.create_stream("busy", ensemble=3, write_quorum=3, ack_quorum=2)
+        with client.open_writer("busy") as writer:
+            writer.append(b"x")
+            with pytest.raises(StreamInUseError, match="force=True") as raised:
+                client.delete_stream("busy")
+            assert raised.value.context["pid"] == os.getpid()
+            refused = streamctl(cluster.metadata, "delete", "busy")
+            assert refused.returncode == 1
+            assert "live writer" in refused.stderr and "--force" in refused.stderr
+            assert client.stream_info("busy").lac == 0
+            forced = streamctl(cluster.metadata, "delete", "busy", "--force")
+            assert forced.returncode == 0, forced.stderr
+            assert "busy" not in client.list_streams()
+        # Without a live writer, no force is needed.
+        client.create_stream("idle", ensemble=3, write_quorum=3, ack_quorum=2)
+        with client.open_writer("idle") as writer:
+            writer.append(b"y")
+        client.delete_stream("idle")
+        assert "idle" not in client.list_streams()
