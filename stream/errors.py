@@ -92,5 +92,10 @@ class StreamInLimboError(StreamError):
     `streamctl recover STREAM --accept-loss` (DESIGN §4)."""
 
 
+class AppendTimeoutError(StreamError, TimeoutError):
+    """An append was not acknowledged within its `timeout_s`. Its fate is unknown: the entry
+    may still be written (and read back) later; the writer goes on."""
+
+
 class WriterClosedError(StreamError):
     """The writer was closed or aborted; appends are refused."""

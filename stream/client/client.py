@@ -36,6 +36,7 @@ from stream.client.recovery import (
 from stream.client.writer import AsyncStreamWriter
 from stream.client.zk_metadata import ZkMetadata
 from stream.errors import (
+    AppendTimeoutError,
     InvalidArgumentError,
     NotEnoughBookiesError,
     StreamError,
@@ -506,8 +507,18 @@ class StreamWriter:
         return self._core.last_add_confirmed
 
     def append(self, payload: bytes, timeout_s: float | None = None) -> int:
-        """Appends `payload`; blocks until it is acknowledged and returns its entry id."""
-        return self.append_async(payload).result(timeout_s)
+        """Appends `payload`; blocks until it is acknowledged and returns its entry id. Not
+        acknowledged within `timeout_s` (waiting for room in a full window not counted):
+        `AppendTimeoutError`, and the entry may still be written."""
+        future = self.append_async(payload)
+        try:
+            return future.result(timeout_s)
+        except concurrent.futures.TimeoutError:
+            raise AppendTimeoutError(
+                "append not acknowledged in time; the entry may still be written",
+                stream=self.stream,
+                timeout_s=timeout_s,
+            ) from None
 
     def append_async(self, payload: bytes) -> concurrent.futures.Future[int]:
         """Queues `payload` and returns a future of its entry id (resolved in id order);

@@ -5,12 +5,14 @@ writer whose stream was deleted or trimmed under it, and an append that timed ou
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import pytest
 
-from stream.client import StreamClient
+from stream.client import StreamClient, WriterOptions
 from stream.errors import (
+    AppendTimeoutError,
     EntryTrimmedError,
     InvalidArgumentError,
     NotEnoughBookiesError,
@@ -146,3 +148,30 @@ def test_delete_of_a_stream_with_a_live_writer_needs_force(
             writer.append(b"y")
         client.delete_stream("idle")
         assert "idle" not in client.list_streams()
+
+
+def test_append_timeout_raises_append_timeout_error_and_the_writer_goes_on(
+    cluster_factory: ClusterFactory,
+) -> None:
+    cluster = cluster_factory(3)
+    options = WriterOptions(add_timeout_s=30.0)
+    with StreamClient.connect(cluster.metadata, writer_options=options) as client:
+        client.create_stream("slow", ensemble=3, write_quorum=3, ack_quorum=2)
+        with client.open_writer("slow") as writer:
+            assert writer.append(b"first") == 0
+            # Two of three frozen: no ack quorum, but no failure either (add timeout 30 s).
+            frozen = [cluster.bookies[0].pid, cluster.bookies[1].pid]
+            for pid in frozen:
+                os.kill(pid, signal.SIGSTOP)
+            try:
+                with pytest.raises(AppendTimeoutError, match="may still be written") as raised:
+                    writer.append(b"late", timeout_s=0.5)
+                assert isinstance(raised.value, TimeoutError)
+                assert raised.value.context == {"stream": "slow", "timeout_s": 0.5}
+            finally:
+                for pid in frozen:
+                    os.kill(pid, signal.SIGCONT)
+            # It was written after all, and the writer goes on.
+            assert writer.append(b"next", timeout_s=30) == 2
+        got = [e.payload for e in client.open_reader("slow").read(0, 2)]
+        assert got == [b"first", b"late", b"next"]
