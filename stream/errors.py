@@ -46,6 +46,11 @@ class InvalidTermError(StreamError):
         super().__init__(message, term=term, current_term=current_term, **context)
 
 
+class StreamInUseError(StreamError):
+    """A live writer holds the stream (its writer znode exists); the operation was refused and
+    nothing changed. `force=True` (`--force` in streamctl) does it anyway."""
+
+
 class EntryTrimmedError(StreamError):
     """The entry lies below the stream's first retained entry (`first_entry_id`)."""
 
@@ -85,6 +90,11 @@ class StreamInLimboError(StreamError):
     names them, `entry_id` the undecided entry. Limbo clears only after a recovery completes,
     so the stream stays stuck until an operator gives those entries up:
     `streamctl recover STREAM --accept-loss` (docs/design.md §4)."""
+
+
+class AppendTimeoutError(StreamError, TimeoutError):
+    """An append was not acknowledged within its `timeout_s`. Its fate is unknown: the entry
+    may still be written (and read back) later; the writer goes on."""
 
 
 class WriterClosedError(StreamError):

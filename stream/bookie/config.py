@@ -12,6 +12,7 @@ from typing import Any
 
 from stream.autorecovery.settings import AutoRecoverySettings
 from stream.errors import ConfigError, InvalidArgumentError
+from stream.protocol.placement import DEFAULT_MAX_ENTRY_BYTES
 
 _BOOKIE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _MiB = 1 << 20
@@ -56,7 +57,7 @@ class BookieConfig:
     write_cache_max_bytes: int = 256 * _MiB  # a flush starts at half of this
     flush_interval_ms: int = 1000
     entry_log_size_limit_bytes: int = _GiB
-    max_entry_bytes: int = 5 * _MiB  # larger entries are refused with BAD_REQUEST
+    max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES  # larger entries: BAD_REQUEST
 
     # Garbage collection and compaction (BookKeeper's minor/major compaction).
     gc_interval_ms: int = 60_000  # delete entry logs with no live entry

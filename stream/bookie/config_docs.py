@@ -32,7 +32,8 @@ CONFIG_KEYS: dict[str, str] = {
     "write_cache_max_bytes": "in-memory write cache; a flush starts at half",
     "flush_interval_ms": "the write cache is flushed to entry logs at least this often",
     "entry_log_size_limit_bytes": "entry logs rotate at this size",
-    "max_entry_bytes": "larger entries get `BAD_REQUEST`",
+    "max_entry_bytes": "larger entries get `BAD_REQUEST`; published in the registration, so "
+    "writers refuse a larger entry before sending it (`InvalidArgumentError`)",
     "gc_interval_ms": "entry logs with no live entry are deleted; trims missed are reconciled",
     "compaction_interval_ms": "minor compaction round",
     "major_compaction_interval_ms": "major compaction round",

@@ -260,6 +260,7 @@ class Bookie:
             read_only=bool(self._service and self._service.read_only),
             free_bytes=disk.free_bytes if disk else 0,
             journal_write_data=self.config.journal_write_data,
+            max_entry_bytes=self.config.max_entry_bytes,
         )
 
     async def _register(self) -> None:

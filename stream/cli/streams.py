@@ -29,6 +29,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     create.add_argument("--fragment-max-age", type=float, default=None, help="seconds")
     create.add_argument("--retention-max-age", type=float, default=None, help="seconds")
     create.add_argument("--retention-max-bytes", type=int, default=None)
+    create.add_argument(
+        "--allow-fewer-bookies",
+        action="store_true",
+        help="create it even when fewer writable bookies than E are registered "
+        "(appends wait for them)",
+    )
     create.set_defaults(handler=_create)
 
     append = subparsers.add_parser(
@@ -79,6 +85,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     delete = subparsers.add_parser("delete", help="delete a stream and its data")
     delete.add_argument("name")
+    delete.add_argument(
+        "--force", action="store_true", help="delete it even while a writer has it open"
+    )
     delete.set_defaults(handler=_delete)
 
     streams = subparsers.add_parser("streams", help="list the streams")
@@ -109,6 +118,7 @@ def _create(args: argparse.Namespace) -> int:
             fragment_max_bytes=args.fragment_max_bytes,
             fragment_max_age_s=args.fragment_max_age,
             retention=retention,
+            allow_fewer_bookies=args.allow_fewer_bookies,
         )
     Console().print(
         f"created stream [bold]{meta.name}[/] (id {meta.id}, "
@@ -326,7 +336,7 @@ def _recover(args: argparse.Namespace) -> int:
 
 def _delete(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        client.delete_stream(args.name)
+        client.delete_stream(args.name, force=args.force)
     Console().print(f"deleted {args.name}")
     return 0
 

@@ -35,7 +35,13 @@ from stream.client.recovery import (
 )
 from stream.client.writer import AsyncStreamWriter
 from stream.client.zk_metadata import ZkMetadata
-from stream.errors import InvalidArgumentError, StreamError
+from stream.errors import (
+    AppendTimeoutError,
+    InvalidArgumentError,
+    NotEnoughBookiesError,
+    StreamError,
+    StreamInUseError,
+)
 from stream.metadata import (
     AcceptedLoss,
     BadVersionError,
@@ -44,6 +50,7 @@ from stream.metadata import (
     StreamMeta,
 )
 from stream.metadata.model import validate_stream_name
+from stream.protocol import QuorumConfig, choose_ensemble, journal_required
 
 log = structlog.get_logger(__name__)
 
@@ -174,12 +181,19 @@ class StreamClient:
         fragment_max_bytes: int = 64 << 20,
         fragment_max_age_s: float | None = None,
         retention: RetentionPolicy | None = None,
+        allow_fewer_bookies: bool = False,
     ) -> StreamMeta:
         """Creates stream `name` and returns its metadata. Everything is checked before
         anything is written (`InvalidArgumentError`); an existing stream with the same
-        configuration is returned as is, one with another raises `StreamExistsError`."""
-        return self._run(
-            self._metadata.create_stream(
+        configuration is returned as is, one with another raises `StreamExistsError`. Fewer
+        writable bookies registered than `ensemble` raise `NotEnoughBookiesError` (the first
+        append could only wait), unless `allow_fewer_bookies` (bookies added later)."""
+
+        async def create() -> StreamMeta:
+            if not allow_fewer_bookies:
+                quorum = QuorumConfig(ensemble, write_quorum, ack_quorum)
+                await self._check_enough_bookies(validate_stream_name(name), quorum)
+            return await self._metadata.create_stream(
                 name,
                 ensemble,
                 write_quorum,
@@ -189,7 +203,23 @@ class StreamClient:
                 fragment_max_age_s,
                 retention,
             )
-        )
+
+        return self._run(create())
+
+    async def _check_enough_bookies(self, name: str, quorum: QuorumConfig) -> None:
+        """Raises `NotEnoughBookiesError` unless the registered bookies can hold an ensemble:
+        placement's own rule (writable; journal on for AQ = 1) decides."""
+        candidates = await self._metadata.available_bookies()
+        journal = journal_required(quorum.ack_quorum)
+        try:
+            choose_ensemble(candidates, quorum.ensemble, random.Random(0), needs_journal=journal)
+        except NotEnoughBookiesError as exc:
+            raise NotEnoughBookiesError(
+                f"{exc.message}; nothing was created (allow_fewer_bookies=True, or "
+                "streamctl create --allow-fewer-bookies, creates it for bookies added later)",
+                stream=name,
+                **exc.context,
+            ) from None
 
     def list_streams(self) -> list[str]:
         """Returns every stream name, sorted."""
@@ -396,11 +426,23 @@ class StreamClient:
         )
         return result.accepted_loss
 
-    def delete_stream(self, name: str) -> None:
-        """Deletes the stream's metadata, then asks its bookies to drop its entries."""
+    def delete_stream(self, name: str, *, force: bool = False) -> None:
+        """Deletes the stream's metadata, then asks its bookies to drop its entries. A stream
+        with a live writer raises `StreamInUseError` unless `force` (that writer then fails
+        with `StreamNotFoundError`)."""
 
         async def delete() -> None:
             meta, _ = await self._metadata.get_stream(name)
+            writer = None if force else await self._metadata.get_writer(meta.id)
+            if writer is not None:
+                raise StreamInUseError(
+                    "stream has a live writer; nothing was deleted "
+                    "(force=True, or streamctl delete --force, deletes it under the writer)",
+                    stream=name,
+                    writer=writer.writer_id,
+                    host=writer.host,
+                    pid=writer.pid,
+                )
             _, _, fragments = await self._metadata.get_snapshot(meta.id)
             await self._metadata.delete_stream(name)
             bookies = sorted({b for f in fragments for b in f.ensemble})
@@ -465,8 +507,18 @@ class StreamWriter:
         return self._core.last_add_confirmed
 
     def append(self, payload: bytes, timeout_s: float | None = None) -> int:
-        """Appends `payload`; blocks until it is acknowledged and returns its entry id."""
-        return self.append_async(payload).result(timeout_s)
+        """Appends `payload`; blocks until it is acknowledged and returns its entry id. Not
+        acknowledged within `timeout_s` (waiting for room in a full window not counted):
+        `AppendTimeoutError`, and the entry may still be written."""
+        future = self.append_async(payload)
+        try:
+            return future.result(timeout_s)
+        except concurrent.futures.TimeoutError:
+            raise AppendTimeoutError(
+                "append not acknowledged in time; the entry may still be written",
+                stream=self.stream,
+                timeout_s=timeout_s,
+            ) from None
 
     def append_async(self, payload: bytes) -> concurrent.futures.Future[int]:
         """Queues `payload` and returns a future of its entry id (resolved in id order);

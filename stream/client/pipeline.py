@@ -36,6 +36,7 @@ log = structlog.get_logger(__name__)
 _OK = int(Code.OK)
 _INVALID_TERM = int(Code.INVALID_TERM)
 _TOO_BUSY = int(Code.TOO_BUSY)
+_TRIMMED = int(Code.TRIMMED)
 # Backoff after a TOO_BUSY answer: doubles from the first value up to the second.
 _BUSY_BACKOFF_S = (0.005, 0.5)
 _framed = operator.attrgetter("framed")
@@ -60,6 +61,12 @@ class PipelineOwner(Protocol):
 
     def on_invalid_term(self, bookie_id: str, bookie_term: int) -> None:
         """`bookie_id` answered INVALID_TERM: a newer term exists."""
+        ...
+
+    def on_trimmed(self, bookie_id: str, message: str) -> None:
+        """`bookie_id` answered TRIMMED: the entries are below the stream's first retained
+        entry there (the stream was trimmed past them, or deleted). The bookie is fine and
+        no replacement would help: the owner must stop."""
         ...
 
     def on_error(self, error: Exception) -> None:
@@ -365,6 +372,9 @@ class AddPipeline:
             if bad_code is not None:
                 if bad_code == _INVALID_TERM:
                     self._owner.on_invalid_term(bookie_id, int(response.bookie_term))
+                    return
+                if bad_code == _TRIMMED:
+                    self._owner.on_trimmed(bookie_id, response.message)
                     return
                 self._fail(link, f"add answered {Code(bad_code).name}: {response.message}")
             elif busy or (not entry_ids and codes and codes[0] == _TOO_BUSY):

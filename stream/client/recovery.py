@@ -39,6 +39,7 @@ from stream.client.ports import (
 from stream.client.recovery_reads import BulkSource, RecoveryReads
 from stream.errors import (
     BookieError,
+    EntryTrimmedError,
     InvalidArgumentError,
     InvalidTermError,
     MetadataError,
@@ -156,6 +157,15 @@ class _RecoveryOwner:
     def on_invalid_term(self, bookie_id: str, bookie_term: int) -> None:
         self.invalid_term = max(self.invalid_term or 0, bookie_term)
         self.changed.set()
+
+    def on_trimmed(self, bookie_id: str, message: str) -> None:
+        self.on_error(
+            EntryTrimmedError(
+                "the stream was trimmed or deleted during the takeover",
+                bookie=bookie_id,
+                detail=message,
+            )
+        )
 
     def on_error(self, error: Exception) -> None:
         self.error = error

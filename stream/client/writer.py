@@ -37,18 +37,22 @@ from stream.client.recovery import (
     truncate_members,
 )
 from stream.errors import (
+    EntryTrimmedError,
     InvalidArgumentError,
     InvalidTermError,
     MetadataError,
     NotEnoughBookiesError,
     StreamError,
+    StreamNotFoundError,
     WriterClosedError,
 )
 from stream.metadata.model import Fragment, StreamMeta, StreamState
 from stream.metadata.streams import BadVersionError
 from stream.protocol import (
+    DEFAULT_MAX_ENTRY_BYTES,
     choose_ensemble,
     journal_required,
+    max_entry_bytes,
     plan_ensemble_change,
 )
 
@@ -111,6 +115,9 @@ class AsyncStreamWriter:
         self._window_entries = self._options.window_entries
         self._room_wanted = False
         self._room_event = threading.Event()
+        # Larger payloads are refused before they are sent: a bookie would answer BAD_REQUEST,
+        # which counts as its failure, and replacing every member fails the writer.
+        self._max_entry_bytes = DEFAULT_MAX_ENTRY_BYTES
         # Appends in the pipeline, not yet acknowledged: their futures in id order, the first
         # one's entry id beside them (ids are contiguous; no per-entry tuple).
         self._unresolved: deque[AnyFuture] = deque()
@@ -127,6 +134,7 @@ class AsyncStreamWriter:
         # closes the fragment with the ensemble it saw once the fragment was fully replicated).
         self._roll_committing = False
         self._reengaging = False
+        self._trim_checking = False  # a bookie answered TRIMMED: finding out why
         self._tasks: set[asyncio.Task[Any]] = set()
         self._age_timer: asyncio.TimerHandle | None = None
         # Set by `_install` (the takeover's result).
@@ -167,6 +175,7 @@ class AsyncStreamWriter:
         """Takes the stream over (new term, recovery) and gets ready to append."""
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
+        self._max_entry_bytes = max_entry_bytes(await self._metadata.available_bookies())
         result = await self._takeover()
         self._install(result)
         self._idle = True
@@ -218,7 +227,7 @@ class AsyncStreamWriter:
         full; returns a future of its entry id, resolved once acknowledged."""
         if threading.get_ident() == self._loop_thread:
             raise InvalidArgumentError("submit_threadsafe called on the writer's loop thread")
-        if type(payload) is not bytes:
+        if type(payload) is not bytes or len(payload) > self._max_entry_bytes:
             payload = self._check_payload(payload)
         ticket = next(self._tickets)
         if ticket >= self._completed + self._window_entries:
@@ -286,13 +295,21 @@ class AsyncStreamWriter:
         if self._room_waiters:
             self._room.set()
 
-    @staticmethod
-    def _check_payload(payload: bytes) -> bytes:
-        if isinstance(payload, bytes):
-            return payload
+    def _check_payload(self, payload: bytes) -> bytes:
+        """Returns `payload` as bytes; raises `InvalidArgumentError` when it is not bytes-like
+        or larger than the bookies accept (nothing is queued: the writer stays usable)."""
         if isinstance(payload, bytearray | memoryview):
-            return bytes(payload)
-        raise InvalidArgumentError("payload must be bytes", type=type(payload).__name__)
+            payload = bytes(payload)
+        elif not isinstance(payload, bytes):
+            raise InvalidArgumentError("payload must be bytes", type=type(payload).__name__)
+        if len(payload) > self._max_entry_bytes:
+            raise InvalidArgumentError(
+                "entry larger than the bookies accept (their max_entry_bytes)",
+                stream=self.name,
+                size=len(payload),
+                max_entry_bytes=self._max_entry_bytes,
+            )
+        return payload
 
     def _raise_if_stopped(self) -> None:
         error = self._error
@@ -451,6 +468,43 @@ class AsyncStreamWriter:
 
     def on_invalid_term(self, bookie_id: str, bookie_term: int) -> None:
         self._on_fenced(bookie_term)
+
+    def on_trimmed(self, bookie_id: str, message: str) -> None:
+        if self._error is None and not self._trim_checking:
+            self._trim_checking = True
+            self._start_task(self._fail_trimmed(bookie_id, message))
+
+    async def _fail_trimmed(self, bookie_id: str, message: str) -> None:
+        """Stops the writer with the reason its entries were trimmed: the stream is gone
+        (`StreamNotFoundError`; deleting it trims its bookies) or was trimmed past them
+        (`EntryTrimmedError`)."""
+        assert self._meta is not None
+        stream_id = self._meta.id
+        try:
+            meta, _, _ = await self._metadata.get_snapshot(stream_id)
+        except StreamNotFoundError:
+            self._fail(
+                StreamNotFoundError(
+                    "the stream was deleted while this writer had it open",
+                    stream=self.name,
+                    stream_id=stream_id,
+                    term=self._term,
+                )
+            )
+            return
+        except StreamError as e:
+            log.warning("writer.trim_check_failed", stream=self.name, error=str(e))
+            meta = self._meta
+        self._fail(
+            EntryTrimmedError(
+                "entries being written were trimmed under the writer",
+                stream=self.name,
+                term=self._term,
+                bookie=bookie_id,
+                first_entry_id=meta.first_entry_id,
+                detail=message,
+            )
+        )
 
     def on_error(self, error: Exception) -> None:
         self._fail(StreamError(f"writer failed: {error!r}", stream=self.name))

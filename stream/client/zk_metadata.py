@@ -170,6 +170,7 @@ class ZkMetadata:
                 bookie_id,
                 writable=not registration.read_only,
                 journal=registration.journal_write_data,
+                max_entry_bytes=registration.max_entry_bytes,
             )
             for bookie_id, registration in sorted(registrations.items())
         ]

@@ -20,6 +20,7 @@ from stream.metadata import paths
 from stream.metadata.connection import MetadataSession, SessionState
 from stream.metadata.model import validate_bookie_id
 from stream.metadata.streams import BadVersionError, WatchHandle
+from stream.protocol.placement import DEFAULT_MAX_ENTRY_BYTES
 
 log = structlog.get_logger(__name__)
 
@@ -38,6 +39,9 @@ class BookieRegistration:
     # streams off bookies without it. Registrations older than the field read as True (the
     # default setting).
     journal_write_data: bool = True
+    # The largest payload it accepts (`max_entry_bytes`), so that writers refuse a larger one
+    # before sending it. Registrations older than the field read as the default setting.
+    max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES
 
     def to_json(self) -> bytes:
         """Returns the registration znode's JSON (sorted keys: equal values, equal bytes)."""
@@ -46,6 +50,7 @@ class BookieRegistration:
             "read_only": self.read_only,
             "free_bytes": self.free_bytes,
             "journal_write_data": self.journal_write_data,
+            "max_entry_bytes": self.max_entry_bytes,
         }
         return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
@@ -57,6 +62,7 @@ class BookieRegistration:
             address, read_only = body["address"], body.get("read_only", False)
             free_bytes = body.get("free_bytes", 0)
             journal = body.get("journal_write_data", True)
+            max_entry = body.get("max_entry_bytes", DEFAULT_MAX_ENTRY_BYTES)
         except (UnicodeDecodeError, ValueError, TypeError, KeyError) as exc:
             raise MetadataError("malformed bookie registration") from exc
         if (
@@ -65,10 +71,16 @@ class BookieRegistration:
             or not isinstance(free_bytes, int)
             or isinstance(free_bytes, bool)
             or not isinstance(journal, bool)
+            or not isinstance(max_entry, int)
+            or isinstance(max_entry, bool)
         ):
             raise MetadataError("malformed bookie registration", address=address)
         return cls(
-            address=address, read_only=read_only, free_bytes=free_bytes, journal_write_data=journal
+            address=address,
+            read_only=read_only,
+            free_bytes=free_bytes,
+            journal_write_data=journal,
+            max_entry_bytes=max_entry,
         )
 
 

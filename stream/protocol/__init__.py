@@ -26,10 +26,12 @@ from stream.protocol.fragments import (
 )
 from stream.protocol.invariant import InvariantViolation, invariant
 from stream.protocol.placement import (
+    DEFAULT_MAX_ENTRY_BYTES,
     BookieCandidate,
     choose_ensemble,
     choose_replacement,
     journal_required,
+    max_entry_bytes,
 )
 from stream.protocol.quorum import MAX_ENSEMBLE_SIZE, QuorumConfig
 from stream.protocol.recovery import (
@@ -68,6 +70,8 @@ __all__ = [
     "check_fragments",
     "choose_ensemble",
     "choose_replacement",
+    "DEFAULT_MAX_ENTRY_BYTES",
+    "max_entry_bytes",
     "classify",
     "cohort_covered",
     "coverage_threshold",

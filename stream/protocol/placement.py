@@ -11,16 +11,29 @@ from dataclasses import dataclass
 
 from stream.errors import InvalidArgumentError, NotEnoughBookiesError
 
+# A bookie's `max_entry_bytes` when it does not say (bookie.toml's default, and registrations
+# older than the field): larger entries are refused with BAD_REQUEST.
+DEFAULT_MAX_ENTRY_BYTES = 5 << 20
+
 
 @dataclass(frozen=True, slots=True)
 class BookieCandidate:
     """An available bookie as placement sees it; a lower `load` is preferred. `journal`: it
-    runs with `journal_write_data` (an acknowledged entry survives its crash)."""
+    runs with `journal_write_data` (an acknowledged entry survives its crash).
+    `max_entry_bytes`: the largest payload it accepts."""
 
     bookie_id: str
     writable: bool = True
     load: int = 0
     journal: bool = True
+    max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES
+
+
+def max_entry_bytes(available: Sequence[BookieCandidate]) -> int:
+    """Returns the largest payload every writable bookie accepts: any of them may join a
+    stream's ensemble later, so a larger entry could fail there."""
+    limits = [c.max_entry_bytes for c in available if c.writable]
+    return min(limits, default=DEFAULT_MAX_ENTRY_BYTES)
 
 
 def journal_required(ack_quorum: int) -> bool:

@@ -60,7 +60,13 @@ def test_aq1_stream_is_never_placed_on_journal_less_bookies(
     cluster = cluster_factory(3, **BOOKIE_SETTINGS)
     options = WriterOptions(takeover_deadline_s=2.0)
     with StreamClient.connect(cluster.metadata, writer_options=options) as client:
-        client.create_stream("aq1", ensemble=2, write_quorum=2, ack_quorum=1)
+        # Refused at creation already; and created anyway, the takeover refuses to place it.
+        with pytest.raises(NotEnoughBookiesError, match="journal") as info:
+            client.create_stream("aq1", ensemble=2, write_quorum=2, ack_quorum=1)
+        assert info.value.context["journal_less"] == 3
+        client.create_stream(
+            "aq1", ensemble=2, write_quorum=2, ack_quorum=1, allow_fewer_bookies=True
+        )
         with pytest.raises(NotEnoughBookiesError, match="journal") as info:
             client.open_writer("aq1")
         assert info.value.context["journal_less"] == 3

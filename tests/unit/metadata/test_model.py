@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from stream.bookie.config import BookieConfig
 from stream.errors import InvalidArgumentError, MetadataError
 from stream.metadata import (
     AcceptedLoss,
@@ -21,6 +22,7 @@ from stream.metadata import (
     validate_stream_name,
 )
 from stream.metadata.model import MAX_ACCEPTED_LOSSES, MAX_TERM_HISTORY, compact_term_history
+from stream.protocol import DEFAULT_MAX_ENTRY_BYTES
 
 _name = st.from_regex(r"[A-Za-z0-9._-]{1,40}", fullmatch=True).filter(
     lambda n: n not in (".", "..")
@@ -230,6 +232,16 @@ def test_registration_journal_mode_round_trips_and_defaults_to_on() -> None:
     assert BookieRegistration.from_json(b'{"address":"h:1","read_only":false}').journal_write_data
     with pytest.raises(MetadataError):
         BookieRegistration.from_json(b'{"address":"h:1","journal_write_data":"no"}')
+
+
+def test_registration_max_entry_bytes_round_trips_and_defaults_to_the_setting() -> None:
+    reg = BookieRegistration("h:1", max_entry_bytes=65_536)
+    assert BookieRegistration.from_json(reg.to_json()) == reg
+    # Written before the field existed: the bookie.toml default.
+    old = BookieRegistration.from_json(b'{"address":"h:1"}')
+    assert old.max_entry_bytes == DEFAULT_MAX_ENTRY_BYTES == BookieConfig.max_entry_bytes
+    with pytest.raises(MetadataError):
+        BookieRegistration.from_json(b'{"address":"h:1","max_entry_bytes":true}')
 
 
 def test_accepted_losses_round_trip_and_leave_older_metas_unchanged() -> None:
