@@ -4,17 +4,24 @@ over `StreamClient`."""
 from __future__ import annotations
 
 import argparse
+import collections
+import concurrent.futures
+import contextlib
 import dataclasses
 import datetime
 import json
 import sys
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.progress import Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from stream.errors import InvalidArgumentError
+from stream.errors import InvalidArgumentError, StreamError
+
+if TYPE_CHECKING:
+    from stream.client import StreamWriter
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -136,15 +143,83 @@ def _append(args: argparse.Namespace) -> int:
     messages: Iterator[bytes] = (
         iter([m.encode() for m in args.message]) if args.message else _stdin_lines()
     )
-    with _client(args) as client, client.open_writer(args.name) as writer:
-        futures = [writer.append_async(message) for message in messages]
-        writer.flush()
-        ids = [f.result() for f in futures]
-    if ids:
-        Console(stderr=True).print(f"appended {len(ids)} entries: {ids[0]}..{ids[-1]}")
-    else:
-        Console(stderr=True).print("nothing to append")
+    console = Console(stderr=True)
+    done = _Acked()
+    try:
+        with (
+            _client(args) as client,
+            client.open_writer(args.name) as writer,
+            _append_progress(console) as progress,
+        ):
+            _append_all(writer, messages, done, progress)
+    except (KeyboardInterrupt, StreamError):
+        # What got in is the one thing the user needs next (to resume, to check).
+        console.print(f"stopped: {done.summary()}", soft_wrap=True)
+        raise
+    console.print(f"appended {done.summary()}" if done.count else "nothing to append")
     return 0
+
+
+# Appends in flight at a time: stdin is read as the acknowledgements come back, so memory
+# stays bounded however long the input is.
+_APPEND_IN_FLIGHT = 8192
+
+
+class _Acked:
+    """What `streamctl append` got acknowledged so far."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.first: int | None = None
+        self.last: int | None = None
+
+    def add(self, entry_id: int) -> None:
+        self.count += 1
+        self.first = entry_id if self.first is None else self.first
+        self.last = entry_id
+
+    def summary(self) -> str:
+        if not self.count:
+            return "0 entries acknowledged"
+        return f"{self.count} entries acknowledged: {self.first}..{self.last} (last id {self.last})"
+
+
+def _append_all(
+    writer: StreamWriter,
+    messages: Iterator[bytes],
+    done: _Acked,
+    progress: Callable[[int], None],
+) -> None:
+    pending: collections.deque[concurrent.futures.Future[int]] = collections.deque()
+    try:
+        for message in messages:
+            pending.append(writer.append_async(message))
+            while pending and (len(pending) >= _APPEND_IN_FLIGHT or pending[0].done()):
+                done.add(pending.popleft().result())
+            progress(done.count)
+        writer.flush()
+    finally:
+        # Interrupted too (Ctrl-C while stdin waits): count what was acknowledged meanwhile.
+        while pending and pending[0].done() and pending[0].exception() is None:
+            done.add(pending.popleft().result())
+    progress(done.count)
+
+
+@contextlib.contextmanager
+def _append_progress(console: Console) -> Iterator[Callable[[int], None]]:
+    """A live count of acknowledged entries on a terminal; nothing otherwise."""
+    if not console.is_terminal:
+        yield lambda _: None
+        return
+    with Progress(
+        TextColumn("appending"),
+        TextColumn("{task.completed} acknowledged"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
+        task = bar.add_task("append", total=None)
+        yield lambda count: bar.update(task, completed=count)
 
 
 def _parse_start(start: str) -> str | int:
