@@ -2,11 +2,12 @@
 asyncio core (writer, reader, recovery) behind the ports of `stream.client.ports`."""
 
 from stream.client.client import StreamClient, StreamReader, StreamWriter
-from stream.client.entries import Entry, EntryColumns, Fragment, StreamInfo
+from stream.client.entries import BookieStatus, Entry, EntryColumns, Fragment, StreamInfo
 from stream.client.options import Protections, ReaderOptions, WriterOptions
 from stream.metadata.model import RetentionPolicy
 
 __all__ = [
+    "BookieStatus",
     "Entry",
     "EntryColumns",
     "Fragment",

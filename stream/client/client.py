@@ -16,12 +16,12 @@ import random
 import socket
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
 import structlog
 
-from stream.client.entries import Entry, EntryColumns, Fragment, StreamInfo
+from stream.client.entries import BookieStatus, Entry, EntryColumns, Fragment, StreamInfo
 from stream.client.grpc_transport import GrpcTransport
 from stream.client.options import ReaderOptions, WriterOptions
 from stream.client.ports import SystemClock
@@ -48,9 +48,16 @@ from stream.metadata import (
     MetadataSession,
     RetentionPolicy,
     StreamMeta,
+    StreamState,
 )
 from stream.metadata.model import validate_stream_name
-from stream.protocol import QuorumConfig, choose_ensemble, journal_required
+from stream.protocol import (
+    Code,
+    QuorumConfig,
+    choose_ensemble,
+    journal_required,
+    recovery_waits_for,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -295,6 +302,16 @@ class StreamClient:
             shown.append(
                 Fragment(fragment.first_entry_id, last, list(fragment.ensemble), fragment.bytes)
             )
+        bookies = await self._ensemble_status(meta.id, fragments[-1].ensemble if fragments else ())
+        waiting_for = None
+        if meta.state is StreamState.IN_RECOVERY:
+            waiting_for = recovery_waits_for(
+                meta.quorum,
+                [b.bookie_id for b in bookies],
+                down={b.bookie_id for b in bookies if b.state == "down"},
+                limbo={b.bookie_id for b in bookies if b.limbo},
+                writer=None if writer is None else writer.writer_id,
+            )
         return StreamInfo(
             name=meta.name,
             stream_id=meta.id,
@@ -309,7 +326,37 @@ class StreamClient:
             writer=None if writer is None else writer.writer_id,
             term_history=[(term, first) for term, first in meta.term_history],
             accepted_losses=list(meta.accepted_losses),
+            bookies=bookies,
+            waiting_for=waiting_for,
         )
+
+    async def _ensemble_status(self, stream_id: int, ensemble: Sequence[str]) -> list[BookieStatus]:
+        """Each bookie's registration and, from those registered, whether it holds the stream
+        in limbo (a term-less `StreamState`: nothing changes)."""
+        registered = {c.bookie_id: c for c in await self._metadata.available_bookies()}
+
+        async def limbo(bookie_id: str) -> bool | None:
+            if bookie_id not in registered:
+                return None
+            try:
+                answer = await self._transport.stream_state(
+                    bookie_id, stream_id, timeout_s=_BOOKIE_CALL_TIMEOUT_S
+                )
+            except StreamError:
+                return None
+            return bool(answer.limbo) if answer.code == Code.OK else False
+
+        limbos = await asyncio.gather(*(limbo(b) for b in ensemble))
+        return [
+            BookieStatus(
+                b,
+                "down"
+                if b not in registered
+                else ("available" if registered[b].writable else "read-only"),
+                in_limbo,
+            )
+            for b, in_limbo in zip(ensemble, limbos, strict=True)
+        ]
 
     def set_retention(self, name: str, policy: RetentionPolicy | None) -> None:
         """Stores the stream's retention policy (None: keep everything)."""

@@ -291,6 +291,17 @@ class Fragment:
 
 
 @dataclass(frozen=True)
+class BookieStatus:
+    """A bookie of the stream's last fragment as `stream_info` shows it: `state` is
+    "available", "read-only" or "down" (not registered); `limbo` whether it holds the stream
+    in limbo (None: it did not answer)."""
+
+    bookie_id: str
+    state: str
+    limbo: bool | None = None
+
+
+@dataclass(frozen=True)
 class StreamInfo:
     """What `stream_info` returns."""
 
@@ -310,3 +321,6 @@ class StreamInfo:
     # The newest accept-loss recoveries (`recover --accept-loss`), oldest first: who gave up
     # which entries, when.
     accepted_losses: list[AcceptedLoss] = field(default_factory=list)
+    # The last fragment's bookies, and for a stream IN_RECOVERY what its takeover waits for.
+    bookies: list[BookieStatus] = field(default_factory=list)
+    waiting_for: str | None = None

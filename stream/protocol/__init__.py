@@ -43,6 +43,7 @@ from stream.protocol.recovery import (
     RecoveryStatus,
     limbo_blocked,
     read_outcome,
+    recovery_waits_for,
     scan_recovery_reads,
 )
 from stream.protocol.terms import TermDecision, must_learn_term, term_decision
@@ -88,6 +89,7 @@ __all__ = [
     "pinned_bookies",
     "plan_ensemble_change",
     "read_outcome",
+    "recovery_waits_for",
     "scan_recovery_reads",
     "term_decision",
 ]

@@ -9,7 +9,7 @@ nothing (the caller has already acted on it).
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Collection, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Generic, TypeVar
@@ -361,3 +361,35 @@ def scan_recovery_reads(start_entry_id: int, outcomes: Iterable[ReadOutcome]) ->
         }[outcome]
         return RecoveryScan(status, entry_id - 1, entry_id)
     return RecoveryScan(RecoveryStatus.READING, entry_id - 1, entry_id)
+
+
+def recovery_waits_for(
+    config: QuorumConfig,
+    ensemble: Sequence[str],
+    down: Collection[str],
+    limbo: Collection[str],
+    writer: str | None,
+) -> str:
+    """Return, for a stream IN_RECOVERY, what its takeover waits for (`streamctl info`): the
+    fence needs EC = E - AQ + 1 answers from the last fragment's `ensemble` (`down`: not
+    registered), an entry after the end needs QC explicit negatives that members in `limbo`
+    cannot give, and otherwise a takeover runs (`writer` registered) or one stopped midway."""
+    up = [b for b in ensemble if b not in down]
+    if len(up) < config.ensemble_coverage:
+        return (
+            f"bookies: a takeover needs {config.ensemble_coverage} of the last fragment's "
+            f"{len(ensemble)} to answer; down: {', '.join(b for b in ensemble if b in down)}"
+        )
+    stuck = [b for b in ensemble if b in limbo]
+    if stuck:
+        return (
+            f"bookies in limbo ({', '.join(stuck)}): a takeover cannot tell where the previous "
+            "term ended until they are repaired; if it fails with StreamInLimboError, see "
+            "`streamctl recover --accept-loss`"
+        )
+    if writer is not None:
+        return f"the takeover of writer {writer}, running"
+    return (
+        "a takeover that stopped midway: the next writer (or the auditor, for an idle "
+        "stream) completes it"
+    )

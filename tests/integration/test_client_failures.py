@@ -15,7 +15,7 @@ import time
 import pytest
 
 from stream.client import StreamClient, WriterOptions
-from stream.errors import NotEnoughBookiesError, WriterClosedError
+from stream.errors import NotEnoughBookiesError, StreamError, WriterClosedError
 from tests.integration.conftest import ClusterFactory
 from tests.integration.replication_support import assert_three_live_copies, session_of
 
@@ -143,3 +143,27 @@ def test_two_bookies_frozen_together_the_writer_keeps_acknowledging(
         assert any(not set(ensemble[1:]) & set(f.ensemble) for f in info.fragments), info
     with session_of(cluster) as session:
         assert_three_live_copies(cluster, session, "frozen", dead=set())
+
+
+def test_info_says_what_a_stuck_takeover_waits_for(cluster_factory: ClusterFactory) -> None:
+    cluster = cluster_factory(3)
+    options = WriterOptions(takeover_deadline_s=2.0, fence_timeout_s=0.5)
+    with StreamClient.connect(cluster.metadata, writer_options=options) as client:
+        client.create_stream("stuck", ensemble=3, write_quorum=3, ack_quorum=2)
+        with client.open_writer("stuck") as writer:
+            writer.append(b"kept")
+        info = client.stream_info("stuck")
+        assert info.waiting_for is None
+        assert [b.state for b in info.bookies] == ["available"] * 3
+        assert [b.limbo for b in info.bookies] == [False] * 3
+        down = info.fragments[-1].ensemble[1:]
+        for bookie_id in down:
+            cluster.bookie(bookie_id).kill9()
+        cluster.wait_registered(1, timeout_s=30)
+        with pytest.raises(StreamError):
+            client.open_writer("stuck")  # its fence gets one answer of the two it needs
+        info = client.stream_info("stuck")
+    assert info.state == "IN_RECOVERY"
+    assert {b.bookie_id for b in info.bookies if b.state == "down"} == set(down)
+    assert info.waiting_for is not None
+    assert info.waiting_for.startswith("bookies: a takeover needs 2 of the last fragment's 3")
