@@ -66,6 +66,10 @@ class MetadataError(StreamError):
     """ZooKeeper metadata is missing, malformed, or a CAS kept failing."""
 
 
+class MetadataUnavailableError(MetadataError):
+    """ZooKeeper could not be reached, or did not answer, in time; trying later may work."""
+
+
 class CookieMismatchError(StreamError):
     """A bookie's directories and its registered cookie disagree; it must not serve."""
 

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from stream.cli.connect import open_session
 from stream.errors import StreamError
 
 
@@ -74,12 +75,6 @@ def add_decommission(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     decommission.set_defaults(handler=_decommission)
 
 
-def _session(args: argparse.Namespace, session_timeout_s: float = 10.0) -> Any:
-    from stream.metadata import MetadataSession
-
-    return MetadataSession.connect(args.metadata, session_timeout_s=session_timeout_s)
-
-
 def _ms(text: str) -> int:
     from stream.retention.units import parse_duration
 
@@ -102,7 +97,7 @@ def _run(args: argparse.Namespace) -> int:
         replication_rate_bytes=0 if args.rate_limit.strip() == "0" else parse_size(args.rate_limit),
     )
     configure_logging(json=True, level="debug" if args.log_level == "debug" else "info")
-    with _session(args, parse_duration(args.session_timeout)) as session:
+    with open_session(args, parse_duration(args.session_timeout)) as session:
         service = AutoRecovery(session, settings, identifier=args.id, auditor=not args.no_auditor)
 
         def on_signal(*_: object) -> None:
@@ -119,7 +114,7 @@ def _underreplicated(args: argparse.Namespace) -> int:
     from stream.metadata.underreplication import UnderreplicationStore
 
     console = Console()
-    with _session(args) as session:
+    with open_session(args) as session:
         store = UnderreplicationStore(session)
         streams = StreamStore(session)
         markers = store.markers()
@@ -179,7 +174,7 @@ def _decommission(args: argparse.Namespace) -> int:
     bookie_id = validate_bookie_id(args.bookie_id)
     timeout_s = parse_duration(args.timeout)
     console = Console(stderr=True)
-    with _session(args) as session:
+    with open_session(args) as session:
         store = UnderreplicationStore(session)
         if args.cancel:
             store.set_draining(bookie_id, False)

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 from rich.console import Console
 from rich.table import Table
 
+from stream.cli.connect import open_session
 from stream.errors import InvalidArgumentError
 
 _NONE = ("none", "off", "unlimited")
@@ -65,12 +66,6 @@ def _optional(text: str | None, parse: Callable[[str], T]) -> tuple[bool, T | No
     return True, parse(text)
 
 
-def _session(args: argparse.Namespace, session_timeout_s: float = 10.0) -> Any:
-    from stream.metadata import MetadataSession
-
-    return MetadataSession.connect(args.metadata, session_timeout_s=session_timeout_s)
-
-
 def _set(args: argparse.Namespace) -> int:
     from stream.metadata import RetentionPolicy, StreamStore
     from stream.retention.units import parse_duration, parse_size
@@ -82,7 +77,7 @@ def _set(args: argparse.Namespace) -> int:
     # Everything is parsed before anything is written.
     age_given, max_age_s = _optional(args.max_age, parse_duration)
     bytes_given, max_bytes = _optional(args.max_bytes, parse_size)
-    with _session(args) as session:
+    with open_session(args) as session:
         store = StreamStore(session)
         meta, _ = store.get_stream(args.name)
         current = meta.retention or RetentionPolicy()
@@ -117,7 +112,7 @@ def _show(args: argparse.Namespace) -> int:
     from stream.retention.policy import plan_retention
     from stream.retention.units import format_duration, format_size
 
-    with _session(args) as session:
+    with open_session(args) as session:
         store = StreamStore(session)
         meta, _ = store.get_stream(args.name)
         meta, _, fragments = store.get_snapshot(meta.id)
@@ -169,7 +164,7 @@ def _run(args: argparse.Namespace) -> int:
     # A service logs what it does: JSON lines at info unless asked for more.
     configure_logging(json=True, level="debug" if args.log_level == "debug" else "info")
     console = Console(stderr=True)
-    with _session(args, session_timeout_s) as session:
+    with open_session(args, session_timeout_s) as session:
         service = RetentionService(session, settings, identifier=args.id)
         if args.once:
             try:

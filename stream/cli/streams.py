@@ -14,6 +14,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from stream.cli.connect import open_client
+from stream.cli.exit_codes import ExitCode
+from stream.cli.output import supports_json
 from stream.errors import InvalidArgumentError
 
 
@@ -74,7 +77,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="end the previous term after the last entry some bookie still holds",
     )
     recover.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    recover.add_argument("--output", choices=("text", "json"), default="text")
+    supports_json(recover)
     recover.set_defaults(handler=_recover)
 
     delete = subparsers.add_parser("delete", help="delete a stream and its data")
@@ -86,9 +89,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _client(args: argparse.Namespace) -> Any:
-    from stream.client import StreamClient
-
-    return StreamClient.connect(args.metadata)
+    return open_client(args)
 
 
 def _create(args: argparse.Namespace) -> int:
@@ -288,7 +289,7 @@ def _recover(args: argparse.Namespace) -> int:
             "streamctl recover: only --accept-loss is run by hand (a writer's takeover recovers "
             "a stream otherwise); read what it gives up first: DESIGN §4 / README Durability"
         )
-        return 2
+        return ExitCode.USAGE
     with _client(args) as client:
         survey = client.survey_loss(args.name)
         report: dict[str, Any] = {"survey": _survey_dict(survey), "accepted_loss": None}
@@ -300,14 +301,14 @@ def _recover(args: argparse.Namespace) -> int:
                 "No bookie of the last fragment is in limbo: nothing to give up."
                 + (f" Bookies {', '.join(unreachable)} did not answer." if unreachable else "")
             )
-            code = 4 if unreachable else 0
+            code = ExitCode.UNAVAILABLE if unreachable else ExitCode.OK
         elif not args.yes and not _confirmed(console, survey):
             err.print("not confirmed (no terminal to ask on: pass --yes); nothing was changed")
-            code = 2
+            code = ExitCode.USAGE
         else:
             loss = client.recover_accepting_loss(args.name)
             done = True
-            code = 0
+            code = ExitCode.OK
             if loss is None:
                 console.print(f"recovered {args.name}: no limbo stood in the way, nothing given up")
             else:

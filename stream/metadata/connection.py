@@ -24,7 +24,7 @@ from kazoo.exceptions import (
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry, RetryFailedError
 
-from stream.errors import InvalidArgumentError, MetadataError
+from stream.errors import InvalidArgumentError, MetadataError, MetadataUnavailableError
 from stream.metadata import paths
 
 log = structlog.get_logger(__name__)
@@ -196,7 +196,7 @@ class MetadataSession:
             zk.start(timeout=timeout_s)
         except KazooTimeoutError as exc:
             session.close()
-            raise MetadataError(
+            raise MetadataUnavailableError(
                 "cannot connect to ZooKeeper", hosts=hosts, timeout_s=timeout_s
             ) from exc
         try:
@@ -326,7 +326,7 @@ class MetadataSession:
         try:
             return retry(func, *args, **kwargs)
         except RetryFailedError as exc:
-            raise MetadataError(
+            raise MetadataUnavailableError(
                 "ZooKeeper did not answer in time", deadline_s=self.retry_deadline_s
             ) from exc
         except SessionExpiredError as exc:
@@ -388,15 +388,19 @@ def _ensure_root(hosts: str, root: str, *, timeout_s: float, session_timeout_s: 
     try:
         zk.start(timeout=timeout_s)
     except KazooTimeoutError as exc:
+        # stop() ends kazoo's reconnect thread, which would go on trying (and logging).
+        zk.stop()
         zk.close()
-        raise MetadataError(
+        raise MetadataUnavailableError(
             "cannot connect to ZooKeeper", hosts=hosts, timeout_s=timeout_s
         ) from exc
     try:
         retry = KazooRetry(max_tries=-1, deadline=session_timeout_s, ignore_expire=False)
         retry(zk.ensure_path, root)
     except (RetryFailedError, SessionExpiredError) as exc:
-        raise MetadataError("cannot create the metadata root", hosts=hosts, root=root) from exc
+        raise MetadataUnavailableError(
+            "cannot create the metadata root", hosts=hosts, root=root
+        ) from exc
     finally:
         zk.stop()
         zk.close()

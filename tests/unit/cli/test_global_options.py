@@ -1,0 +1,82 @@
+"""The options every `streamctl` command takes: `--metadata` (default
+`$STREAMKEEPER_METADATA`), `--connect-timeout` and `--output`, before or after the
+subcommand; unreachable metadata is one line and exit code 4 within 3 s."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from stream.cli.main import build_parser, main
+
+
+def _closed_port() -> int:
+    """Returns a loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_unreachable_metadata_is_one_line_and_exit_4_within_3s() -> None:
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "stream.cli.main", "--metadata", f"127.0.0.1:{_closed_port()}/x",
+         "streams"],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    elapsed_s = time.monotonic() - started
+    assert done.returncode == 4
+    assert elapsed_s < 3.0
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "cannot connect to ZooKeeper" in lines[0]
+
+
+def test_connect_timeout_is_a_global_option() -> None:
+    started = time.monotonic()
+    code = main(["--metadata", f"127.0.0.1:{_closed_port()}/x", "info", "s",
+                 "--connect-timeout", "0.3"])  # fmt: skip
+    assert code == 4
+    assert time.monotonic() - started < 1.5
+    with pytest.raises(SystemExit) as refused:
+        build_parser().parse_args(["--connect-timeout", "0", "streams"])
+    assert refused.value.code == 2
+
+
+def test_metadata_from_the_environment(
+    metadata_root: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("STREAMKEEPER_METADATA", metadata_root)
+    assert build_parser().parse_args(["streams"]).metadata == metadata_root
+    assert main(["create", "from-env", "--ensemble", "1", "--write-quorum", "1",
+                 "--ack-quorum", "1"]) == 0  # fmt: skip
+    assert build_parser().parse_args(["--metadata", "h:1/r", "streams"]).metadata == "h:1/r"
+
+
+def test_global_options_after_the_subcommand(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("STREAMKEEPER_METADATA", raising=False)
+    args = build_parser().parse_args(
+        ["retention", "show", "s", "--metadata", "h:1/r", "--connect-timeout", "4",
+         "--output", "json"]
+    )  # fmt: skip
+    assert (args.metadata, args.connect_timeout, args.output) == ("h:1/r", 4.0, "json")
+    before = build_parser().parse_args(["--metadata", "h:2/r", "--output", "json", "info", "s"])
+    assert (before.metadata, before.output) == ("h:2/r", "json")
+    plain = build_parser().parse_args(["info", "s"])
+    assert (plain.metadata, plain.connect_timeout, plain.output) == (
+        "127.0.0.1:2181/streamkeeper",
+        1.5,
+        "text",
+    )
+
+
+def test_json_refused_where_a_command_has_none(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as refused:
+        main(["--output", "json", "seal", "s"])
+    assert refused.value.code == 2
+    assert "--output json" in capsys.readouterr().err
