@@ -13,6 +13,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from stream.cli.connect import open_session
+from stream.cli.output import console as output_console
+from stream.cli.output import print_json, supports_json, wants_json
 from stream.errors import StreamError
 
 
@@ -57,6 +59,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     under = subparsers.add_parser(
         "underreplicated", help="list the under-replicated fragments and who repairs them"
     )
+    supports_json(under)
     under.set_defaults(handler=_underreplicated)
 
 
@@ -113,40 +116,58 @@ def _underreplicated(args: argparse.Namespace) -> int:
     from stream.metadata import StreamStore
     from stream.metadata.underreplication import UnderreplicationStore
 
-    console = Console()
     with open_session(args) as session:
         store = UnderreplicationStore(session)
         streams = StreamStore(session)
-        markers = store.markers()
-        table = Table(title=f"under-replicated fragments: {len(markers)}")
-        for column in ("stream", "first entry", "replace", "reason", "age", "worker", "copied"):
-            table.add_column(
-                column, justify="right" if column in ("first entry", "copied") else "left"
-            )
         now_ms = time.time_ns() // 1_000_000
         names: dict[int, str] = {}
-        for marker in markers:
+        rows: list[dict[str, Any]] = []
+        for marker in store.markers():
             if marker.stream_id not in names:
                 try:
                     names[marker.stream_id] = streams.get_stream_by_id(marker.stream_id)[0].name
                 except StreamError:
                     names[marker.stream_id] = f"#{marker.stream_id} (gone)"
             lock = store.lock_info(marker.name)
-            age_s = max(0, now_ms - marker.marked_ms) // 1000
-            table.add_row(
-                names[marker.stream_id],
-                str(marker.first_entry_id),
-                ", ".join(marker.bookies),
-                marker.reason,
-                f"{age_s}s",
-                lock.owner if lock else "-",
-                f"{lock.copied_entries} entries -> {lock.target}" if lock and lock.target else "-",
+            rows.append(
+                {
+                    "stream": names[marker.stream_id],
+                    "stream_id": marker.stream_id,
+                    "first_entry_id": marker.first_entry_id,
+                    "replace": list(marker.bookies),
+                    "reason": marker.reason,
+                    "age_s": max(0, now_ms - marker.marked_ms) // 1000,
+                    "worker": lock.owner if lock else None,
+                    "copied_entries": lock.copied_entries if lock and lock.target else None,
+                    "target": lock.target if lock and lock.target else None,
+                }
             )
         draining = sorted(store.draining())
-    console.print(table)
+    if wants_json(args):
+        print_json({"fragments": rows, "draining": draining})
+        return 0
+    console = output_console()
+    console.print(_underreplicated_table(rows))
     if draining:
         console.print(f"draining: {', '.join(draining)}")
     return 0
+
+
+def _underreplicated_table(rows: list[dict[str, Any]]) -> Table:
+    table = Table(title=f"under-replicated fragments: {len(rows)}")
+    for column in ("stream", "first entry", "replace", "reason", "age", "worker", "copied"):
+        table.add_column(column, justify="right" if column in ("first entry", "copied") else "left")
+    for row in rows:
+        table.add_row(
+            row["stream"],
+            str(row["first_entry_id"]),
+            ", ".join(row["replace"]),
+            row["reason"],
+            f"{row['age_s']}s",
+            row["worker"] or "-",
+            "-" if row["target"] is None else f"{row['copied_entries']} entries -> {row['target']}",
+        )
+    return table
 
 
 def fragments_naming(session: Any, bookie_id: str) -> int:

@@ -4,10 +4,13 @@ wiped or replaced, and ask a running one what it holds."""
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from stream.cli.output import console as output_console
+from stream.cli.output import print_json, supports_json, wants_json
 from stream.errors import InvalidArgumentError, StreamError
 
 
@@ -32,12 +35,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     info = sub.add_parser("info", help="print a running bookie's Info")
     info.add_argument("--address", required=True, help="the bookie's HOST:PORT")
     info.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
+    supports_json(info)
     info.set_defaults(handler=_info)
 
     state = sub.add_parser("state", help="print a running bookie's state of one stream")
     state.add_argument("--address", required=True, help="the bookie's HOST:PORT")
     state.add_argument("--stream-id", type=int, required=True, help="the stream's numeric id")
     state.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
+    supports_json(state)
     state.set_defaults(handler=_state)
 
     from stream.cli.autorecovery import add_decommission
@@ -97,25 +102,39 @@ def _call(address: str, timeout_s: float, method: str, request: object) -> objec
             ) from None
 
 
-def _print_fields(title: str, message: object) -> None:
-    from google.protobuf.json_format import MessageToDict
+def _fields(message: Any) -> dict[str, Any]:
+    """Returns a response's scalar fields by name: numbers stay numbers (protobuf's JSON
+    mapping would turn 64-bit ones into strings) and enums become their names."""
+    fields: dict[str, Any] = {}
+    for field in message.DESCRIPTOR.fields:
+        value = getattr(message, field.name)
+        if field.enum_type is not None:
+            value = field.enum_type.values_by_number[value].name
+        fields[field.name] = value
+    return fields
 
-    fields = MessageToDict(
-        message,  # type: ignore[arg-type]
-        always_print_fields_with_no_presence=True,
-        preserving_proto_field_name=True,
-    )
+
+def _print_fields(args: argparse.Namespace, title: str, message: object) -> None:
+    from stream.retention.units import format_size
+
+    fields = _fields(message)
+    if wants_json(args):
+        print_json(fields)
+        return
     table = Table(title=title, show_header=False)
     for key, value in fields.items():
-        table.add_row(key, str(value))
-    Console().print(table)
+        shown = format_size(value) if key.endswith("_bytes") and value else str(value)
+        table.add_row(key, shown)
+    output_console().print(table)
 
 
 def _info(args: argparse.Namespace) -> int:
     from stream.wire import bookie_pb2 as pb
 
     _print_fields(
-        f"bookie {args.address}", _call(args.address, args.timeout, "Info", pb.InfoRequest())
+        args,
+        f"bookie {args.address}",
+        _call(args.address, args.timeout, "Info", pb.InfoRequest()),
     )
     return 0
 
@@ -128,5 +147,5 @@ def _state(args: argparse.Namespace) -> int:
     response = _call(
         args.address, args.timeout, "StreamState", pb.StreamStateRequest(stream_id=args.stream_id)
     )
-    _print_fields(f"stream {args.stream_id} on {args.address}", response)
+    _print_fields(args, f"stream {args.stream_id} on {args.address}", response)
     return 0

@@ -16,7 +16,8 @@ from rich.table import Table
 
 from stream.cli.connect import open_client
 from stream.cli.exit_codes import ExitCode
-from stream.cli.output import supports_json
+from stream.cli.output import console as output_console
+from stream.cli.output import print_json, print_json_lines, supports_json, wants_json
 from stream.errors import InvalidArgumentError
 
 
@@ -54,6 +55,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "info", help="show a stream's term, state, LAC, fragments and term history"
     )
     info.add_argument("name")
+    supports_json(info)
     info.set_defaults(handler=_info)
 
     trim = subparsers.add_parser("trim", help="drop whole fragments below an entry id")
@@ -85,6 +87,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     delete.set_defaults(handler=_delete)
 
     streams = subparsers.add_parser("streams", help="list the streams")
+    supports_json(streams)
     streams.set_defaults(handler=_list)
 
 
@@ -164,9 +167,14 @@ def _tail(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
+    from stream.retention.units import format_size
+
     with _client(args) as client:
         info = client.stream_info(args.name)
-    console = Console()
+    if wants_json(args):
+        print_json(dataclasses.asdict(info))
+        return 0
+    console = output_console()
     summary = Table(title=f"stream {info.name}", show_header=False)
     for key, value in (
         ("id", info.stream_id),
@@ -187,7 +195,7 @@ def _info(args: argparse.Namespace) -> int:
             str(fragment.first_entry_id),
             "open" if fragment.last_entry_id is None else str(fragment.last_entry_id),
             ", ".join(fragment.ensemble),
-            "-" if fragment.bytes is None else str(fragment.bytes),
+            "-" if fragment.bytes is None else format_size(fragment.bytes),
         )
     console.print(fragments)
     # Where each term began: a takeover's term starts at its truncate no-op.
@@ -334,6 +342,9 @@ def _delete(args: argparse.Namespace) -> int:
 
 def _list(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        for name in client.list_streams():
-            Console().print(name)
+        names = client.list_streams()
+    if wants_json(args):
+        print_json_lines({"name": name} for name in names)
+    else:
+        sys.stdout.writelines(f"{name}\n" for name in names)
     return 0
