@@ -4,18 +4,20 @@ wiped or replaced, and ask a running one what it holds."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from stream.cli.connect import open_session
 from stream.cli.output import console as output_console
-from stream.cli.output import print_json, supports_json, wants_json
+from stream.cli.output import print_json, print_json_lines, supports_json, wants_json
 from stream.errors import InvalidArgumentError, StreamError
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Adds `bookie start|fix-cookie|info|state|decommission` to `streamctl`."""
+    """Adds `bookie start|fix-cookie|info|state|decommission` and `bookies` to `streamctl`."""
     bookie = subparsers.add_parser("bookie", help="run or inspect a bookie")
     sub = bookie.add_subparsers(dest="bookie_command", metavar="SUBCOMMAND", required=True)
 
@@ -48,6 +50,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     from stream.cli.autorecovery import add_decommission
 
     add_decommission(sub)
+
+    bookies = subparsers.add_parser(
+        "bookies",
+        help="list the bookies: id, address, state, journal mode, free space",
+        description="One row per bookie that joined the cluster. State: available, read-only, "
+        "draining (being decommissioned) or down (holds a cookie, not registered now).",
+    )
+    supports_json(bookies)
+    bookies.set_defaults(handler=_bookies)
 
 
 def _start(args: argparse.Namespace) -> int:
@@ -148,4 +159,74 @@ def _state(args: argparse.Namespace) -> int:
         args.address, args.timeout, "StreamState", pb.StreamStateRequest(stream_id=args.stream_id)
     )
     _print_fields(args, f"stream {args.stream_id} on {args.address}", response)
+    return 0
+
+
+def _bookie_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Returns one dict per bookie that joined: its id, state, whether it drains, and its
+    registration's fields (None for a bookie that is down)."""
+    from stream.metadata import BookieRegistration, BookieRegistry
+    from stream.metadata.underreplication import UnderreplicationStore
+
+    with open_session(args) as session:
+        registry = BookieRegistry(session)
+        available = registry.available()
+        known = set(registry.with_cookie()) | set(available)
+        draining = UnderreplicationStore(session).draining()
+    rows = []
+    for bookie_id in sorted(known):
+        reg = available.get(bookie_id)
+        if reg is None:
+            state = "down"
+            fields = {f.name: None for f in dataclasses.fields(BookieRegistration)}
+        else:
+            state = "read-only" if reg.read_only else "available"
+            fields = dataclasses.asdict(reg)
+        if bookie_id in draining and reg is not None:
+            state = "draining"  # it turned read-only for that: say why
+        address = fields.pop("address")
+        rows.append(
+            {
+                "bookie_id": bookie_id,
+                "address": address,
+                "state": state,
+                "draining": bookie_id in draining,
+                **fields,
+            }
+        )
+    return rows
+
+
+# Columns of `streamctl bookies` named apart from the registration's own field names.
+_BOOKIE_COLUMNS = {"bookie_id": "bookie", "journal_write_data": "journal", "free_bytes": "free"}
+
+
+def _shown(key: str, value: Any) -> str:
+    from stream.retention.units import format_size
+
+    if value is None:
+        return "-"
+    if key == "journal_write_data":
+        return "on" if value else "off (BP-46)"
+    if key.endswith("_bytes") and isinstance(value, int):
+        return format_size(value)
+    return str(value)
+
+
+def _bookies(args: argparse.Namespace) -> int:
+    rows = _bookie_rows(args)
+    if wants_json(args):
+        print_json_lines(rows)
+        return 0
+    # Every field a registration holds gets a column, also ones added after this was written.
+    keys = [k for k in (rows[0] if rows else {}) if k not in ("draining", "read_only")]
+    table = Table(title=f"bookies: {len(rows)}")
+    for key in keys:
+        table.add_column(_BOOKIE_COLUMNS.get(key, key.replace("_", " ")))
+    for row in rows:
+        cells = [_shown(key, row[key]) for key in keys]
+        if row["draining"] and row["state"] != "draining":
+            cells[keys.index("state")] += ", draining"
+        table.add_row(*cells)
+    output_console().print(table)
     return 0
