@@ -4,21 +4,23 @@ over `StreamClient`."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
+import itertools
 import json
 import sys
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Generator, Iterator
+from typing import Any, cast
 
 from rich.console import Console
 from rich.table import Table
 
+from stream.cli.arguments import duration, entry_id, positive_int, size, start_position
 from stream.cli.connect import open_client
 from stream.cli.exit_codes import ExitCode
 from stream.cli.output import console as output_console
 from stream.cli.output import print_json, print_json_lines, supports_json, wants_json
-from stream.errors import InvalidArgumentError
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -29,10 +31,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     create.add_argument("--write-quorum", type=int, default=3, help="WQ (default 3)")
     create.add_argument("--ack-quorum", type=int, default=2, help="AQ (default 2)")
     create.add_argument("--fragment-max-entries", type=int, default=100_000)
-    create.add_argument("--fragment-max-bytes", type=int, default=64 << 20)
-    create.add_argument("--fragment-max-age", type=float, default=None, help="seconds")
-    create.add_argument("--retention-max-age", type=float, default=None, help="seconds")
-    create.add_argument("--retention-max-bytes", type=int, default=None)
+    create.add_argument("--fragment-max-bytes", type=size, default=64 << 20, help="e.g. 64MiB")
+    create.add_argument("--fragment-max-age", type=duration, default=None, help="e.g. 1h, 90s")
+    create.add_argument("--retention-max-age", type=duration, default=None, help="e.g. 7d, 12h")
+    create.add_argument("--retention-max-bytes", type=size, default=None, help="e.g. 10GiB")
     create.set_defaults(handler=_create)
 
     append = subparsers.add_parser(
@@ -44,11 +46,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     tail = subparsers.add_parser("tail", help="print entries as they are acknowledged")
     tail.add_argument("name")
-    tail.add_argument("--from", dest="start", default="latest", help="earliest|latest|ID")
+    tail.add_argument(
+        "--from", dest="start", type=start_position, default="latest", help="earliest|latest|ID"
+    )
     tail.add_argument(
         "--timeout", type=float, default=None, help="stop after this many idle seconds"
     )
     tail.add_argument("--show-ids", action="store_true", help="prefix entry id and time")
+    tail.add_argument(
+        "--max-entries", type=positive_int, default=None, help="stop after printing N entries"
+    )
     tail.set_defaults(handler=_tail)
 
     info = subparsers.add_parser(
@@ -60,7 +67,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     trim = subparsers.add_parser("trim", help="drop whole fragments below an entry id")
     trim.add_argument("name")
-    trim.add_argument("--before", type=int, required=True, help="entry id")
+    trim.add_argument("--before", type=entry_id, required=True, help="entry id")
     trim.set_defaults(handler=_trim)
 
     seal = subparsers.add_parser("seal", help="recover a stream and seal it for good")
@@ -141,28 +148,18 @@ def _append(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parse_start(start: str) -> str | int:
-    if start in ("earliest", "latest"):
-        return start
-    try:
-        value = int(start)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise InvalidArgumentError("--from must be earliest, latest or an entry id >= 0")
-    return value
-
-
 def _tail(args: argparse.Namespace) -> int:
-    start = _parse_start(args.start)
     out = sys.stdout.buffer
     with _client(args) as client:
-        reader = client.open_reader(args.name)
-        for entry in reader.tail(start, timeout_s=args.timeout):
-            if args.show_ids:
-                out.write(f"{entry.entry_id}\t{entry.timestamp.isoformat()}\t".encode())
-            out.write(entry.payload + b"\n")
-            out.flush()
+        entries = client.open_reader(args.name).tail(args.start, timeout_s=args.timeout)
+        # Closed before the client: a tail cut short by --max-entries stops its reads on the
+        # client's loop while that still runs.
+        with contextlib.closing(cast(Generator[Any, None, None], entries)):
+            for entry in itertools.islice(entries, args.max_entries):
+                if args.show_ids:
+                    out.write(f"{entry.entry_id}\t{entry.timestamp.isoformat()}\t".encode())
+                out.write(entry.payload + b"\n")
+                out.flush()
     return 0
 
 
@@ -224,8 +221,16 @@ def _info(args: argparse.Namespace) -> int:
 
 def _trim(args: argparse.Namespace) -> int:
     with _client(args) as client:
+        previous_first = client.stream_info(args.name).first_entry_id
         first = client.trim(args.name, before_entry_id=args.before)
-    Console().print(f"first retained entry of {args.name}: {first}")
+    if first == previous_first:
+        # Only whole closed fragments below --before go; the last one is never trimmed.
+        Console().print(
+            f"nothing was trimmed: no closed fragment of {args.name} lies wholly below entry "
+            f"{args.before}; the first retained entry stays {first}"
+        )
+    else:
+        Console().print(f"trimmed {args.name}: first retained entry {previous_first} -> {first}")
     return 0
 
 
