@@ -39,6 +39,10 @@ class StreamExistsError(StreamError):
     pass
 
 
+class BookieNotFoundError(InvalidArgumentError):
+    """No bookie of that id ever joined the cluster (it has no cookie and no registration)."""
+
+
 class InvalidTermError(StreamError):
     """Another writer took over: `term` is ours, `current_term` the newer one we saw."""
 

@@ -187,7 +187,7 @@ def fragments_naming(session: Any, bookie_id: str) -> int:
 
 
 def _decommission(args: argparse.Namespace) -> int:
-    from stream.errors import InvalidArgumentError
+    from stream.errors import BookieNotFoundError
     from stream.metadata import BookieRegistry, validate_bookie_id
     from stream.metadata.underreplication import UnderreplicationStore
     from stream.retention.units import parse_duration
@@ -203,7 +203,7 @@ def _decommission(args: argparse.Namespace) -> int:
             return 0
         registry = BookieRegistry(session)
         if registry.read_cookie(bookie_id) is None and bookie_id not in registry.available():
-            raise InvalidArgumentError("unknown bookie: it never registered", bookie=bookie_id)
+            raise BookieNotFoundError("unknown bookie: it never registered", bookie=bookie_id)
         store.set_draining(bookie_id, True)
         total = fragments_naming(session, bookie_id)
         console.print(f"draining {bookie_id}: {total} fragments name it")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import enum
 
 from stream.errors import (
+    BookieNotFoundError,
     EntryNotWrittenError,
     EntryTrimmedError,
     InvalidArgumentError,
@@ -33,6 +34,7 @@ class ExitCode(enum.IntEnum):
 _CODES: dict[type[BaseException], ExitCode] = {
     InvalidArgumentError: ExitCode.USAGE,
     StreamNotFoundError: ExitCode.NOT_FOUND,
+    BookieNotFoundError: ExitCode.NOT_FOUND,
     EntryTrimmedError: ExitCode.NOT_FOUND,
     EntryNotWrittenError: ExitCode.NOT_FOUND,
     MetadataUnavailableError: ExitCode.UNAVAILABLE,

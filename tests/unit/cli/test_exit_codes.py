@@ -8,6 +8,7 @@ import pytest
 from stream.cli.exit_codes import ExitCode, exit_code_for
 from stream.errors import (
     BookieError,
+    BookieNotFoundError,
     EntryTrimmedError,
     InvalidArgumentError,
     InvalidTermError,
@@ -26,6 +27,7 @@ from tests.unit.cli.conftest import Streamctl
     [
         (StreamNotFoundError("no such stream"), ExitCode.NOT_FOUND),
         (EntryTrimmedError("trimmed"), ExitCode.NOT_FOUND),
+        (BookieNotFoundError("never joined"), ExitCode.NOT_FOUND),
         (NotEnoughBookiesError("2 of 3"), ExitCode.UNAVAILABLE),
         (MetadataUnavailableError("no ZooKeeper"), ExitCode.UNAVAILABLE),
         (TimeoutError(), ExitCode.UNAVAILABLE),
@@ -47,6 +49,7 @@ def test_exit_codes_of_real_commands(
     assert streamctl("create", "orders", "--ensemble", "1", "--write-quorum", "1",
                      "--ack-quorum", "1") == 0  # fmt: skip
     assert streamctl("info", "missing") == 3
+    assert streamctl("bookie", "decommission", "bookie-99") == 3
     assert streamctl("create", "orders", "--ensemble", "2", "--write-quorum", "2") == 5
     assert streamctl("create", "odd", "--ensemble", "2", "--write-quorum", "3") == 2
     assert streamctl("tail", "orders", "--from", "-1") == 2
