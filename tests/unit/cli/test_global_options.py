@@ -4,11 +4,11 @@ subcommand; unreachable metadata is one line and exit code 4 within 3 s."""
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -22,12 +22,27 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_unreachable_metadata_is_one_line_and_exit_4_within_3s() -> None:
+@pytest.fixture(params=["refused", "silent"])
+def unreachable(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Yields the address of a ZooKeeper that refuses connections, or of one that accepts them
+    and never answers."""
+    if request.param == "refused":
+        yield f"127.0.0.1:{_closed_port()}"
+        return
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)  # the kernel completes the handshakes; nobody reads
+        yield f"127.0.0.1:{listener.getsockname()[1]}"
+
+
+@pytest.mark.parametrize("command", [["streams"], ["retention", "show", "s"], ["bookies"]])
+def test_unreachable_metadata_is_one_line_and_exit_4_within_3s(
+    unreachable: str, command: list[str]
+) -> None:
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "stream.cli.main", "--metadata", f"127.0.0.1:{_closed_port()}/x",
-         "streams"],
-        capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "200"},
+        [sys.executable, "-m", "stream.cli.main", "--metadata", f"{unreachable}/x", *command],
+        capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     elapsed_s = time.monotonic() - started
     assert done.returncode == 4
