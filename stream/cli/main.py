@@ -11,6 +11,7 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 
+from stream.cli import arguments
 from stream.cli.exit_codes import ExitCode, exit_code_for
 from stream.errors import StreamError
 from stream.logging import configure_logging
@@ -32,17 +33,6 @@ COMMAND_MODULES = (
 )
 
 
-def _seconds(text: str) -> float:
-    """Returns the positive number of seconds in `text` (argparse type)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value < 86_400:
-        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
-    return value
-
-
 def _add_global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
     """Adds the options every command takes. Below the top parser they default to SUPPRESS, so
     that given after the subcommand they override the top's value, and otherwise leave it."""
@@ -58,10 +48,10 @@ def _add_global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
     )
     parser.add_argument(
         "--connect-timeout",
-        type=_seconds,
+        type=arguments.duration,
         default=default(DEFAULT_CONNECT_TIMEOUT_S),
         metavar="SECONDS",
-        help=f"give up reaching the metadata after (default {DEFAULT_CONNECT_TIMEOUT_S:g})",
+        help=f"give up reaching the metadata after (default {DEFAULT_CONNECT_TIMEOUT_S:g}; 500ms)",
     )
     if "--output" not in parser._option_string_actions:
         parser.add_argument(
