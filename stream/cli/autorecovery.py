@@ -14,7 +14,7 @@ from rich.table import Table
 
 from stream.cli.connect import open_session
 from stream.cli.output import console as output_console
-from stream.cli.output import print_json, supports_json, wants_json
+from stream.cli.output import print_json, runs_until_stopped, supports_json, wants_json
 from stream.errors import StreamError
 
 
@@ -54,6 +54,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     run.add_argument("--session-timeout", default="10s", help="ZooKeeper session timeout")
     run.add_argument("--id", default=None, help="name of this instance (default host-pid)")
+    runs_until_stopped(run)
     run.set_defaults(handler=_run)
 
     under = subparsers.add_parser(

@@ -12,7 +12,13 @@ from rich.table import Table
 
 from stream.cli.connect import open_session
 from stream.cli.output import console as output_console
-from stream.cli.output import print_json, print_json_lines, supports_json, wants_json
+from stream.cli.output import (
+    print_json,
+    print_json_lines,
+    runs_until_stopped,
+    supports_json,
+    wants_json,
+)
 from stream.errors import InvalidArgumentError, StreamError
 
 
@@ -23,6 +29,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     start = sub.add_parser("start", help="run one bookie in the foreground")
     start.add_argument("--config", required=True, help="path of bookie.toml")
+    runs_until_stopped(start)
     start.set_defaults(handler=_start)
 
     fix = sub.add_parser(

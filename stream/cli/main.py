@@ -22,15 +22,7 @@ METADATA_ENV = "STREAMKEEPER_METADATA"
 DEFAULT_CONNECT_TIMEOUT_S = 1.5
 
 # Modules under stream.cli that add subcommands, in help order.
-COMMAND_MODULES = (
-    "bookie",
-    "sandbox",
-    "streams",
-    "retention",
-    "autorecovery",
-    "bench",
-    "sim",
-)
+COMMAND_MODULES = ("bookie", "sandbox", "streams", "retention", "autorecovery", "bench", "sim")
 
 
 def _add_global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
@@ -91,10 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _quiet_kazoo(level: str) -> None:
-    """Keeps kazoo's own lines ("Connection dropped: ...", one per retry) off stderr: the
-    command reports the outcome in one line. `--log-level debug` shows them."""
-    if level.lower() != "debug":
+def _quiet_kazoo(args: argparse.Namespace) -> None:
+    """Keeps kazoo's own lines ("Connection dropped: ...", one per retry) off stderr: a command
+    reports its outcome in one line. Services (`runs_until_stopped`) and `--log-level debug`
+    keep them."""
+    if not getattr(args, "service", False) and args.log_level.lower() != "debug":
         logging.getLogger("kazoo").setLevel(logging.CRITICAL)
 
 
@@ -104,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.output == "json" and not getattr(args, "json_output", False):
         parser.error(f"{args.command}: --output json is not supported here")
     configure_logging(json=True if args.log_json else None, level=args.log_level)
-    _quiet_kazoo(args.log_level)
+    _quiet_kazoo(args)
     try:
         return int(args.handler(args) or 0)
     except StreamError as e:

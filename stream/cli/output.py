@@ -24,6 +24,12 @@ def supports_json(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(json_output=True)
 
 
+def runs_until_stopped(parser: argparse.ArgumentParser) -> None:
+    """Marks the command of `parser` as a service: its logs are its output, kazoo's reports of
+    lost ZooKeeper connections included."""
+    parser.set_defaults(service=True)
+
+
 def console(*, stderr: bool = False) -> Console:
     """Returns a console for tables: at the terminal's width on a terminal, unwrapped
     otherwise (scripts grep whole rows)."""

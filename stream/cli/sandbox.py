@@ -11,6 +11,7 @@ from typing import Any
 
 from rich.console import Console
 
+from stream.cli.output import runs_until_stopped
 from stream.sandbox.cluster import SandboxCluster
 
 
@@ -33,6 +34,7 @@ def register(sub: Any) -> None:
         default="10s",
         help="rounds of the retention service (default 10s; 'off': no service)",
     )
+    runs_until_stopped(p)
     p.set_defaults(handler=run)
 
 

@@ -95,3 +95,12 @@ def test_json_refused_where_a_command_has_none(capsys: pytest.CaptureFixture[str
         main(["--output", "json", "seal", "s"])
     assert refused.value.code == 2
     assert "--output json" in capsys.readouterr().err
+
+
+def test_services_keep_kazoo_lines() -> None:
+    # A service's logs are its output: a ZooKeeper outage must show in them, so only commands
+    # that end have kazoo's reconnect lines kept off stderr.
+    for argv in (["bookie", "start", "--config", "none.toml"], ["retention", "run"],
+                 ["autorecovery", "run"], ["sandbox", "--data-dir", "d"], ["streams"]):  # fmt: skip
+        args = build_parser().parse_args(argv)
+        assert getattr(args, "service", False) == (argv[0] != "streams")
