@@ -13,6 +13,7 @@ T = TypeVar("T")
 
 # Entry ids are int64 on the wire and in the bookies' index.
 MAX_ENTRY_ID = (1 << 63) - 1
+_AN_ENTRY_ID = f"an entry id (a whole number from 0 to {MAX_ENTRY_ID})"
 
 
 def _usage(parse: Callable[[str], T], name: str) -> Callable[[str], T]:
@@ -37,7 +38,7 @@ def _size(text: str) -> int:
 def _sizes(text: str) -> list[int]:
     values = [_size(v) for v in text.split(",") if v.strip()]
     if not values:
-        raise InvalidArgumentError("a comma-separated list of sizes", value=text)
+        raise InvalidArgumentError("expected a comma-separated list of sizes", value=text)
     return values
 
 
@@ -53,7 +54,7 @@ def _entry_id(text: str) -> int:
     except ValueError:
         value = -1
     if not 0 <= value <= MAX_ENTRY_ID:
-        raise InvalidArgumentError(f"an entry id is a whole number from 0 to {MAX_ENTRY_ID}")
+        raise InvalidArgumentError(f"expected {_AN_ENTRY_ID}", value=text)
     return value
 
 
@@ -62,8 +63,10 @@ def _start(text: str) -> str | int:
         return text
     try:
         return _entry_id(text)
-    except InvalidArgumentError as e:
-        raise InvalidArgumentError(f"earliest, latest or {e.message}", value=text) from None
+    except InvalidArgumentError:
+        raise InvalidArgumentError(
+            f"expected earliest, latest or {_AN_ENTRY_ID}", value=text
+        ) from None
 
 
 def _positive_int(text: str) -> int:
@@ -72,7 +75,7 @@ def _positive_int(text: str) -> int:
     except ValueError:
         value = 0
     if value < 1:
-        raise InvalidArgumentError("a whole number >= 1", value=text)
+        raise InvalidArgumentError("expected a whole number >= 1", value=text)
     return value
 
 

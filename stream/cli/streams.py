@@ -54,7 +54,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     tail.add_argument("--show-ids", action="store_true", help="prefix entry id and time")
     tail.add_argument(
-        "--max-entries", type=positive_int, default=None, help="stop after printing N entries"
+        "--max-entries",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="stop after printing N entries",
     )
     tail.set_defaults(handler=_tail)
 
