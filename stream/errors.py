@@ -39,6 +39,10 @@ class StreamExistsError(StreamError):
     pass
 
 
+class BookieNotFoundError(InvalidArgumentError):
+    """No bookie of that id ever joined the cluster (it has no cookie and no registration)."""
+
+
 class InvalidTermError(StreamError):
     """Another writer took over: `term` is ours, `current_term` the newer one we saw."""
 
@@ -69,6 +73,10 @@ class ChecksumError(StreamError):
 
 class MetadataError(StreamError):
     """ZooKeeper metadata is missing, malformed, or a CAS kept failing."""
+
+
+class MetadataUnavailableError(MetadataError):
+    """ZooKeeper could not be reached, or did not answer, in time; trying later may work."""
 
 
 class CookieMismatchError(StreamError):

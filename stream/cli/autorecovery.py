@@ -12,6 +12,9 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from stream.cli.connect import open_session
+from stream.cli.output import console as output_console
+from stream.cli.output import print_json, runs_until_stopped, supports_json, wants_json
 from stream.errors import StreamError
 
 
@@ -51,11 +54,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     run.add_argument("--session-timeout", default="10s", help="ZooKeeper session timeout")
     run.add_argument("--id", default=None, help="name of this instance (default host-pid)")
+    runs_until_stopped(run)
     run.set_defaults(handler=_run)
 
     under = subparsers.add_parser(
         "underreplicated", help="list the under-replicated fragments and who repairs them"
     )
+    supports_json(under)
     under.set_defaults(handler=_underreplicated)
 
 
@@ -72,12 +77,6 @@ def add_decommission(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     decommission.add_argument("--no-wait", action="store_true", help="start the drain only")
     decommission.add_argument("--cancel", action="store_true", help="stop draining the bookie")
     decommission.set_defaults(handler=_decommission)
-
-
-def _session(args: argparse.Namespace, session_timeout_s: float = 10.0) -> Any:
-    from stream.metadata import MetadataSession
-
-    return MetadataSession.connect(args.metadata, session_timeout_s=session_timeout_s)
 
 
 def _ms(text: str) -> int:
@@ -104,7 +103,7 @@ def _run(args: argparse.Namespace) -> int:
     configure_logging(
         json=args.log_json or None, level="debug" if args.log_level == "debug" else "info"
     )
-    with _session(args, parse_duration(args.session_timeout)) as session:
+    with open_session(args, parse_duration(args.session_timeout)) as session:
         service = AutoRecovery(session, settings, identifier=args.id, auditor=not args.no_auditor)
 
         def on_signal(*_: object) -> None:
@@ -120,40 +119,58 @@ def _underreplicated(args: argparse.Namespace) -> int:
     from stream.metadata import StreamStore
     from stream.metadata.underreplication import UnderreplicationStore
 
-    console = Console()
-    with _session(args) as session:
+    with open_session(args) as session:
         store = UnderreplicationStore(session)
         streams = StreamStore(session)
-        markers = store.markers()
-        table = Table(title=f"under-replicated fragments: {len(markers)}")
-        for column in ("stream", "first entry", "replace", "reason", "age", "worker", "copied"):
-            table.add_column(
-                column, justify="right" if column in ("first entry", "copied") else "left"
-            )
         now_ms = time.time_ns() // 1_000_000
         names: dict[int, str] = {}
-        for marker in markers:
+        rows: list[dict[str, Any]] = []
+        for marker in store.markers():
             if marker.stream_id not in names:
                 try:
                     names[marker.stream_id] = streams.get_stream_by_id(marker.stream_id)[0].name
                 except StreamError:
                     names[marker.stream_id] = f"#{marker.stream_id} (gone)"
             lock = store.lock_info(marker.name)
-            age_s = max(0, now_ms - marker.marked_ms) // 1000
-            table.add_row(
-                names[marker.stream_id],
-                str(marker.first_entry_id),
-                ", ".join(marker.bookies),
-                marker.reason,
-                f"{age_s}s",
-                lock.owner if lock else "-",
-                f"{lock.copied_entries} entries -> {lock.target}" if lock and lock.target else "-",
+            rows.append(
+                {
+                    "stream": names[marker.stream_id],
+                    "stream_id": marker.stream_id,
+                    "first_entry_id": marker.first_entry_id,
+                    "replace": list(marker.bookies),
+                    "reason": marker.reason,
+                    "age_s": max(0, now_ms - marker.marked_ms) // 1000,
+                    "worker": lock.owner if lock else None,
+                    "copied_entries": lock.copied_entries if lock and lock.target else None,
+                    "target": lock.target if lock and lock.target else None,
+                }
             )
         draining = sorted(store.draining())
-    console.print(table)
+    if wants_json(args):
+        print_json({"fragments": rows, "draining": draining})
+        return 0
+    console = output_console()
+    console.print(_underreplicated_table(rows))
     if draining:
         console.print(f"draining: {', '.join(draining)}")
     return 0
+
+
+def _underreplicated_table(rows: list[dict[str, Any]]) -> Table:
+    table = Table(title=f"under-replicated fragments: {len(rows)}")
+    for column in ("stream", "first entry", "replace", "reason", "age", "worker", "copied"):
+        table.add_column(column, justify="right" if column in ("first entry", "copied") else "left")
+    for row in rows:
+        table.add_row(
+            row["stream"],
+            str(row["first_entry_id"]),
+            ", ".join(row["replace"]),
+            row["reason"],
+            f"{row['age_s']}s",
+            row["worker"] or "-",
+            "-" if row["target"] is None else f"{row['copied_entries']} entries -> {row['target']}",
+        )
+    return table
 
 
 def fragments_naming(session: Any, bookie_id: str) -> int:
@@ -173,7 +190,7 @@ def fragments_naming(session: Any, bookie_id: str) -> int:
 
 
 def _decommission(args: argparse.Namespace) -> int:
-    from stream.errors import InvalidArgumentError
+    from stream.errors import BookieNotFoundError
     from stream.metadata import BookieRegistry, validate_bookie_id
     from stream.metadata.underreplication import UnderreplicationStore
     from stream.retention.units import parse_duration
@@ -181,7 +198,7 @@ def _decommission(args: argparse.Namespace) -> int:
     bookie_id = validate_bookie_id(args.bookie_id)
     timeout_s = parse_duration(args.timeout)
     console = Console(stderr=True)
-    with _session(args) as session:
+    with open_session(args) as session:
         store = UnderreplicationStore(session)
         if args.cancel:
             store.set_draining(bookie_id, False)
@@ -189,7 +206,7 @@ def _decommission(args: argparse.Namespace) -> int:
             return 0
         registry = BookieRegistry(session)
         if registry.read_cookie(bookie_id) is None and bookie_id not in registry.available():
-            raise InvalidArgumentError("unknown bookie: it never registered", bookie=bookie_id)
+            raise BookieNotFoundError("unknown bookie: it never registered", bookie=bookie_id)
         store.set_draining(bookie_id, True)
         total = fragments_naming(session, bookie_id)
         console.print(f"draining {bookie_id}: {total} fragments name it")

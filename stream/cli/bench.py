@@ -20,6 +20,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from stream.cli import arguments
 from stream.errors import InvalidArgumentError
 
 # One append in this many has its latency measured (a done-callback on every future would
@@ -42,7 +43,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     append = sub.add_parser("append", help="append throughput and latency")
     common(append)
-    append.add_argument("--sizes", default="100,1024,16384", help="entry sizes, bytes")
+    append.add_argument(
+        "--sizes", type=arguments.sizes, default="100,1024,16384", help="entry sizes, e.g. 100,1KiB"
+    )
     append.add_argument("--writers", default="1,8", help="concurrent writers (one stream each)")
     append.add_argument("--quorums", default="e3w3a2,e3w2a2", help="eEwWaA list")
     append.add_argument("--seconds", type=float, default=5.0, help="appending time per run")
@@ -62,8 +65,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     tail = sub.add_parser("tail", help="throughput of a reader catching up")
     common(tail)
-    tail.add_argument("--total-bytes", type=int, default=1 << 30, help="default 1 GiB")
-    tail.add_argument("--entry-size", type=int, default=16384, help="bytes (default 16 KiB)")
+    tail.add_argument("--total-bytes", type=arguments.size, default=1 << 30, help="default 1GiB")
+    tail.add_argument("--entry-size", type=arguments.size, default=16384, help="default 16KiB")
     tail.add_argument("--quorum", default="e3w3a2")
     tail.set_defaults(handler=_tail)
 
@@ -245,7 +248,6 @@ def _append_run(
 def _append(args: argparse.Namespace) -> int:
     from stream.client import StreamClient
 
-    sizes = _int_list(args.sizes, "--sizes")
     writer_counts = _int_list(args.writers, "--writers")
     quorums = [q.strip() for q in args.quorums.split(",") if q.strip()]
     for q in quorums:
@@ -271,7 +273,7 @@ def _append(args: argparse.Namespace) -> int:
     results = []
     with _cluster(args) as metadata, StreamClient.connect(metadata) as client:
         for quorum in quorums:
-            for size in sizes:
+            for size in args.sizes:
                 for writers in writer_counts:
                     result = _append_run(client, size, writers, quorum, args.seconds, None)
                     results.append(result)

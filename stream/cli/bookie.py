@@ -4,20 +4,32 @@ wiped or replaced, and ask a running one what it holds."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from stream.cli.connect import open_session
+from stream.cli.output import console as output_console
+from stream.cli.output import (
+    print_json,
+    print_json_lines,
+    runs_until_stopped,
+    supports_json,
+    wants_json,
+)
 from stream.errors import InvalidArgumentError, StreamError
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Adds `bookie start|fix-cookie|info|state|decommission` to `streamctl`."""
+    """Adds `bookie start|fix-cookie|info|state|decommission` and `bookies` to `streamctl`."""
     bookie = subparsers.add_parser("bookie", help="run or inspect a bookie")
     sub = bookie.add_subparsers(dest="bookie_command", metavar="SUBCOMMAND", required=True)
 
     start = sub.add_parser("start", help="run one bookie in the foreground")
     start.add_argument("--config", required=True, help="path of bookie.toml")
+    runs_until_stopped(start)
     start.set_defaults(handler=_start)
 
     fix = sub.add_parser(
@@ -32,17 +44,28 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     info = sub.add_parser("info", help="print a running bookie's Info")
     info.add_argument("--address", required=True, help="the bookie's HOST:PORT")
     info.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
+    supports_json(info)
     info.set_defaults(handler=_info)
 
     state = sub.add_parser("state", help="print a running bookie's state of one stream")
     state.add_argument("--address", required=True, help="the bookie's HOST:PORT")
     state.add_argument("--stream-id", type=int, required=True, help="the stream's numeric id")
     state.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
+    supports_json(state)
     state.set_defaults(handler=_state)
 
     from stream.cli.autorecovery import add_decommission
 
     add_decommission(sub)
+
+    bookies = subparsers.add_parser(
+        "bookies",
+        help="list the bookies: id, address, state, journal mode, free space",
+        description="One row per bookie that joined the cluster. State: available, read-only, "
+        "draining (being decommissioned) or down (holds a cookie, not registered now).",
+    )
+    supports_json(bookies)
+    bookies.set_defaults(handler=_bookies)
 
 
 def _start(args: argparse.Namespace) -> int:
@@ -97,25 +120,39 @@ def _call(address: str, timeout_s: float, method: str, request: object) -> objec
             ) from None
 
 
-def _print_fields(title: str, message: object) -> None:
-    from google.protobuf.json_format import MessageToDict
+def _fields(message: Any) -> dict[str, Any]:
+    """Returns a response's scalar fields by name: numbers stay numbers (protobuf's JSON
+    mapping would turn 64-bit ones into strings) and enums become their names."""
+    fields: dict[str, Any] = {}
+    for field in message.DESCRIPTOR.fields:
+        value = getattr(message, field.name)
+        if field.enum_type is not None:
+            value = field.enum_type.values_by_number[value].name
+        fields[field.name] = value
+    return fields
 
-    fields = MessageToDict(
-        message,  # type: ignore[arg-type]
-        always_print_fields_with_no_presence=True,
-        preserving_proto_field_name=True,
-    )
+
+def _print_fields(args: argparse.Namespace, title: str, message: object) -> None:
+    from stream.retention.units import format_size
+
+    fields = _fields(message)
+    if wants_json(args):
+        print_json(fields)
+        return
     table = Table(title=title, show_header=False)
     for key, value in fields.items():
-        table.add_row(key, str(value))
-    Console().print(table)
+        shown = format_size(value) if key.endswith("_bytes") and value else str(value)
+        table.add_row(key, shown)
+    output_console().print(table)
 
 
 def _info(args: argparse.Namespace) -> int:
     from stream.wire import bookie_pb2 as pb
 
     _print_fields(
-        f"bookie {args.address}", _call(args.address, args.timeout, "Info", pb.InfoRequest())
+        args,
+        f"bookie {args.address}",
+        _call(args.address, args.timeout, "Info", pb.InfoRequest()),
     )
     return 0
 
@@ -128,5 +165,75 @@ def _state(args: argparse.Namespace) -> int:
     response = _call(
         args.address, args.timeout, "StreamState", pb.StreamStateRequest(stream_id=args.stream_id)
     )
-    _print_fields(f"stream {args.stream_id} on {args.address}", response)
+    _print_fields(args, f"stream {args.stream_id} on {args.address}", response)
+    return 0
+
+
+def _bookie_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Returns one dict per bookie that joined: its id, state, whether it drains, and its
+    registration's fields (None for a bookie that is down)."""
+    from stream.metadata import BookieRegistration, BookieRegistry
+    from stream.metadata.underreplication import UnderreplicationStore
+
+    with open_session(args) as session:
+        registry = BookieRegistry(session)
+        available = registry.available()
+        known = set(registry.with_cookie()) | set(available)
+        draining = UnderreplicationStore(session).draining()
+    rows = []
+    for bookie_id in sorted(known):
+        reg = available.get(bookie_id)
+        if reg is None:
+            state = "down"
+            fields = {f.name: None for f in dataclasses.fields(BookieRegistration)}
+        else:
+            state = "read-only" if reg.read_only else "available"
+            fields = dataclasses.asdict(reg)
+        if bookie_id in draining and reg is not None:
+            state = "draining"  # it turned read-only for that: say why
+        address = fields.pop("address")
+        rows.append(
+            {
+                "bookie_id": bookie_id,
+                "address": address,
+                "state": state,
+                "draining": bookie_id in draining,
+                **fields,
+            }
+        )
+    return rows
+
+
+# Columns of `streamctl bookies` named apart from the registration's own field names.
+_BOOKIE_COLUMNS = {"bookie_id": "bookie", "journal_write_data": "journal", "free_bytes": "free"}
+
+
+def _shown(key: str, value: Any) -> str:
+    from stream.retention.units import format_size
+
+    if value is None:
+        return "-"
+    if key == "journal_write_data":
+        return "on" if value else "off (BP-46)"
+    if key.endswith("_bytes") and isinstance(value, int):
+        return format_size(value)
+    return str(value)
+
+
+def _bookies(args: argparse.Namespace) -> int:
+    rows = _bookie_rows(args)
+    if wants_json(args):
+        print_json_lines(rows)
+        return 0
+    # Every field a registration holds gets a column, also ones added after this was written.
+    keys = [k for k in (rows[0] if rows else {}) if k not in ("draining", "read_only")]
+    table = Table(title=f"bookies: {len(rows)}")
+    for key in keys:
+        table.add_column(_BOOKIE_COLUMNS.get(key, key.replace("_", " ")))
+    for row in rows:
+        cells = [_shown(key, row[key]) for key in keys]
+        if row["draining"] and row["state"] != "draining":
+            cells[keys.index("state")] += ", draining"
+        table.add_row(*cells)
+    output_console().print(table)
     return 0

@@ -1,31 +1,78 @@
 """`streamctl`: one command for operators and users. Each area registers its subcommands from
-its own module (`register(subparsers)`); a handler gets the parsed args and returns an exit code."""
+its own module (`register(subparsers)`); a handler gets the parsed args and returns an exit code
+(`stream.cli.exit_codes`)."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import logging
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
+from stream.cli import arguments
+from stream.cli.exit_codes import ExitCode, exit_code_for
 from stream.errors import StreamError
 from stream.logging import configure_logging
 
 DEFAULT_METADATA = "127.0.0.1:2181/streamkeeper"
+METADATA_ENV = "STREAMKEEPER_METADATA"
+# Unreachable metadata is reported within 3 s of starting: imports and the connect attempt.
+DEFAULT_CONNECT_TIMEOUT_S = 1.5
 
 # Modules under stream.cli that add subcommands, in help order.
 COMMAND_MODULES = ("bookie", "sandbox", "streams", "retention", "autorecovery", "bench", "sim")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="streamctl", description="Streamkeeper: replicated, durable streams"
-    )
+def _add_global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    """Adds the options every command takes. Below the top parser they default to SUPPRESS, so
+    that given after the subcommand they override the top's value, and otherwise leave it."""
+
+    def default(value: object) -> object:
+        return value if top else argparse.SUPPRESS
+
+    metadata = os.environ.get(METADATA_ENV) or DEFAULT_METADATA
     parser.add_argument(
         "--metadata",
-        default=DEFAULT_METADATA,
-        help=f"ZooKeeper HOSTS/ROOT (default {DEFAULT_METADATA})",
+        default=default(metadata),
+        help=f"ZooKeeper HOSTS/ROOT (default ${METADATA_ENV}, else {DEFAULT_METADATA})",
     )
+    parser.add_argument(
+        "--connect-timeout",
+        type=arguments.duration,
+        default=default(DEFAULT_CONNECT_TIMEOUT_S),
+        metavar="SECONDS",
+        help=f"give up reaching the metadata after (default {DEFAULT_CONNECT_TIMEOUT_S:g}; 500ms)",
+    )
+    if "--output" not in parser._option_string_actions:
+        parser.add_argument(
+            "--output",
+            choices=("text", "json"),
+            default=default("text"),
+            help="text (tables) or json (for scripts)",
+        )
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    """Yields every parser below `parser`, each once (aliases share one)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            seen: set[int] = set()
+            for child in action.choices.values():
+                if id(child) not in seen:
+                    seen.add(id(child))
+                    yield child
+                    yield from _subparsers(child)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="streamctl",
+        description="Streamkeeper: replicated, durable streams. Exit codes: 0 ok, 1 error, "
+        "2 usage, 3 not found, 4 unavailable, 5 conflict.",
+    )
+    _add_global_options(parser, top=True)
     parser.add_argument("--log-level", default="warning", help="debug|info|warning|error")
     parser.add_argument(
         "--log-json",
@@ -35,18 +82,34 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(f"stream.cli.{name}").register(sub)
+    for child in _subparsers(parser):
+        _add_global_options(child, top=False)
     return parser
+
+
+def _quiet_kazoo(args: argparse.Namespace) -> None:
+    """Keeps kazoo's own lines ("Connection dropped: ...", one per retry) off stderr: a command
+    reports its outcome in one line. Services (`runs_until_stopped`) and `--log-level debug`
+    keep them."""
+    if not getattr(args, "service", False) and args.log_level.lower() != "debug":
+        logging.getLogger("kazoo").setLevel(logging.CRITICAL)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.output == "json" and not getattr(args, "json_output", False):
+        parser.error(f"{args.command}: --output json is not supported here")
     configure_logging(json=True if args.log_json else None, level=args.log_level)
+    _quiet_kazoo(args)
     try:
         return int(args.handler(args) or 0)
     except StreamError as e:
         sys.stderr.write(f"streamctl: error: {e}\n")
-        return 1
+        return int(exit_code_for(e))
+    except TimeoutError as e:
+        sys.stderr.write(f"streamctl: error: timed out: {e}\n")
+        return int(ExitCode.UNAVAILABLE)
     except KeyboardInterrupt:
         return 130
 

@@ -12,6 +12,9 @@ from typing import Any, TypeVar
 from rich.console import Console
 from rich.table import Table
 
+from stream.cli.connect import open_session
+from stream.cli.output import console as output_console
+from stream.cli.output import print_json, runs_until_stopped, supports_json, wants_json
 from stream.errors import InvalidArgumentError
 
 _NONE = ("none", "off", "unlimited")
@@ -38,6 +41,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     show = sub.add_parser("show", help="show a stream's policy and what it retains")
     show.add_argument("name")
+    supports_json(show)
     show.set_defaults(handler=_show)
 
     run = sub.add_parser(
@@ -53,6 +57,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     run.add_argument("--max-takeovers-per-round", type=int, default=4)
     run.add_argument("--session-timeout", default="10s", help="ZooKeeper session timeout")
     run.add_argument("--id", default=None, help="name of this instance (default host-pid)")
+    runs_until_stopped(run)
     run.set_defaults(handler=_run)
 
 
@@ -63,12 +68,6 @@ def _optional(text: str | None, parse: Callable[[str], T]) -> tuple[bool, T | No
     if text.strip().lower() in _NONE:
         return True, None
     return True, parse(text)
-
-
-def _session(args: argparse.Namespace, session_timeout_s: float = 10.0) -> Any:
-    from stream.metadata import MetadataSession
-
-    return MetadataSession.connect(args.metadata, session_timeout_s=session_timeout_s)
 
 
 def _set(args: argparse.Namespace) -> int:
@@ -82,7 +81,7 @@ def _set(args: argparse.Namespace) -> int:
     # Everything is parsed before anything is written.
     age_given, max_age_s = _optional(args.max_age, parse_duration)
     bytes_given, max_bytes = _optional(args.max_bytes, parse_size)
-    with _session(args) as session:
+    with open_session(args) as session:
         store = StreamStore(session)
         meta, _ = store.get_stream(args.name)
         current = meta.retention or RetentionPolicy()
@@ -115,43 +114,61 @@ def _describe(policy: Any) -> str:
 def _show(args: argparse.Namespace) -> int:
     from stream.metadata import StreamStore
     from stream.retention.policy import plan_retention
-    from stream.retention.units import format_duration, format_size
 
-    with _session(args) as session:
+    with open_session(args) as session:
         store = StreamStore(session)
         meta, _ = store.get_stream(args.name)
         meta, _, fragments = store.get_snapshot(meta.id)
         writer_alive = store.writer_alive(meta.id)
     now_ms = int(time.time() * 1000)
     policy = meta.retention
-    table = Table(title=f"retention of {meta.name}", show_header=False)
-    table.add_row("policy", _describe(policy))
-    table.add_row(
-        "max age",
-        "-" if not policy or policy.max_age_s is None else format_duration(policy.max_age_s),
-    )
-    table.add_row(
-        "max bytes",
-        "-" if not policy or policy.max_bytes is None else format_size(policy.max_bytes),
-    )
-    table.add_row("first retained entry", str(meta.first_entry_id))
-    table.add_row("fragments retained", str(len(fragments)))
     closed = fragments[:-1]
     known = [f.bytes for f in closed if f.bytes is not None]
-    shown_bytes = format_size(sum(known)) if sum(known) else "0 B"
-    if len(known) < len(closed):
-        shown_bytes += f" (+{len(closed) - len(known)} fragments of unknown size)"
-    table.add_row("closed fragments' bytes", shown_bytes + " (+ the open last fragment)")
     stamps = [f.last_timestamp_ms for f in closed if f.last_timestamp_ms is not None]
-    if stamps:
+    report: dict[str, Any] = {
+        "stream": meta.name,
+        "max_age_s": None if policy is None else policy.max_age_s,
+        "max_bytes": None if policy is None else policy.max_bytes,
+        "first_entry_id": meta.first_entry_id,
+        "fragments_retained": len(fragments),
+        "closed_fragments_bytes": sum(known),
+        "closed_fragments_of_unknown_size": len(closed) - len(known),
         # Whole seconds: "3d4h5m6s ago" reads better than a float.
-        age_s = max(round((now_ms - min(stamps)) / 1000), 1)
-        table.add_row("oldest closed fragment's last entry", format_duration(age_s) + " ago")
-    plan = plan_retention(fragments, policy, now_ms)
-    table.add_row("due for deletion", f"{plan.delete_count} fragments")
-    table.add_row("writer", "live" if writer_alive else "none")
-    Console().print(table)
+        "oldest_closed_age_s": max(round((now_ms - min(stamps)) / 1000), 1) if stamps else None,
+        "fragments_due_for_deletion": plan_retention(fragments, policy, now_ms).delete_count,
+        "writer_alive": writer_alive,
+    }
+    if wants_json(args):
+        print_json(report)
+    else:
+        output_console().print(_retention_table(report, policy))
     return 0
+
+
+def _retention_table(report: dict[str, Any], policy: Any) -> Table:
+    from stream.retention.units import format_duration, format_size
+
+    def shown(value: Any, fmt: Callable[[Any], str]) -> str:
+        return "-" if value is None else fmt(value)
+
+    table = Table(title=f"retention of {report['stream']}", show_header=False)
+    table.add_row("policy", _describe(policy))
+    table.add_row("max age", shown(report["max_age_s"], format_duration))
+    table.add_row("max bytes", shown(report["max_bytes"], format_size))
+    table.add_row("first retained entry", str(report["first_entry_id"]))
+    table.add_row("fragments retained", str(report["fragments_retained"]))
+    shown_bytes = format_size(report["closed_fragments_bytes"])
+    if report["closed_fragments_of_unknown_size"]:
+        shown_bytes += f" (+{report['closed_fragments_of_unknown_size']} fragments of unknown size)"
+    table.add_row("closed fragments' bytes", shown_bytes + " (+ the open last fragment)")
+    if report["oldest_closed_age_s"] is not None:
+        table.add_row(
+            "oldest closed fragment's last entry",
+            format_duration(report["oldest_closed_age_s"]) + " ago",
+        )
+    table.add_row("due for deletion", f"{report['fragments_due_for_deletion']} fragments")
+    table.add_row("writer", "live" if report["writer_alive"] else "none")
+    return table
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -171,7 +188,7 @@ def _run(args: argparse.Namespace) -> int:
         json=args.log_json or None, level="debug" if args.log_level == "debug" else "info"
     )
     console = Console(stderr=True)
-    with _session(args, session_timeout_s) as session:
+    with open_session(args, session_timeout_s) as session:
         service = RetentionService(session, settings, identifier=args.id)
         if args.once:
             try:

@@ -12,6 +12,7 @@ from typing import Any
 
 from rich.console import Console
 
+from stream.cli.output import runs_until_stopped
 from stream.sandbox.cluster import SandboxCluster
 
 # How often the sandbox looks for processes that exited.
@@ -47,6 +48,7 @@ def register(sub: Any) -> None:
         default="10s",
         help="rounds of the retention service (default 10s; 'off': no service)",
     )
+    runs_until_stopped(p)
     p.set_defaults(handler=run)
 
 

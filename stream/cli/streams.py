@@ -9,16 +9,22 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import datetime
+import itertools
 import json
 import sys
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Generator, Iterator
+from typing import TYPE_CHECKING, Any, cast
 
 from rich.console import Console
 from rich.progress import Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from stream.errors import InvalidArgumentError, StreamError
+from stream.cli.arguments import duration, entry_id, positive_int, size, start_position
+from stream.cli.connect import open_client
+from stream.cli.exit_codes import ExitCode
+from stream.cli.output import console as output_console
+from stream.cli.output import print_json, print_json_lines, supports_json, wants_json
+from stream.errors import StreamError
 
 if TYPE_CHECKING:
     from stream.client import StreamWriter
@@ -32,10 +38,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     create.add_argument("--write-quorum", type=int, default=3, help="WQ (default 3)")
     create.add_argument("--ack-quorum", type=int, default=2, help="AQ (default 2)")
     create.add_argument("--fragment-max-entries", type=int, default=100_000)
-    create.add_argument("--fragment-max-bytes", type=int, default=64 << 20)
-    create.add_argument("--fragment-max-age", type=float, default=None, help="seconds")
-    create.add_argument("--retention-max-age", type=float, default=None, help="seconds")
-    create.add_argument("--retention-max-bytes", type=int, default=None)
+    create.add_argument("--fragment-max-bytes", type=size, default=64 << 20, help="e.g. 64MiB")
+    create.add_argument("--fragment-max-age", type=duration, default=None, help="e.g. 1h, 90s")
+    create.add_argument("--retention-max-age", type=duration, default=None, help="e.g. 7d, 12h")
+    create.add_argument("--retention-max-bytes", type=size, default=None, help="e.g. 10GiB")
     create.add_argument(
         "--allow-fewer-bookies",
         action="store_true",
@@ -53,22 +59,32 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     tail = subparsers.add_parser("tail", help="print entries as they are acknowledged")
     tail.add_argument("name")
-    tail.add_argument("--from", dest="start", default="latest", help="earliest|latest|ID")
+    tail.add_argument(
+        "--from", dest="start", type=start_position, default="latest", help="earliest|latest|ID"
+    )
     tail.add_argument(
         "--timeout", type=float, default=None, help="stop after this many idle seconds"
     )
     tail.add_argument("--show-ids", action="store_true", help="prefix entry id and time")
+    tail.add_argument(
+        "--max-entries",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="stop after printing N entries",
+    )
     tail.set_defaults(handler=_tail)
 
     info = subparsers.add_parser(
         "info", help="show a stream's term, state, LAC, fragments and term history"
     )
     info.add_argument("name")
+    supports_json(info)
     info.set_defaults(handler=_info)
 
     trim = subparsers.add_parser("trim", help="drop whole fragments below an entry id")
     trim.add_argument("name")
-    trim.add_argument("--before", type=int, required=True, help="entry id")
+    trim.add_argument("--before", type=entry_id, required=True, help="entry id")
     trim.set_defaults(handler=_trim)
 
     seal = subparsers.add_parser("seal", help="recover a stream and seal it for good")
@@ -87,7 +103,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="end the previous term after the last entry some bookie still holds",
     )
     recover.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    recover.add_argument("--output", choices=("text", "json"), default="text")
+    supports_json(recover)
     recover.set_defaults(handler=_recover)
 
     delete = subparsers.add_parser("delete", help="delete a stream and its data")
@@ -98,13 +114,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     delete.set_defaults(handler=_delete)
 
     streams = subparsers.add_parser("streams", help="list the streams")
+    supports_json(streams)
     streams.set_defaults(handler=_list)
 
 
 def _client(args: argparse.Namespace) -> Any:
-    from stream.client import StreamClient
-
-    return StreamClient.connect(args.metadata)
+    return open_client(args)
 
 
 def _create(args: argparse.Namespace) -> int:
@@ -222,35 +237,30 @@ def _append_progress(console: Console) -> Iterator[Callable[[int], None]]:
         yield lambda count: bar.update(task, completed=count)
 
 
-def _parse_start(start: str) -> str | int:
-    if start in ("earliest", "latest"):
-        return start
-    try:
-        value = int(start)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise InvalidArgumentError("--from must be earliest, latest or an entry id >= 0")
-    return value
-
-
 def _tail(args: argparse.Namespace) -> int:
-    start = _parse_start(args.start)
     out = sys.stdout.buffer
     with _client(args) as client:
-        reader = client.open_reader(args.name)
-        for entry in reader.tail(start, timeout_s=args.timeout):
-            if args.show_ids:
-                out.write(f"{entry.entry_id}\t{entry.timestamp.isoformat()}\t".encode())
-            out.write(entry.payload + b"\n")
-            out.flush()
+        entries = client.open_reader(args.name).tail(args.start, timeout_s=args.timeout)
+        # Closed before the client: a tail cut short by --max-entries stops its reads on the
+        # client's loop while that still runs.
+        with contextlib.closing(cast(Generator[Any, None, None], entries)):
+            for entry in itertools.islice(entries, args.max_entries):
+                if args.show_ids:
+                    out.write(f"{entry.entry_id}\t{entry.timestamp.isoformat()}\t".encode())
+                out.write(entry.payload + b"\n")
+                out.flush()
     return 0
 
 
 def _info(args: argparse.Namespace) -> int:
+    from stream.retention.units import format_size
+
     with _client(args) as client:
         info = client.stream_info(args.name)
-    console = Console()
+    if wants_json(args):
+        print_json(dataclasses.asdict(info))
+        return 0
+    console = output_console()
     summary = Table(title=f"stream {info.name}", show_header=False)
     for key, value in (
         ("id", info.stream_id),
@@ -271,7 +281,7 @@ def _info(args: argparse.Namespace) -> int:
             str(fragment.first_entry_id),
             "open" if fragment.last_entry_id is None else str(fragment.last_entry_id),
             ", ".join(fragment.ensemble),
-            "-" if fragment.bytes is None else str(fragment.bytes),
+            "-" if fragment.bytes is None else format_size(fragment.bytes),
         )
     console.print(fragments)
     # Where each term began: a takeover's term starts at its truncate no-op.
@@ -300,8 +310,16 @@ def _info(args: argparse.Namespace) -> int:
 
 def _trim(args: argparse.Namespace) -> int:
     with _client(args) as client:
+        previous_first = client.stream_info(args.name).first_entry_id
         first = client.trim(args.name, before_entry_id=args.before)
-    Console().print(f"first retained entry of {args.name}: {first}")
+    if first == previous_first:
+        # Only whole closed fragments below --before go; the last one is never trimmed.
+        Console().print(
+            f"nothing was trimmed: no closed fragment of {args.name} lies wholly below entry "
+            f"{args.before}; the first retained entry stays {first}"
+        )
+    else:
+        Console().print(f"trimmed {args.name}: first retained entry {previous_first} -> {first}")
     return 0
 
 
@@ -373,7 +391,7 @@ def _recover(args: argparse.Namespace) -> int:
             "streamctl recover: only --accept-loss is run by hand (a writer's takeover recovers "
             "a stream otherwise); read what it gives up first: docs/operations.md, Recovery"
         )
-        return 2
+        return ExitCode.USAGE
     with _client(args) as client:
         survey = client.survey_loss(args.name)
         report: dict[str, Any] = {"survey": _survey_dict(survey), "accepted_loss": None}
@@ -385,14 +403,14 @@ def _recover(args: argparse.Namespace) -> int:
                 "No bookie of the last fragment is in limbo: nothing to give up."
                 + (f" Bookies {', '.join(unreachable)} did not answer." if unreachable else "")
             )
-            code = 4 if unreachable else 0
+            code = ExitCode.UNAVAILABLE if unreachable else ExitCode.OK
         elif not args.yes and not _confirmed(console, survey):
             err.print("not confirmed (no terminal to ask on: pass --yes); nothing was changed")
-            code = 2
+            code = ExitCode.USAGE
         else:
             loss = client.recover_accepting_loss(args.name)
             done = True
-            code = 0
+            code = ExitCode.OK
             if loss is None:
                 console.print(f"recovered {args.name}: no limbo stood in the way, nothing given up")
             else:
@@ -418,6 +436,9 @@ def _delete(args: argparse.Namespace) -> int:
 
 def _list(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        for name in client.list_streams():
-            Console().print(name)
+        names = client.list_streams()
+    if wants_json(args):
+        print_json_lines({"name": name} for name in names)
+    else:
+        sys.stdout.writelines(f"{name}\n" for name in names)
     return 0

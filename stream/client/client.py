@@ -639,7 +639,8 @@ class StreamReader:
         on_trimmed: str = "raise",
     ) -> Iterator[Entry]:
         """Yields entries as they are acknowledged, from `start` ("earliest", "latest" or an
-        entry id), until none arrived for `timeout_s` seconds (None: forever). A tail that
+        entry id), until none arrived for `timeout_s` seconds (None: forever) or, on a sealed
+        stream, after its last entry. A tail that
         retention overtakes raises `EntryTrimmedError` (with the first retained entry id), or
         with `on_trimmed="skip"` continues from the first retained entry."""
         return self._iterate(lambda: self._core.tail(start, timeout_s, on_trimmed))

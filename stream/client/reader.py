@@ -24,7 +24,7 @@ from stream.errors import (
     InvalidArgumentError,
     StreamNotFoundError,
 )
-from stream.metadata.model import Fragment, StreamMeta
+from stream.metadata.model import Fragment, StreamMeta, StreamState
 from stream.protocol import Code, fragment_index_for
 
 log = structlog.get_logger(__name__)
@@ -386,7 +386,8 @@ class AsyncStreamReader:
     ) -> AsyncIterator[list[Entry]]:
         """Yields entry lists as the LAC moves, from `start` ("earliest": the first retained
         entry, "latest": the first after the current LAC, or an entry id), until no entry
-        arrived for `idle_timeout_s` (None: forever). When retention trims past the tail's
+        arrived for `idle_timeout_s` (None: forever) or, on a SEALED stream, after its last
+        entry. When retention trims past the tail's
         position, `on_trimmed="raise"` raises `EntryTrimmedError` (its `first_entry_id` is
         the first retained entry) and `"skip"` continues from the first retained entry."""
         if idle_timeout_s is not None and not idle_timeout_s >= 0:
@@ -445,6 +446,9 @@ class AsyncStreamReader:
                         )
                         position = first_retained
                     continue
+                sealed_end = self._sealed_end()
+                if sealed_end is not None and position > sealed_end:
+                    return  # nothing can follow the end of a sealed stream
                 wait_ms = self._options.lac_poll_ms
                 if idle_deadline is not None:
                     remaining_s = idle_deadline - loop.time()
@@ -454,6 +458,15 @@ class AsyncStreamReader:
                 known_lac = max(known_lac, await self._wait_lac(known_lac, wait_ms, changed))
         finally:
             stop_watch()
+
+    def _sealed_end(self) -> int | None:
+        """Returns the last entry id of a SEALED stream, None while it may still grow. The
+        sealing takeover wrote nothing after the truncate no-op its term starts with."""
+        meta = self.meta
+        if meta.state is not StreamState.SEALED or not meta.term_history:
+            return None
+        term, first_entry_id = meta.term_history[-1]
+        return first_entry_id if term == meta.term else None
 
     async def _wait_lac(self, known_lac: int, wait_ms: int, changed: asyncio.Event) -> int:
         """Returns the LAC once a bookie of the last fragment reports one above `known_lac`,

@@ -253,6 +253,11 @@ class BookieRegistry:
 
     # ---------------------------------------------------------------- cookies
 
+    def with_cookie(self) -> list[str]:
+        """Returns the ids of every bookie that ever joined (each holds a cookie), sorted:
+        the available ones and those that are down."""
+        return sorted(self._session.retry(self._zk.get_children, paths.BOOKIES_COOKIES))
+
     def read_cookie(self, bookie_id: str) -> tuple[bytes, int] | None:
         """Returns `(cookie data, znode version)`, None when the bookie has no cookie."""
         validate_bookie_id(bookie_id)

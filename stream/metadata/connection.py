@@ -21,10 +21,9 @@ from kazoo.exceptions import (
     NoNodeError,
     SessionExpiredError,
 )
-from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry, RetryFailedError
 
-from stream.errors import InvalidArgumentError, MetadataError
+from stream.errors import InvalidArgumentError, MetadataError, MetadataUnavailableError
 from stream.metadata import paths
 
 log = structlog.get_logger(__name__)
@@ -193,12 +192,10 @@ class MetadataSession:
             retry_deadline_s=deadline_s,
         )
         try:
-            zk.start(timeout=timeout_s)
-        except KazooTimeoutError as exc:
-            session.close()
-            raise MetadataError(
-                "cannot connect to ZooKeeper", hosts=hosts, timeout_s=timeout_s
-            ) from exc
+            _start(zk, hosts=hosts, timeout_s=timeout_s)
+        except MetadataUnavailableError:
+            session._give_up()
+            raise
         try:
             session._create_base_layout()
         except BaseException:
@@ -326,7 +323,7 @@ class MetadataSession:
         try:
             return retry(func, *args, **kwargs)
         except RetryFailedError as exc:
-            raise MetadataError(
+            raise MetadataUnavailableError(
                 "ZooKeeper did not answer in time", deadline_s=self.retry_deadline_s
             ) from exc
         except SessionExpiredError as exc:
@@ -374,6 +371,13 @@ class MetadataSession:
                 self._notifier.join(timeout=5)
         log.info("metadata.closed", root=self.root)
 
+    def _give_up(self) -> None:
+        """Closes a session that never connected, without waiting for kazoo (`_start`)."""
+        with self._lock:
+            self._closed = True
+        self._zk.remove_listener(self._on_kazoo_state)
+        self._events.put(None)
+
     def __enter__(self) -> MetadataSession:
         return self
 
@@ -385,21 +389,35 @@ def _ensure_root(hosts: str, root: str, *, timeout_s: float, session_timeout_s: 
     """Creates the chroot path with a short-lived unchrooted client: kazoo does not create a
     missing chroot, and every call of a client chrooted at a missing path fails."""
     zk = KazooClient(hosts=hosts, timeout=session_timeout_s)
-    try:
-        zk.start(timeout=timeout_s)
-    except KazooTimeoutError as exc:
-        zk.close()
-        raise MetadataError(
-            "cannot connect to ZooKeeper", hosts=hosts, timeout_s=timeout_s
-        ) from exc
+    _start(zk, hosts=hosts, timeout_s=timeout_s)
     try:
         retry = KazooRetry(max_tries=-1, deadline=session_timeout_s, ignore_expire=False)
         retry(zk.ensure_path, root)
     except (RetryFailedError, SessionExpiredError) as exc:
-        raise MetadataError("cannot create the metadata root", hosts=hosts, root=root) from exc
+        raise MetadataUnavailableError(
+            "cannot create the metadata root", hosts=hosts, root=root
+        ) from exc
     finally:
         zk.stop()
         zk.close()
+
+
+def _start(zk: KazooClient, *, hosts: str, timeout_s: float) -> None:
+    """Starts `zk`, or raises `MetadataUnavailableError` after `timeout_s` and stops it on a
+    thread of its own: kazoo's `stop()` waits for the connection attempt in flight, which a
+    ZooKeeper that accepts connections but never answers holds for the whole session timeout,
+    and the caller was promised an answer after `timeout_s`."""
+    zk.start_async().wait(timeout=timeout_s)
+    if zk.connected:
+        return
+    threading.Thread(target=_stop, args=(zk,), name="metadata-give-up", daemon=True).start()
+    raise MetadataUnavailableError("cannot connect to ZooKeeper", hosts=hosts, timeout_s=timeout_s)
+
+
+def _stop(zk: KazooClient) -> None:
+    """Stops kazoo's reconnect thread (it would go on trying, and logging) and frees `zk`."""
+    zk.stop()
+    zk.close()
 
 
 connect = MetadataSession.connect

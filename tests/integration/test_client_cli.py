@@ -19,7 +19,7 @@ def test_create_append_tail_info(cluster: SandboxCluster) -> None:
     )
     assert created.returncode == 0, created.stderr
     bad = streamctl(metadata, "create", "nope", "--ensemble", "2", "--write-quorum", "3")
-    assert bad.returncode == 1 and "error" in bad.stderr
+    assert bad.returncode == 2 and "error" in bad.stderr  # a usage error: nothing changed
     appended = streamctl(metadata, "append", "cli", stdin="one\ntwo\nthree\n")
     assert appended.returncode == 0, appended.stderr
     appended = streamctl(metadata, "append", "cli", "--message", "four")
