@@ -270,9 +270,17 @@ def _info(args: argparse.Namespace) -> int:
         ("first entry", info.first_entry_id),
         ("E / WQ / AQ", f"{info.ensemble_size} / {info.write_quorum} / {info.ack_quorum}"),
         ("writer", info.writer or "-"),
+        *((("waiting for", info.waiting_for),) if info.waiting_for else ()),
     ):
         summary.add_row(key, str(value))
     console.print(summary)
+    bookies = Table(title="last fragment's bookies")
+    for column in ("bookie", "state", "limbo"):
+        bookies.add_column(column)
+    for bookie in info.bookies:
+        limbo = "?" if bookie.limbo is None else ("yes" if bookie.limbo else "no")
+        bookies.add_row(bookie.bookie_id, bookie.state, limbo)
+    console.print(bookies)
     fragments = Table(title="fragments")
     for column in ("first entry", "last entry", "ensemble", "bytes"):
         fragments.add_column(column)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import json
 import os
 import signal
 import threading
@@ -16,6 +17,7 @@ import pytest
 
 from stream.client import StreamClient, WriterOptions
 from stream.errors import NotEnoughBookiesError, StreamError, WriterClosedError
+from tests.integration.cli_support import streamctl
 from tests.integration.conftest import ClusterFactory
 from tests.integration.replication_support import assert_three_live_copies, session_of
 
@@ -167,3 +169,10 @@ def test_info_says_what_a_stuck_takeover_waits_for(cluster_factory: ClusterFacto
     assert {b.bookie_id for b in info.bookies if b.state == "down"} == set(down)
     assert info.waiting_for is not None
     assert info.waiting_for.startswith("bookies: a takeover needs 2 of the last fragment's 3")
+    shown = streamctl(cluster.metadata, "info", "stuck", columns=200)
+    assert shown.returncode == 0, shown.stderr
+    assert "waiting for" in shown.stdout and "a takeover needs 2" in shown.stdout
+    assert all(f"{b} │ down" in shown.stdout for b in down), shown.stdout
+    as_json = json.loads(streamctl(cluster.metadata, "info", "stuck", "--output", "json").stdout)
+    assert as_json["waiting_for"] == info.waiting_for
+    assert [b["state"] for b in as_json["bookies"]].count("down") == 2
