@@ -373,7 +373,8 @@ class Bookie:
 
         if self._autorecovery is not None:
             autorecovery, self._autorecovery = self._autorecovery, None
-            await _bounded(functools.partial(autorecovery.stop, left()), left(), "autorecovery")
+            half = left() / 2  # the other half for the in-flight requests
+            await _bounded(functools.partial(autorecovery.stop, half), half, "autorecovery")
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -382,7 +383,10 @@ class Bookie:
         self._tasks.clear()
         if self._registered and self._registry is not None:
             registry, bookie_id = self._registry, self.config.bookie_id
-            await _bounded(lambda: registry.unregister(bookie_id), left(), "unregister")
+            if self._session is not None and self._session.zk.connected:
+                await _bounded(lambda: registry.unregister(bookie_id), left(), "unregister")
+            else:  # its ephemeral node goes with the session
+                log.info("bookie.unregister_skipped", reason="metadata unreachable")
             self._registered = False
         if self._server is not None:
             # New calls are refused at once; running ones (in-flight adds waiting for the
