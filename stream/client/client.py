@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 import structlog
 
+from stream.client.answers import answer_or_none
 from stream.client.entries import BookieStatus, Entry, EntryColumns, Fragment, StreamInfo
 from stream.client.grpc_transport import GrpcTransport
 from stream.client.options import ReaderOptions, WriterOptions
@@ -338,12 +339,11 @@ class StreamClient:
         async def limbo(bookie_id: str) -> bool | None:
             if bookie_id not in registered:
                 return None
-            try:
-                answer = await self._transport.stream_state(
-                    bookie_id, stream_id, timeout_s=_BOOKIE_CALL_TIMEOUT_S
-                )
-            except StreamError:
-                return None
+            answer = await answer_or_none(
+                self._transport.stream_state(bookie_id, stream_id, timeout_s=_BOOKIE_CALL_TIMEOUT_S)
+            )
+            if answer is None:
+                return None  # registered, not answering (killed, its session not gone yet)
             return bool(answer.limbo) if answer.code == Code.OK else False
 
         limbos = await asyncio.gather(*(limbo(b) for b in ensemble))

@@ -13,6 +13,7 @@ from typing import Any
 
 import structlog
 
+from stream.client.answers import answer_or_none
 from stream.client.entries import Entry, EntryColumns, verified_columns
 from stream.client.options import ReaderOptions
 from stream.client.ports import BookieTransport, MetadataPort
@@ -42,16 +43,6 @@ class _ReadFailed(Exception):
         self.codes = codes
         self.trimmed = trimmed
         self.bad_checksum = bad_checksum
-
-
-async def _answer(call: Any) -> Any:
-    try:
-        return await call
-    except asyncio.CancelledError:
-        raise
-    except Exception as e:  # an unknown answer
-        log.debug("reader.request_failed", error=repr(e))
-        return None
 
 
 class AsyncStreamReader:
@@ -124,7 +115,7 @@ class AsyncStreamReader:
         ensemble = self._fragments[-1].ensemble
         answers = await asyncio.gather(
             *(
-                _answer(
+                answer_or_none(
                     self._transport.read_lac(
                         b,
                         self.meta.id,
@@ -335,7 +326,7 @@ class AsyncStreamReader:
         launched = 0
 
         async def ask(bookie_id: str) -> tuple[str, Any]:
-            return bookie_id, await _answer(
+            return bookie_id, await answer_or_none(
                 self._transport.read(
                     bookie_id, meta.id, entry_id, timeout_s=self._options.read_timeout_s
                 )

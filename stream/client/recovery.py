@@ -20,12 +20,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import Awaitable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import structlog
 
+from stream.client.answers import answer_or_none
 from stream.client.entries import NOOP_TRUNCATE, prepare_entry, write_back_entry
 from stream.client.options import WriterOptions
 from stream.client.pipeline import AddPipeline
@@ -115,17 +116,6 @@ class _Fenced(Exception):
     def __init__(self, bookie_term: int) -> None:
         super().__init__(bookie_term)
         self.bookie_term = bookie_term
-
-
-async def _answer(call: Awaitable[T]) -> T | None:
-    """Returns the call's answer, or None when it raised (an unknown response)."""
-    try:
-        return await call
-    except asyncio.CancelledError:
-        raise
-    except Exception as e:  # any failure is an unknown answer
-        log.debug("recovery.request_failed", error=repr(e))
-        return None
 
 
 async def _cancel_all(tasks: Sequence[asyncio.Task[Any]]) -> None:
@@ -434,7 +424,7 @@ class Takeover:
                 call = self._transport.fence(bookie_id, meta.id, meta.term, timeout_s=timeout_s)
             else:
                 call = self._transport.stream_state(bookie_id, meta.id, timeout_s=timeout_s)
-            return index, await _answer(call)
+            return index, await answer_or_none(call)
 
         tasks = [asyncio.ensure_future(ask(i, b)) for i, b in enumerate(last.ensemble)]
         bookie_term = 0
@@ -707,7 +697,7 @@ class Takeover:
                 )
             futures = [pipeline.send_extra(b, noop) for b in extras]
             answers = await asyncio.gather(
-                *(_answer(asyncio.wait_for(f, self._options.add_timeout_s)) for f in futures)
+                *(answer_or_none(asyncio.wait_for(f, self._options.add_timeout_s)) for f in futures)
             )
             for bookie_id, answer in zip(extras, answers, strict=True):
                 code = None if answer is None or not answer.codes else answer.codes[0]
@@ -822,7 +812,7 @@ async def truncate_members(
         return []
     answers = await asyncio.gather(
         *(
-            _answer(
+            answer_or_none(
                 transport.truncate(
                     b, stream_id, term, after_entry_id, timeout_s=options.truncate_timeout_s
                 )
@@ -865,7 +855,7 @@ async def send_lac(
         finally:
             stream.close()
 
-    await asyncio.gather(*(_answer(one(b)) for b in ensemble))
+    await asyncio.gather(*(answer_or_none(one(b)) for b in ensemble))
 
 
 async def _take_over_publishing_lac(
@@ -983,7 +973,7 @@ async def survey_loss(
     ensemble = fragments[-1].ensemble if fragments else ()
     answers = await asyncio.gather(
         *(
-            _answer(transport.stream_state(b, meta.id, timeout_s=options.fence_timeout_s))
+            answer_or_none(transport.stream_state(b, meta.id, timeout_s=options.fence_timeout_s))
             for b in ensemble
         )
     )
