@@ -1,4 +1,4 @@
-"""`streamctl`'s exit codes, and the one table that maps errors to them (DESIGN §9): scripts
+"""`streamctl`'s exit codes, and the one table that maps errors to them (docs/design.md §9): scripts
 branch on the code, people read the message."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from stream.errors import (
     MetadataUnavailableError,
     NotEnoughBookiesError,
     StreamExistsError,
+    StreamInUseError,
     StreamNotFoundError,
 )
 from stream.metadata.connection import MetadataSessionExpiredError
@@ -26,7 +27,7 @@ class ExitCode(enum.IntEnum):
     USAGE = 2  # the command line makes no sense; nothing was changed
     NOT_FOUND = 3
     UNAVAILABLE = 4  # metadata or bookies did not answer in time: trying later may work
-    CONFLICT = 5  # someone else got there first: superseded, exists, sealed
+    CONFLICT = 5  # someone else got there first: superseded, exists, sealed, in use
 
 
 # Looked up along the exception's MRO, so the most specific class listed wins
@@ -43,6 +44,7 @@ _CODES: dict[type[BaseException], ExitCode] = {
     TimeoutError: ExitCode.UNAVAILABLE,  # also concurrent.futures.TimeoutError
     InvalidTermError: ExitCode.CONFLICT,
     StreamExistsError: ExitCode.CONFLICT,
+    StreamInUseError: ExitCode.CONFLICT,
     StreamSealedError: ExitCode.CONFLICT,
     BadVersionError: ExitCode.CONFLICT,
 }

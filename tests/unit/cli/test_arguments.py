@@ -52,7 +52,12 @@ def test_create_takes_the_units_of_retention_set(
 ) -> None:
     quorum = ("--ensemble", "1", "--write-quorum", "1", "--ack-quorum", "1")
     limits = ("--retention-max-age", "7d", "--retention-max-bytes", "10GiB")
-    assert streamctl("create", "kept", *quorum, *limits, "--fragment-max-age", "90m") == 0
+    assert (
+        streamctl(
+            "create", "--allow-fewer-bookies", "kept", *quorum, *limits, "--fragment-max-age", "90m"
+        )
+        == 0
+    )
     capsys.readouterr()
     assert streamctl("retention", "show", "kept", "--output", "json") == 0
     report = json.loads(capsys.readouterr().out)

@@ -1,4 +1,4 @@
-"""`streamctl`'s exit codes (README, DESIGN §9): 0 ok, 1 error, 2 usage, 3 not found,
+"""`streamctl`'s exit codes (README, docs/design.md §9): 0 ok, 1 error, 2 usage, 3 not found,
 4 unavailable, 5 conflict."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from stream.errors import (
     MetadataUnavailableError,
     NotEnoughBookiesError,
     StreamExistsError,
+    StreamInUseError,
     StreamNotFoundError,
 )
 from stream.metadata.streams import StreamSealedError
@@ -33,6 +34,7 @@ from tests.unit.cli.conftest import Streamctl
         (TimeoutError(), ExitCode.UNAVAILABLE),
         (InvalidTermError("superseded", term=3, current_term=4), ExitCode.CONFLICT),
         (StreamExistsError("exists"), ExitCode.CONFLICT),
+        (StreamInUseError("a live writer"), ExitCode.CONFLICT),
         (StreamSealedError("sealed"), ExitCode.CONFLICT),
         (InvalidArgumentError("bad quorum"), ExitCode.USAGE),
         (MetadataError("malformed"), ExitCode.ERROR),
@@ -46,12 +48,23 @@ def test_errors_map_to_their_exit_code(error: BaseException, code: ExitCode) -> 
 def test_exit_codes_of_real_commands(
     streamctl: Streamctl, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert streamctl("create", "orders", "--ensemble", "1", "--write-quorum", "1",
-                     "--ack-quorum", "1") == 0  # fmt: skip
+    quorum = ("--ensemble", "1", "--write-quorum", "1", "--ack-quorum", "1")
+    # No bookie runs here: --allow-fewer-bookies lets the metadata cases be reached.
+    assert streamctl("create", "--allow-fewer-bookies", "orders", *quorum) == 0
     assert streamctl("info", "missing") == 3
     assert streamctl("bookie", "decommission", "bookie-99") == 3
-    assert streamctl("create", "orders", "--ensemble", "2", "--write-quorum", "2") == 5
-    assert streamctl("create", "odd", "--ensemble", "2", "--write-quorum", "3") == 2
+    assert (
+        streamctl(
+            "create", "--allow-fewer-bookies", "orders", "--ensemble", "2", "--write-quorum", "2"
+        )
+        == 5
+    )
+    assert (
+        streamctl(
+            "create", "--allow-fewer-bookies", "odd", "--ensemble", "2", "--write-quorum", "3"
+        )
+        == 2
+    )
     assert streamctl("tail", "orders", "--from", "-1") == 2
     assert streamctl("no-such-command") == 2
     assert "Traceback" not in capsys.readouterr().err

@@ -68,8 +68,8 @@ def test_metadata_from_the_environment(
 ) -> None:
     monkeypatch.setenv("STREAMKEEPER_METADATA", metadata_root)
     assert build_parser().parse_args(["streams"]).metadata == metadata_root
-    assert main(["create", "from-env", "--ensemble", "1", "--write-quorum", "1",
-                 "--ack-quorum", "1"]) == 0  # fmt: skip
+    quorum = ["--ensemble", "1", "--write-quorum", "1", "--ack-quorum", "1"]
+    assert main(["create", "--allow-fewer-bookies", "from-env", *quorum]) == 0
     assert build_parser().parse_args(["--metadata", "h:1/r", "streams"]).metadata == "h:1/r"
 
 

@@ -21,7 +21,7 @@ def session(metadata_root: str) -> Iterator[MetadataSession]:
 
 def _create(streamctl: Streamctl, name: str, *options: str) -> None:
     quorum = ("--ensemble", "1", "--write-quorum", "1", "--ack-quorum", "1")
-    assert streamctl("create", name, *quorum, *options) == 0
+    assert streamctl("create", "--allow-fewer-bookies", name, *quorum, *options) == 0
 
 
 def test_streams_as_json_lines(streamctl: Streamctl, capsys: pytest.CaptureFixture[str]) -> None:
