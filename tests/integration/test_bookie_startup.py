@@ -143,16 +143,22 @@ def test_a_bookie_stops_cleanly_within_its_grace_period_without_zookeeper(
     # Its own ZooKeeper, killed under it. The stop used to wait on ZooKeeper (auto-recovery,
     # unregistering) until SIGKILL.
     zookeeper = ZooKeeperServer(tmp_path / "zookeeper").start()
+    factory = BookieFactory(tmp_path / "bookies", zookeeper.hosts)
     try:
-        factory = BookieFactory(tmp_path / "bookies", zookeeper.hosts)
-        bookie = factory.start("bookie-1", shutdown_grace_ms=2000)
-        add_all(bookie.stub(), [add_request(1, 1, range(10))])
+        try:
+            bookie = factory.start("bookie-1", shutdown_grace_ms=2000)
+            add_all(bookie.stub(), [add_request(1, 1, range(10))])
+        finally:
+            zookeeper.stop()  # SIGTERM, then SIGKILL: gone either way
+        deadline = time.monotonic() + 30
+        while '"metadata.session_suspended"' not in bookie.log_path.read_text():
+            assert time.monotonic() < deadline, bookie.log_tail(10)
+            time.sleep(0.05)
+        # A clean exit (0, not SIGKILL) well before the 10 s a stop used to spend on
+        # ZooKeeper; what it skipped is in its log, not in a timed assertion (1.5 s here).
+        assert bookie.terminate(timeout_s=8) == 0
+        log_text = bookie.log_path.read_text()
+        assert '"bookie.stopped"' in log_text
+        assert '"bookie.unregister_skipped"' in log_text
     finally:
-        zookeeper.stop()  # SIGTERM, then SIGKILL: gone either way
-    time.sleep(1.0)
-    # A clean exit (0, not SIGKILL) well before the 10 s a stop used to spend on ZooKeeper;
-    # what it waited for is in its log, not in a timed assertion (1.5 s measured here).
-    assert bookie.terminate(timeout_s=8) == 0
-    log_text = bookie.log_path.read_text()
-    assert '"bookie.stopped"' in log_text
-    assert '"bookie.unregister_skipped"' in log_text
+        factory.stop_all()
