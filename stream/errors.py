@@ -59,6 +59,15 @@ class EntryTrimmedError(StreamError):
     """The entry lies below the stream's first retained entry (`first_entry_id`)."""
 
 
+class CursorNotFoundError(StreamError):
+    """The stream has no cursor of that name (never committed, or deleted)."""
+
+
+class CursorRegressionError(StreamError):
+    """A commit below the cursor's committed position (`position`) was refused: another
+    consumer (or a reset) moved it further. `commit(..., reset=True)` moves it back on purpose."""
+
+
 class NotEnoughBookiesError(StreamError):
     pass
 

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import structlog
 
 from stream.client.answers import answer_or_none
+from stream.client.cursor import AsyncCursor, AutoCommitter, Cursor
 from stream.client.entries import BookieStatus, Entry, EntryColumns, Fragment, StreamInfo
 from stream.client.grpc_transport import GrpcTransport
 from stream.client.options import ReaderOptions, WriterOptions
@@ -50,6 +51,7 @@ from stream.metadata import (
     RetentionPolicy,
     StreamMeta,
     StreamState,
+    cursor_lag,
 )
 from stream.metadata.model import validate_stream_name
 from stream.protocol import (
@@ -279,22 +281,43 @@ class StreamClient:
         self._run(core.open())
         return StreamReader(self, core)
 
-    def stream_info(self, name: str) -> StreamInfo:
-        """Returns the stream's term, state, LAC, first retained entry and fragments."""
-        return self._run(self._stream_info(name))
-
-    async def _stream_info(self, name: str) -> StreamInfo:
-        reader = AsyncStreamReader(
+    def _async_reader(self, name: str) -> AsyncStreamReader:
+        return AsyncStreamReader(
             name,
             transport=self._transport,
             metadata=self._metadata,
             rng=self._child_rng(),
             options=self._reader_options,
         )
+
+    def cursor(self, stream: str, name: str) -> Cursor:
+        """Returns durable cursor `name` of `stream` (several per stream): its `position` is
+        kept in metadata by `commit`, and `reader.tail(cursor=...)` resumes after it. Raises
+        `StreamNotFoundError`; the cursor itself exists from its first commit."""
+        validate_stream_name(stream)
+        core = AsyncCursor(
+            stream,
+            name,
+            metadata=self._metadata,
+            make_reader=lambda: self._async_reader(stream),
+        )
+        self._run(core.open())
+        return Cursor(self._run, core)
+
+    def stream_info(self, name: str) -> StreamInfo:
+        """Returns the stream's term, state, LAC, first retained entry and fragments."""
+        return self._run(self._stream_info(name))
+
+    async def _stream_info(self, name: str) -> StreamInfo:
+        reader = self._async_reader(name)
         await reader.open()
         meta, fragments = reader.meta, reader.fragments
         lac = await reader.lac()
         writer = await self._metadata.get_writer(meta.id)
+        cursors = {
+            cursor: cursor_lag(position.entry_id, lac, meta.first_entry_id, fragments)
+            for cursor, position in (await self._metadata.list_cursors(meta.id)).items()
+        }
         shown = []
         for index, fragment in enumerate(fragments):
             last = fragment.last_entry_id
@@ -329,6 +352,7 @@ class StreamClient:
             accepted_losses=list(meta.accepted_losses),
             bookies=bookies,
             waiting_for=waiting_for,
+            cursors=cursors,
         )
 
     async def _ensemble_status(self, stream_id: int, ensemble: Sequence[str]) -> list[BookieStatus]:
@@ -637,13 +661,56 @@ class StreamReader:
         start: str | int = "earliest",
         timeout_s: float | None = None,
         on_trimmed: str = "raise",
+        *,
+        cursor: Cursor | None = None,
+        auto_commit_interval_s: float = 5.0,
     ) -> Iterator[Entry]:
         """Yields entries as they are acknowledged, from `start` ("earliest", "latest" or an
         entry id), until none arrived for `timeout_s` seconds (None: forever) or, on a sealed
         stream, after its last entry. A tail that
         retention overtakes raises `EntryTrimmedError` (with the first retained entry id), or
-        with `on_trimmed="skip"` continues from the first retained entry."""
-        return self._iterate(lambda: self._core.tail(start, timeout_s, on_trimmed))
+        with `on_trimmed="skip"` continues from the first retained entry.
+
+        With `cursor` (of this stream), the tail starts after the cursor's committed position
+        (at `start` when it was never committed) and commits, at most once every
+        `auto_commit_interval_s` and when the iteration ends, the last entry the application
+        came back for the next one after: at-least-once, a restart repeats at most what came
+        after the last commit."""
+        if cursor is None:
+            return self._iterate(lambda: self._core.tail(start, timeout_s, on_trimmed))
+        if cursor.stream != self.stream:
+            raise InvalidArgumentError(
+                "the cursor belongs to another stream", stream=self.stream, cursor=cursor.name
+            )
+        return self._tail_committing(cursor, start, timeout_s, on_trimmed, auto_commit_interval_s)
+
+    def _tail_committing(
+        self,
+        cursor: Cursor,
+        start: str | int,
+        timeout_s: float | None,
+        on_trimmed: str,
+        interval_s: float,
+    ) -> Iterator[Entry]:
+        position = cursor.position
+        committer = AutoCommitter(cursor.core, interval_s, position)
+        begin = start if position is None else position + 1
+        loop = self._client._loop
+        task = loop.submit(committer.run())
+        pending: int | None = None
+        try:
+            for entry in self._iterate(lambda: self._core.tail(begin, timeout_s, on_trimmed)):
+                # Asked for the next entry: the application is done with the previous one.
+                committer.done = pending
+                if committer.error is not None:
+                    raise committer.error
+                pending = entry.entry_id
+                yield entry
+            committer.done = pending
+        finally:
+            task.cancel()
+            if not loop.loop.is_closed():
+                loop.run(committer.flush())
 
     def last_add_confirmed(self) -> int:
         """Returns the stream's LAC as its bookies report it now."""
@@ -708,4 +775,4 @@ class StreamReader:
         return generate()
 
 
-__all__ = ["RetentionPolicy", "StreamClient", "StreamReader", "StreamWriter"]
+__all__ = ["Cursor", "RetentionPolicy", "StreamClient", "StreamReader", "StreamWriter"]

@@ -12,6 +12,7 @@ from typing import NamedTuple
 import crc32c
 
 from stream.client.ports import PreparedEntry
+from stream.metadata.cursors import CursorLag
 from stream.metadata.model import AcceptedLoss
 from stream.protocol import EntryFlag, entry_checksum
 from stream.protocol.checksum import ENTRY_HEADER
@@ -324,3 +325,5 @@ class StreamInfo:
     # The last fragment's bookies, and for a stream IN_RECOVERY what its takeover waits for.
     bookies: list[BookieStatus] = field(default_factory=list)
     waiting_for: str | None = None
+    # Each durable cursor's lag behind the LAC, by cursor name.
+    cursors: dict[str, CursorLag] = field(default_factory=dict)

@@ -13,6 +13,8 @@ from typing import Any, TypeVar
 from stream.metadata import (
     AcceptedLoss,
     BookieRegistry,
+    CursorPosition,
+    CursorStore,
     Fragment,
     MetadataSession,
     RetentionPolicy,
@@ -34,6 +36,7 @@ class ZkMetadata:
         self.session = session
         self.store = StreamStore(session)
         self.registry = BookieRegistry(session)
+        self.cursors = CursorStore(session)
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=max_threads, thread_name_prefix="streamkeeper-metadata"
         )
@@ -160,6 +163,26 @@ class ZkMetadata:
     async def list_streams(self) -> list[str]:
         """Returns every stream name (not part of the port)."""
         return await self._run(self.store.list_streams)
+
+    # Cursors (not part of the port: the writer, recovery and simulator never use them).
+
+    async def get_cursor(self, stream_id: int, name: str) -> CursorPosition | None:
+        """Returns the cursor's committed position, None when it does not exist."""
+        found = await self._run(self.cursors.get, stream_id, name)
+        return None if found is None else found[0]
+
+    async def list_cursors(self, stream_id: int) -> dict[str, CursorPosition]:
+        """Returns every cursor of the stream by name."""
+        return await self._run(self.cursors.list, stream_id)
+
+    async def commit_cursor(
+        self, stream_id: int, name: str, entry_id: int, *, reset: bool = False
+    ) -> CursorPosition:
+        """Moves the cursor (see `CursorStore.commit`) and returns its new position."""
+        return await self._run(self.cursors.commit, stream_id, name, entry_id, reset=reset)
+
+    async def delete_cursor(self, stream_id: int, name: str) -> None:
+        await self._run(self.cursors.delete, stream_id, name)
 
     async def available_bookies(self) -> list[BookieCandidate]:
         registrations = await self._run(self.registry.available)

@@ -10,6 +10,14 @@ from stream.metadata.connection import (
     connect,
     parse_connect_string,
 )
+from stream.metadata.cursors import (
+    MAX_CURSORS_PER_STREAM,
+    CursorLag,
+    CursorPosition,
+    CursorStore,
+    cursor_lag,
+    validate_cursor_name,
+)
 from stream.metadata.model import (
     AcceptedLoss,
     Fragment,
@@ -31,11 +39,15 @@ from stream.metadata.streams import (
 
 __all__ = [
     "DEFAULT_ROOT",
+    "MAX_CURSORS_PER_STREAM",
     "MAX_OPS_PER_MULTI",
     "AcceptedLoss",
     "BadVersionError",
     "BookieRegistration",
     "BookieRegistry",
+    "CursorLag",
+    "CursorPosition",
+    "CursorStore",
     "Fragment",
     "MetadataSession",
     "MetadataSessionExpiredError",
@@ -49,7 +61,9 @@ __all__ = [
     "WatchHandle",
     "WriterInfo",
     "connect",
+    "cursor_lag",
     "parse_connect_string",
     "validate_bookie_id",
+    "validate_cursor_name",
     "validate_stream_name",
 ]

@@ -65,6 +65,16 @@ def stream_fragment(stream_id: int, first_entry_id: int) -> str:
     return f"{STREAMS}/{stream_id}/fragments/{fragment_name(first_entry_id)}"
 
 
+def stream_cursors(stream_id: int) -> str:
+    """Returns the parent znode of the stream's durable cursors (made with the first one)."""
+    return f"{STREAMS}/{stream_id}/cursors"
+
+
+def stream_cursor(stream_id: int, name: str) -> str:
+    """Returns the znode holding cursor `name` of `stream_id` (validated by the caller)."""
+    return f"{STREAMS}/{stream_id}/cursors/{name}"
+
+
 def stream_writer(stream_id: int) -> str:
     """Returns the ephemeral znode naming the stream's current writer."""
     return f"{STREAMS}/{stream_id}/writer"

@@ -2,9 +2,10 @@
 each one ZooKeeper multi-op that checks the `meta` znode's version.
 
 Invariant that the consistent reads rely on: every change to a stream's fragment znodes (and
-to anything else of the stream except its ephemeral `writer`) rewrites `meta` in the same
-multi-op, so the meta version moves with every change. A writer whose view is stale fails the
-CAS with `BadVersionError`, rereads, sees the higher term and disengages."""
+to anything else of the stream except its ephemeral `writer` and its consumers' `cursors`,
+stream/metadata/cursors.py) rewrites `meta` in the same multi-op, so the meta version moves
+with every change. A writer whose view is stale fails the CAS with `BadVersionError`, rereads,
+sees the higher term and disengages."""
 
 from __future__ import annotations
 
@@ -431,13 +432,15 @@ class StreamStore:
                 )
             except NoNodeError:
                 fragment_names = []
+            cursors = self._cursor_paths(stream_id)
             ops = [_Op("delete", by_name, version=name_stat.version)]
             if meta_stat is not None:
                 ops.append(_Op("delete", paths.stream_meta(stream_id), version=meta_stat.version))
-            whole = len(fragment_names) + 5 <= MAX_OPS_PER_MULTI
+            whole = len(fragment_names) + len(cursors) + 5 <= MAX_OPS_PER_MULTI
             if whole:
                 parent = paths.stream_fragments(stream_id)
                 ops += [_Op("delete", f"{parent}/{f}") for f in fragment_names]
+                ops += [_Op("delete", p) for p in cursors]
                 if writer_stat is not None:
                     ops.append(
                         _Op("delete", paths.stream_writer(stream_id), version=writer_stat.version)
@@ -470,6 +473,15 @@ class StreamStore:
             return
         raise MetadataError("stream delete kept conflicting with others", stream=name)
 
+    def _cursor_paths(self, stream_id: int) -> list[str]:
+        """Returns the stream's cursor znodes and, when there is one, their parent (last)."""
+        parent = paths.stream_cursors(stream_id)
+        try:
+            names = self._session.retry(self._zk.get_children, parent)
+        except NoNodeError:
+            return []
+        return [*(f"{parent}/{n}" for n in names), parent]
+
     def _purge_stream_dir(self, stream_id: int) -> None:
         """Deletes whatever remains under `/streams/<id>` (idempotent), in batched multi-ops."""
         parent = paths.stream_fragments(stream_id)
@@ -477,7 +489,7 @@ class StreamStore:
             names = self._session.retry(self._zk.get_children, parent)
         except NoNodeError:
             names = []
-        leftovers = [f"{parent}/{n}" for n in names]
+        leftovers = [f"{parent}/{n}" for n in names] + self._cursor_paths(stream_id)
         leftovers += [paths.stream_writer(stream_id), parent, paths.stream(stream_id)]
         for start in range(0, len(leftovers), MAX_OPS_PER_MULTI):
             batch = leftovers[start : start + MAX_OPS_PER_MULTI]
