@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import structlog
 
 from stream.client.answers import answer_or_none
-from stream.client.cursor import AsyncCursor, AutoCommitter, Cursor
+from stream.client.cursor import AsyncCursor, AutoCommitter, Cursor, check_interval
 from stream.client.entries import BookieStatus, Entry, EntryColumns, Fragment, StreamInfo
 from stream.client.grpc_transport import GrpcTransport
 from stream.client.options import ReaderOptions, WriterOptions
@@ -682,7 +682,8 @@ class StreamReader:
             raise InvalidArgumentError(
                 "the cursor belongs to another stream", stream=self.stream, cursor=cursor.name
             )
-        return self._tail_committing(cursor, start, timeout_s, on_trimmed, auto_commit_interval_s)
+        interval_s = check_interval(auto_commit_interval_s)
+        return self._tail_committing(cursor, start, timeout_s, on_trimmed, interval_s)
 
     def _tail_committing(
         self,

@@ -120,18 +120,24 @@ class AsyncCursor:
         await self._metadata.delete_cursor(self.stream_id, self.name)
 
 
+def check_interval(interval_s: object) -> float:
+    """Returns `interval_s` (an auto-commit interval) when it is a number > 0; else raises
+    `InvalidArgumentError`."""
+    if isinstance(interval_s, bool) or not (isinstance(interval_s, int | float) and interval_s > 0):
+        raise InvalidArgumentError(
+            "auto_commit_interval_s must be > 0", auto_commit_interval_s=interval_s
+        )
+    return float(interval_s)
+
+
 class AutoCommitter:
     """Commits the last entry the application is done with (`done`, set from any thread) at
     most once per `interval_s`, on the client's loop, and once more on `flush()`. A failed
     commit is kept in `error` for the application's next read to raise."""
 
     def __init__(self, cursor: AsyncCursor, interval_s: float, committed: int | None) -> None:
-        if not (isinstance(interval_s, int | float) and interval_s > 0):
-            raise InvalidArgumentError(
-                "auto_commit_interval_s must be > 0", auto_commit_interval_s=interval_s
-            )
         self._cursor = cursor
-        self.interval_s = float(interval_s)
+        self.interval_s = check_interval(interval_s)
         self.committed = committed
         self.done: int | None = None
         self.error: StreamError | None = None
