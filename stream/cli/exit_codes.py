@@ -7,6 +7,8 @@ import enum
 
 from stream.errors import (
     BookieNotFoundError,
+    CursorNotFoundError,
+    CursorRegressionError,
     EntryNotWrittenError,
     EntryTrimmedError,
     InvalidArgumentError,
@@ -36,6 +38,7 @@ _CODES: dict[type[BaseException], ExitCode] = {
     InvalidArgumentError: ExitCode.USAGE,
     StreamNotFoundError: ExitCode.NOT_FOUND,
     BookieNotFoundError: ExitCode.NOT_FOUND,
+    CursorNotFoundError: ExitCode.NOT_FOUND,
     EntryTrimmedError: ExitCode.NOT_FOUND,
     EntryNotWrittenError: ExitCode.NOT_FOUND,
     MetadataUnavailableError: ExitCode.UNAVAILABLE,
@@ -47,6 +50,7 @@ _CODES: dict[type[BaseException], ExitCode] = {
     StreamInUseError: ExitCode.CONFLICT,
     StreamSealedError: ExitCode.CONFLICT,
     BadVersionError: ExitCode.CONFLICT,
+    CursorRegressionError: ExitCode.CONFLICT,
 }
 
 

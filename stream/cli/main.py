@@ -22,7 +22,16 @@ METADATA_ENV = "STREAMKEEPER_METADATA"
 DEFAULT_CONNECT_TIMEOUT_S = 1.5
 
 # Modules under stream.cli that add subcommands, in help order.
-COMMAND_MODULES = ("bookie", "sandbox", "streams", "retention", "autorecovery", "bench", "sim")
+COMMAND_MODULES = (
+    "bookie",
+    "sandbox",
+    "streams",
+    "cursors",
+    "retention",
+    "autorecovery",
+    "bench",
+    "sim",
+)
 
 
 def _add_global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:

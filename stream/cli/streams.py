@@ -292,6 +292,11 @@ def _info(args: argparse.Namespace) -> int:
             "-" if fragment.bytes is None else format_size(fragment.bytes),
         )
     console.print(fragments)
+    if info.cursors:
+        from stream.cli.cursors import cursor_row, cursor_table
+
+        rows = [cursor_row(name, lag) for name, lag in info.cursors.items()]
+        console.print(cursor_table(rows, "cursors"))
     # Where each term began: a takeover's term starts at its truncate no-op.
     history = Table(title="term history")
     for column in ("term", "first entry"):

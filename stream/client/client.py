@@ -47,6 +47,7 @@ from stream.errors import (
 from stream.metadata import (
     AcceptedLoss,
     BadVersionError,
+    CursorLag,
     MetadataSession,
     RetentionPolicy,
     StreamMeta,
@@ -304,6 +305,30 @@ class StreamClient:
         self._run(core.open())
         return Cursor(self._run, core)
 
+    def cursors(self, stream: str) -> dict[str, CursorLag]:
+        """Returns every durable cursor of `stream` by name: its position, when it was
+        committed, and its lag behind the LAC."""
+
+        async def lags() -> dict[str, CursorLag]:
+            reader = self._async_reader(stream)
+            await reader.open()
+            return await self._cursor_lags(reader, await reader.lac())
+
+        return self._run(lags())
+
+    async def _cursor_lags(self, reader: AsyncStreamReader, lac: int) -> dict[str, CursorLag]:
+        meta = reader.meta
+        return {
+            name: cursor_lag(
+                position.entry_id,
+                lac,
+                meta.first_entry_id,
+                reader.fragments,
+                position.committed_ms,
+            )
+            for name, position in (await self._metadata.list_cursors(meta.id)).items()
+        }
+
     def stream_info(self, name: str) -> StreamInfo:
         """Returns the stream's term, state, LAC, first retained entry and fragments."""
         return self._run(self._stream_info(name))
@@ -314,10 +339,7 @@ class StreamClient:
         meta, fragments = reader.meta, reader.fragments
         lac = await reader.lac()
         writer = await self._metadata.get_writer(meta.id)
-        cursors = {
-            cursor: cursor_lag(position.entry_id, lac, meta.first_entry_id, fragments)
-            for cursor, position in (await self._metadata.list_cursors(meta.id)).items()
-        }
+        cursors = await self._cursor_lags(reader, lac)
         shown = []
         for index, fragment in enumerate(fragments):
             last = fragment.last_entry_id

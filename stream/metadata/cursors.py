@@ -96,15 +96,8 @@ class CursorLag:
     lac: int
     entries: int
     bytes: int | None
-
-    def to_dict(self) -> dict[str, Any]:
-        """Returns the JSON object form."""
-        return {
-            "position": self.position,
-            "lac": self.lac,
-            "lag_entries": self.entries,
-            "lag_bytes": self.bytes,
-        }
+    # When the position was committed (wall clock), None when unknown.
+    committed_ms: int | None = None
 
 
 def fragment_end(fragments: Sequence[Fragment], index: int, lac: int) -> int:
@@ -144,13 +137,18 @@ def bytes_after(fragments: Sequence[Fragment], entry_id: int, lac: int) -> int |
 
 
 def cursor_lag(
-    position: int | None, lac: int, first_entry_id: int, fragments: Sequence[Fragment]
+    position: int | None,
+    lac: int,
+    first_entry_id: int,
+    fragments: Sequence[Fragment],
+    committed_ms: int | None = None,
 ) -> CursorLag:
     """Returns the lag of a cursor at `position` (None: never committed, so everything retained
     is ahead of it) on a stream with `lac`, first retained entry and `fragments`."""
     done = first_entry_id - 1 if position is None else max(position, first_entry_id - 1)
     entries = max(0, lac - done)
-    return CursorLag(position, lac, entries, bytes_after(fragments, done, lac) if entries else 0)
+    lag_bytes = bytes_after(fragments, done, lac) if entries else 0
+    return CursorLag(position, lac, entries, lag_bytes, committed_ms)
 
 
 class CursorStore:

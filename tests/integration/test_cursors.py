@@ -5,6 +5,7 @@ duplicates only after the last commit."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -19,6 +20,7 @@ import pytest
 from stream.client import StreamClient
 from stream.errors import CursorRegressionError, EntryNotWrittenError, InvalidArgumentError
 from stream.sandbox.cluster import SandboxCluster
+from tests.integration.cli_support import streamctl
 from tests.integration.retention_support import wait_until
 
 pytestmark = pytest.mark.integration
@@ -177,3 +179,44 @@ def test_a_consumer_killed_again_and_again_skips_nothing(
     assert processed == set(range(total))
     duplicates = sum(len(ids) for _, ids in runs) - total
     print(f"\n{kills} kills, {duplicates} entries processed twice")
+
+
+def test_streamctl_cursors_list_show_reset_delete(
+    cluster: SandboxCluster, client: StreamClient
+) -> None:
+    metadata = cluster.metadata
+    client.create_stream("cli", fragment_max_entries=10)
+    append(client, "cli", 25)
+    client.cursor("cli", "a").commit(9)
+    client.cursor("cli", "b").commit(19)
+
+    listed = streamctl(metadata, "cursors", "list", "cli", "--output", "json")
+    assert listed.returncode == 0, listed.stderr
+    rows = {r["cursor"]: r for r in json.loads(listed.stdout)}
+    assert {n: (r["position"], r["entries"]) for n, r in rows.items()} == {
+        "a": (9, 15),
+        "b": (19, 5),
+    }
+    assert rows["a"]["bytes"] > rows["b"]["bytes"] > 0 and rows["a"]["committed_ms"] > 0
+    table = streamctl(metadata, "cursors", "list", "cli")
+    assert table.returncode == 0 and "lag entries" in table.stdout and "b" in table.stdout
+    shown = streamctl(metadata, "cursors", "show", "cli", "b", "--output", "json")
+    assert json.loads(shown.stdout)["position"] == 19
+
+    for to, position in (("earliest", -1), ("latest", 24), ("7", 6)):
+        reset = streamctl(metadata, "cursors", "reset", "cli", "b", "--to", to)
+        assert reset.returncode == 0, reset.stderr
+        assert client.cursor("cli", "b").position == position
+    info = streamctl(metadata, "info", "cli", "--output", "json")
+    assert json.loads(info.stdout)["cursors"]["b"]["entries"] == 18
+    assert "cursors" in streamctl(metadata, "info", "cli").stdout
+
+    deleted = streamctl(metadata, "cursors", "delete", "cli", "a")
+    assert deleted.returncode == 0, deleted.stderr
+    # Exit codes: not found 3, usage 2; a bad request changes nothing.
+    assert streamctl(metadata, "cursors", "delete", "cli", "a").returncode == 3
+    assert streamctl(metadata, "cursors", "show", "cli", "a").returncode == 3
+    assert streamctl(metadata, "cursors", "list", "nope").returncode == 3
+    assert streamctl(metadata, "cursors", "reset", "cli", "b", "--to", "soon").returncode == 2
+    assert streamctl(metadata, "cursors", "reset", "cli", "b/c", "--to", "1").returncode == 2
+    assert [n for n in client.cursors("cli")] == ["b"] and client.cursor("cli", "b").position == 6
