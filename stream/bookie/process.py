@@ -27,6 +27,7 @@ import grpc
 import structlog
 from prometheus_client import start_http_server
 
+from stream.addresses import split_host_port
 from stream.bookie import metrics
 from stream.bookie.config import BookieConfig
 from stream.bookie.cookie import check_cookies
@@ -70,13 +71,6 @@ def _in_daemon_thread(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
 
     threading.Thread(target=run, name="bookie-register", daemon=True).start()
     return future
-
-
-def _split_host_port(key: str, address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise ConfigError(f"{key} must be HOST:PORT", key=key, value=address)
-    return host.strip("[]"), int(port)
 
 
 class Bookie:
@@ -151,7 +145,7 @@ class Bookie:
         if port == 0:
             raise ConfigError(f"cannot listen on {config.listen}: {reason}", key="listen")
         if config.metrics_listen:
-            host, mport = _split_host_port("metrics_listen", config.metrics_listen)
+            host, mport = split_host_port("metrics_listen", config.metrics_listen)
             try:
                 self._metrics_server, _ = start_http_server(mport, addr=host)
             except OSError as e:

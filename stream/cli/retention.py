@@ -4,9 +4,10 @@ retention service in the foreground."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from rich.console import Console
@@ -36,6 +37,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     set_cmd.add_argument("name")
     set_cmd.add_argument("--max-age", help="e.g. 7d, 12h, 90m, 30s, or none")
     set_cmd.add_argument("--max-bytes", help="e.g. 10GiB, 500MB, 4096, or none")
+    set_cmd.add_argument(
+        "--keep-unconsumed",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the age limit spares fragments a durable cursor has not consumed; --max-bytes "
+        "still bounds them",
+    )
     set_cmd.add_argument("--clear", action="store_true", help="keep everything (no policy)")
     set_cmd.set_defaults(handler=_set)
 
@@ -57,6 +65,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     run.add_argument("--max-takeovers-per-round", type=int, default=4)
     run.add_argument("--session-timeout", default="10s", help="ZooKeeper session timeout")
     run.add_argument("--id", default=None, help="name of this instance (default host-pid)")
+    run.add_argument(
+        "--metrics-listen",
+        default="",
+        help="serve Prometheus metrics (each cursor's lag) on HOST:PORT (default: off)",
+    )
     runs_until_stopped(run)
     run.set_defaults(handler=_run)
 
@@ -74,9 +87,10 @@ def _set(args: argparse.Namespace) -> int:
     from stream.metadata import RetentionPolicy, StreamStore
     from stream.retention.units import parse_duration, parse_size
 
-    if not args.clear and args.max_age is None and args.max_bytes is None:
-        raise InvalidArgumentError("give --max-age, --max-bytes or --clear")
-    if args.clear and (args.max_age is not None or args.max_bytes is not None):
+    limits = (args.max_age, args.max_bytes, args.keep_unconsumed)
+    if not args.clear and all(value is None for value in limits):
+        raise InvalidArgumentError("give --max-age, --max-bytes, --keep-unconsumed or --clear")
+    if args.clear and any(value is not None for value in limits):
         raise InvalidArgumentError("--clear goes alone")
     # Everything is parsed before anything is written.
     age_given, max_age_s = _optional(args.max_age, parse_duration)
@@ -90,6 +104,9 @@ def _set(args: argparse.Namespace) -> int:
             policy = RetentionPolicy(
                 max_age_s=max_age_s if age_given else current.max_age_s,
                 max_bytes=max_bytes if bytes_given else current.max_bytes,
+                keep_unconsumed=current.keep_unconsumed
+                if args.keep_unconsumed is None
+                else args.keep_unconsumed,
             )
             if policy.max_age_s is None and policy.max_bytes is None:
                 policy = None
@@ -108,20 +125,24 @@ def _describe(policy: Any) -> str:
         parts.append(f"max age {format_duration(policy.max_age_s)}")
     if policy.max_bytes is not None:
         parts.append(f"max bytes {format_size(policy.max_bytes)}")
+    if policy.keep_unconsumed:
+        parts.append("keeping what cursors have not consumed")
     return ", ".join(parts)
 
 
 def _show(args: argparse.Namespace) -> int:
-    from stream.metadata import StreamStore
-    from stream.retention.policy import plan_retention
+    from stream.metadata import CursorStore, StreamStore
+    from stream.retention.policy import held_back, plan_retention
 
     with open_session(args) as session:
         store = StreamStore(session)
         meta, _ = store.get_stream(args.name)
         meta, _, fragments = store.get_snapshot(meta.id)
         writer_alive = store.writer_alive(meta.id)
+        cursors = {n: p.entry_id for n, p in CursorStore(session).list(meta.id).items()}
     now_ms = int(time.time() * 1000)
     policy = meta.retention
+    plan = plan_retention(fragments, policy, now_ms, cursors.values())
     closed = fragments[:-1]
     known = [f.bytes for f in closed if f.bytes is not None]
     stamps = [f.last_timestamp_ms for f in closed if f.last_timestamp_ms is not None]
@@ -135,8 +156,15 @@ def _show(args: argparse.Namespace) -> int:
         "closed_fragments_of_unknown_size": len(closed) - len(known),
         # Whole seconds: "3d4h5m6s ago" reads better than a float.
         "oldest_closed_age_s": max(round((now_ms - min(stamps)) / 1000), 1) if stamps else None,
-        "fragments_due_for_deletion": plan_retention(fragments, policy, now_ms).delete_count,
+        "fragments_due_for_deletion": plan.delete_count,
         "writer_alive": writer_alive,
+        "keep_unconsumed": policy is not None and policy.keep_unconsumed,
+        "fragments_held_by_cursors": plan.held_by_cursors,
+        # Per cursor: its position and what the age limit would drop that it has not consumed.
+        "cursors": {
+            name: {"position": cursors[name], "held_fragments": count, "held_bytes": size}
+            for name, (count, size) in held_back(fragments, policy, now_ms, cursors).items()
+        },
     }
     if wants_json(args):
         print_json(report)
@@ -168,7 +196,24 @@ def _retention_table(report: dict[str, Any], policy: Any) -> Table:
         )
     table.add_row("due for deletion", f"{report['fragments_due_for_deletion']} fragments")
     table.add_row("writer", "live" if report["writer_alive"] else "none")
+    if report["keep_unconsumed"]:
+        table.add_row("held back by cursors", f"{report['fragments_held_by_cursors']} fragments")
+        for name, held in sorted(report["cursors"].items()):
+            table.add_row(
+                f"  cursor {name} (at {held['position']})",
+                f"holds {held['held_fragments']} fragments, {format_size(held['held_bytes'])}",
+            )
     return table
+
+
+@contextlib.contextmanager
+def _shut_down(server: Any) -> Iterator[None]:
+    """Stops the metrics endpoint `server` (None: there is none) on the way out."""
+    try:
+        yield
+    finally:
+        if server is not None:
+            server.shutdown()
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -181,6 +226,7 @@ def _run(args: argparse.Namespace) -> int:
         max_streams_per_round=args.max_streams_per_round,
         max_fragments_per_round=args.max_fragments_per_round,
         max_takeovers_per_round=args.max_takeovers_per_round,
+        export_cursor_lag=bool(args.metrics_listen),
     )
     session_timeout_s = parse_duration(args.session_timeout)
     # A service logs what it does, at info unless asked for more.
@@ -188,7 +234,12 @@ def _run(args: argparse.Namespace) -> int:
         json=args.log_json or None, level="debug" if args.log_level == "debug" else "info"
     )
     console = Console(stderr=True)
-    with open_session(args, session_timeout_s) as session:
+    server: Any = None
+    if args.metrics_listen:
+        from stream.retention.metrics import serve_metrics
+
+        server = serve_metrics(args.metrics_listen)
+    with open_session(args, session_timeout_s) as session, _shut_down(server):
         service = RetentionService(session, settings, identifier=args.id)
         if args.once:
             try:

@@ -22,7 +22,13 @@ from typing import Any, TypeVar
 import structlog
 
 from stream.client.answers import answer_or_none
-from stream.client.cursor import AsyncCursor, AutoCommitter, Cursor, check_interval
+from stream.client.cursor import (
+    AsyncCursor,
+    AutoCommitter,
+    Cursor,
+    check_interval,
+    cursor_lags,
+)
 from stream.client.entries import BookieStatus, Entry, EntryColumns, Fragment, StreamInfo
 from stream.client.grpc_transport import GrpcTransport
 from stream.client.options import ReaderOptions, WriterOptions
@@ -52,7 +58,6 @@ from stream.metadata import (
     RetentionPolicy,
     StreamMeta,
     StreamState,
-    cursor_lag,
 )
 from stream.metadata.model import validate_stream_name
 from stream.protocol import (
@@ -312,22 +317,9 @@ class StreamClient:
         async def lags() -> dict[str, CursorLag]:
             reader = self._async_reader(stream)
             await reader.open()
-            return await self._cursor_lags(reader, await reader.lac())
+            return await cursor_lags(self._metadata, reader, await reader.lac())
 
         return self._run(lags())
-
-    async def _cursor_lags(self, reader: AsyncStreamReader, lac: int) -> dict[str, CursorLag]:
-        meta = reader.meta
-        return {
-            name: cursor_lag(
-                position.entry_id,
-                lac,
-                meta.first_entry_id,
-                reader.fragments,
-                position.committed_ms,
-            )
-            for name, position in (await self._metadata.list_cursors(meta.id)).items()
-        }
 
     def stream_info(self, name: str) -> StreamInfo:
         """Returns the stream's term, state, LAC, first retained entry and fragments."""
@@ -339,7 +331,7 @@ class StreamClient:
         meta, fragments = reader.meta, reader.fragments
         lac = await reader.lac()
         writer = await self._metadata.get_writer(meta.id)
-        cursors = await self._cursor_lags(reader, lac)
+        cursors = await cursor_lags(self._metadata, reader, lac)
         shown = []
         for index, fragment in enumerate(fragments):
             last = fragment.last_entry_id

@@ -120,6 +120,20 @@ class AsyncCursor:
         await self._metadata.delete_cursor(self.stream_id, self.name)
 
 
+async def cursor_lags(
+    metadata: ZkMetadata, reader: AsyncStreamReader, lac: int
+) -> dict[str, CursorLag]:
+    """Returns the lag of every cursor of the reader's stream (opened: its fragments are the
+    snapshot the bytes are counted from) behind `lac`, by cursor name."""
+    meta = reader.meta
+    return {
+        name: cursor_lag(
+            position.entry_id, lac, meta.first_entry_id, reader.fragments, position.committed_ms
+        )
+        for name, position in (await metadata.list_cursors(meta.id)).items()
+    }
+
+
 def check_interval(interval_s: object) -> float:
     """Returns `interval_s` (an auto-commit interval) when it is a number > 0; else raises
     `InvalidArgumentError`."""

@@ -104,12 +104,19 @@ def _encode(body: dict[str, Any]) -> builtins.bytes:
 @dataclass(frozen=True)
 class RetentionPolicy:
     """What a stream keeps: fragments whose last entry is younger than `max_age_s`, and the
-    newest fragments totalling at most `max_bytes`; None means no limit of that kind."""
+    newest fragments totalling at most `max_bytes`; None means no limit of that kind. With
+    `keep_unconsumed`, the age limit spares fragments some durable cursor has not consumed
+    yet; `max_bytes` still bounds them (past it the oldest go anyway)."""
 
     max_age_s: float | None = None
     max_bytes: int | None = None
+    keep_unconsumed: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.keep_unconsumed, bool):
+            raise InvalidArgumentError(
+                "keep_unconsumed must be a bool", keep_unconsumed=self.keep_unconsumed
+            )
         if self.max_age_s is not None and not _is_positive_number(self.max_age_s):
             raise InvalidArgumentError("max_age_s must be > 0 or None", max_age_s=self.max_age_s)
         if self.max_bytes is not None and not (_is_int(self.max_bytes) and self.max_bytes > 0):
@@ -118,13 +125,21 @@ class RetentionPolicy:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        """Returns the JSON object form `{max_age_s, max_bytes}`."""
-        return {"max_age_s": self.max_age_s, "max_bytes": self.max_bytes}
+        """Returns the JSON object form `{max_age_s, max_bytes[, keep_unconsumed]}` (the flag
+        only when set: policies without it keep their bytes)."""
+        body: dict[str, Any] = {"max_age_s": self.max_age_s, "max_bytes": self.max_bytes}
+        if self.keep_unconsumed:
+            body["keep_unconsumed"] = True
+        return body
 
     @classmethod
     def from_dict(cls, body: dict[str, Any]) -> RetentionPolicy:
         """Returns the policy in `body` (the `to_dict` form)."""
-        return cls(max_age_s=body.get("max_age_s"), max_bytes=body.get("max_bytes"))
+        return cls(
+            max_age_s=body.get("max_age_s"),
+            max_bytes=body.get("max_bytes"),
+            keep_unconsumed=body.get("keep_unconsumed", False),
+        )
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,11 @@ Rules, for a stream's fragments sorted by first entry id:
   are kept; the older ones go. The last (open) fragment is kept on top, so a stream holds at
   most `max_bytes` plus one fragment.
 - Both: whichever drops more. A fragment is deleted when either policy says so.
+- Consumption (`keep_unconsumed`, Pulsar's backlog quota, Pravega's consumption-based
+  retention): the age limit drops only fragments whose entries every durable cursor of the
+  stream has consumed (all at or below each cursor's position); `max_bytes` is the bound on
+  what cursors hold back, and past it the oldest go anyway (their cursors' readers then get
+  `EntryTrimmedError`). A stream without cursors has nothing to hold.
 - Unknowns never delete on a guess: a fragment with no recorded size counts 0 bytes (it keeps
   more, never less); one with no last entry timestamp takes the next fragment's creation time
   (its entries were all written before the next fragment existed), and without that its age
@@ -24,7 +29,7 @@ last fragment's bookies hold, whether a takeover should close it.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from stream.metadata.model import Fragment, RetentionPolicy
@@ -41,6 +46,8 @@ class RetentionPlan:
     new_first_entry_id: int | None
     by_age: int = 0
     by_size: int = 0
+    # Fragments the age limit would drop that cursors hold back (`keep_unconsumed`).
+    held_by_cursors: int = 0
 
     @property
     def empty(self) -> bool:
@@ -103,21 +110,56 @@ def excess_by_size(fragments: Sequence[Fragment], policy: RetentionPolicy) -> in
     return 0
 
 
+def consumed_by_all(fragments: Sequence[Fragment], cursor_positions: Iterable[int]) -> int | None:
+    """Returns how many of the oldest fragments (never the last) every cursor has consumed,
+    None when there is no cursor (nothing is held)."""
+    lowest = min(cursor_positions, default=None)
+    return None if lowest is None else fragments_below(fragments, lowest + 1)
+
+
 def plan_retention(
-    fragments: Sequence[Fragment], policy: RetentionPolicy | None, now_ms: int
+    fragments: Sequence[Fragment],
+    policy: RetentionPolicy | None,
+    now_ms: int,
+    cursor_positions: Iterable[int] = (),
 ) -> RetentionPlan:
     """Returns the plan of `policy` for a stream whose fragments (sorted by first entry id)
-    are `fragments`, at wall-clock time `now_ms`."""
+    are `fragments`, at wall-clock time `now_ms`; `cursor_positions` (the durable cursors'
+    committed entry ids) count only when the policy keeps unconsumed fragments."""
     if policy is None or len(fragments) < 2:
         return NOTHING
     by_age = expired_by_age(fragments, policy, now_ms)
+    held = 0
+    if policy.keep_unconsumed and by_age:
+        consumed = consumed_by_all(fragments, cursor_positions)
+        if consumed is not None and consumed < by_age:
+            held, by_age = by_age - consumed, consumed
     by_size = excess_by_size(fragments, policy)
     count = max(by_age, by_size)
     # Deleting the last fragment would leave the stream without a place to write.
     invariant(count < len(fragments), "retention never plans the last fragment", count=count)
+    held = max(0, held - max(0, by_size - by_age))  # size drops some of them anyway
     if count == 0:
-        return RetentionPlan(0, None, by_age, by_size)
-    return RetentionPlan(count, fragments[count].first_entry_id, by_age, by_size)
+        return RetentionPlan(0, None, by_age, by_size, held)
+    return RetentionPlan(count, fragments[count].first_entry_id, by_age, by_size, held)
+
+
+def held_back(
+    fragments: Sequence[Fragment],
+    policy: RetentionPolicy | None,
+    now_ms: int,
+    cursor_positions: Mapping[str, int],
+) -> dict[str, tuple[int, int]]:
+    """Returns, per cursor, the fragments (count, recorded bytes) that the age limit would
+    drop but that cursor has not consumed: what it alone holds back, `max_bytes` aside."""
+    if policy is None or not policy.keep_unconsumed or len(fragments) < 2:
+        return {}
+    expired = expired_by_age(fragments, policy, now_ms)
+    held = {}
+    for name, position in cursor_positions.items():
+        kept = fragments[min(fragments_below(fragments, position + 1), expired) : expired]
+        held[name] = (len(kept), sum(f.bytes or 0 for f in kept))
+    return held
 
 
 def fragments_below(fragments: Sequence[Fragment], before_entry_id: int) -> int:

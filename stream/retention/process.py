@@ -29,12 +29,16 @@ class RetentionProcess:
         interval_s: float = 60.0,
         instance_id: str = "retention-1",
         session_timeout_s: float = 4.0,
+        metrics_listen: str = "",
     ) -> None:
+        """`metrics_listen` ("HOST:PORT"): serve Prometheus metrics there (each durable
+        cursor's lag); empty: no endpoint."""
         self.metadata = metadata
         self.log_path = Path(log_path)
         self.interval_s = interval_s
         self.instance_id = instance_id
         self.session_timeout_s = session_timeout_s
+        self.metrics_listen = metrics_listen
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -64,6 +68,7 @@ class RetentionProcess:
                     f"{self.session_timeout_s}s",
                     "--id",
                     self.instance_id,
+                    *(("--metrics-listen", self.metrics_listen) if self.metrics_listen else ()),
                 ],
                 stdout=logfile,
                 stderr=subprocess.STDOUT,

@@ -8,6 +8,11 @@ others wait on the lock). Each round the leader, for a bounded number of streams
 3. tells the deleted fragments' bookies to `Trim` below the new first entry. A bookie that
    misses the message trims anyway: its reconciler (`stream.bookie.reconcile`) compares with
    metadata every GC interval;
+With `keep_unconsumed` in a stream's policy, step 1 reads the stream's durable cursors: the
+age limit spares what some cursor has not consumed, `max_bytes` still bounds it. With
+`export_cursor_lag`, every stream's cursors are read each round and their lag behind the LAC
+(asked of the last fragment's bookies) is set on Prometheus gauges (`stream.retention.metrics`).
+
 4. for a stream with no live writer whose open last fragment is past the age limit
    (apache/pulsar#9057), runs a takeover, closes that fragment at the takeover's no-op and
    opens an empty one on the same bookies, so the data fragment can go at step 1-3.
@@ -43,10 +48,12 @@ import structlog
 from kazoo.exceptions import CancelledError as KazooCancelledError
 from kazoo.exceptions import KazooException
 
+from stream.client.cursor import cursor_lags
 from stream.client.entries import checksum_ok
 from stream.client.grpc_transport import GrpcTransport
 from stream.client.options import WriterOptions
 from stream.client.ports import BookieTransport, Clock, SystemClock
+from stream.client.reader import AsyncStreamReader
 from stream.client.recovery import Takeover, WriterIdentity, close_after_takeover, send_lac
 from stream.client.zk_metadata import ZkMetadata
 from stream.errors import (
@@ -69,6 +76,7 @@ from stream.metadata import (
 )
 from stream.metadata.election import holds_lock
 from stream.protocol import Code
+from stream.retention import metrics
 from stream.retention.fragments import FragmentWindow, StaleFragments, read_fragments
 from stream.retention.policy import IdleAction, idle_action, idle_candidate, plan_retention
 
@@ -107,6 +115,9 @@ class RetentionSettings:
     bookie_timeout_s: float = 5.0
     # A takeover gives up after this long (it is retried next time the stream comes up).
     takeover_deadline_s: float = 30.0
+    # Set each durable cursor's lag on the Prometheus gauges every round (costs, per stream
+    # with cursors, its fragment znodes and one ReadLac to the last fragment's bookies).
+    export_cursor_lag: bool = False
 
     def __post_init__(self) -> None:
         for name in ("interval_s", "takeover_retry_s", "bookie_timeout_s", "takeover_deadline_s"):
@@ -194,6 +205,8 @@ class RetentionService:
         # Closed fragments read in earlier rounds, per stream id (see FragmentWindow).
         self._remembered: dict[int, dict[int, Fragment]] = {}
         self._remembered_count = 0
+        # Label sets of the lag gauges set, per stream id (removed when the cursor goes).
+        self._lag_labels: dict[int, set[tuple[str, str]]] = {}
         # Leadership state, shared with the session listener and stop().
         self._state_lock = threading.Lock()
         self._stopping = False
@@ -400,6 +413,8 @@ class RetentionService:
         present = set(ids)
         for gone in [s for s in self._remembered if s not in present]:
             self._forget(gone)
+        for gone in [s for s in self._lag_labels if s not in present]:
+            self._drop_lag_gauges(gone, set())
         # This round: the ids from the cursor on, then from the start (wrapping around).
         ordered = [i for i in ids if i >= self._cursor] + [i for i in ids if i < self._cursor]
         for stream_id in ordered[: settings.max_streams_per_round]:
@@ -409,7 +424,10 @@ class RetentionService:
             report.streams_checked += 1
             try:
                 await self._retain(stream_id, report, budget)
+                if settings.export_cursor_lag:
+                    await self._export_lag(stream_id)
             except StreamNotFoundError:
+                self._drop_lag_gauges(stream_id, set())
                 self._forget(stream_id)
                 continue  # deleted meanwhile
             except MetadataSessionExpiredError as e:
@@ -469,12 +487,16 @@ class RetentionService:
         if policy is None or (policy.max_age_s is None and policy.max_bytes is None):
             self._forget(stream_id)
             return  # nothing to read further: most streams keep everything
+        positions: list[int] = []
+        if policy.keep_unconsumed:
+            cursors = await asyncio.to_thread(self._metadata.cursors.list, stream_id)
+            positions = [p.entry_id for p in cursors.values()]
         fragments = await asyncio.to_thread(
             read_fragments, self._session, stream_id, self._remembered.get(stream_id)
         )
         try:
             meta, version, fragments = await self._delete_planned(
-                meta, version, fragments, report, budget
+                meta, version, fragments, report, budget, positions
             )
             if (
                 budget.takeovers > 0
@@ -484,7 +506,7 @@ class RetentionService:
                 report.fragments_read += fragments.reads
                 meta, version, fragments = await self._read(stream_id)
                 meta, version, fragments = await self._delete_planned(
-                    meta, version, fragments, report, budget
+                    meta, version, fragments, report, budget, positions
                 )
         finally:
             report.fragments_read += fragments.reads
@@ -497,16 +519,28 @@ class RetentionService:
         fragments: FragmentWindow,
         report: RoundReport,
         budget: _Budget,
+        cursor_positions: Sequence[int] = (),
     ) -> tuple[StreamMeta, int, FragmentWindow]:
-        """Deletes the fragments the policy drops, in multi-ops of at most `_DELETES_PER_CAS`
-        within the round's budget, and tells their bookies to trim; returns the stream as it
-        stands afterwards."""
+        """Deletes the fragments the policy drops (sparing those the cursors at
+        `cursor_positions` need, when it keeps unconsumed ones), in multi-ops of at most
+        `_DELETES_PER_CAS` within the round's budget, and tells their bookies to trim; returns
+        the stream as it stands afterwards."""
         attempts = 0
         while budget.fragments > 0:
             try:
                 plan = await asyncio.to_thread(
-                    plan_retention, fragments, meta.retention, self._clock.now_ms()
+                    plan_retention,
+                    fragments,
+                    meta.retention,
+                    self._clock.now_ms(),
+                    cursor_positions,
                 )
+                if plan.held_by_cursors:
+                    log.info(
+                        "retention.held_by_cursors",
+                        stream=meta.name,
+                        fragments=plan.held_by_cursors,
+                    )
                 if plan.empty:
                     break
                 count = min(plan.delete_count, _DELETES_PER_CAS, budget.fragments)
@@ -577,6 +611,37 @@ class RetentionService:
         results = await asyncio.gather(*(one(b) for b in bookies))
         report.trims_sent += sum(results)
         report.trims_failed += len(results) - sum(results)
+
+    # ------------------------------------------------------------------ cursor lag
+
+    async def _export_lag(self, stream_id: int) -> None:
+        """Sets the lag gauges of the stream's cursors (and drops those of deleted ones)."""
+        names = await asyncio.to_thread(self._metadata.cursors.names, stream_id)
+        if not names or self._transport is None:
+            self._drop_lag_gauges(stream_id, set())
+            return
+        meta, _ = await asyncio.to_thread(self._store.get_stream_by_id, stream_id)
+        reader = AsyncStreamReader(
+            meta.name, transport=self._transport, metadata=self._metadata, rng=self._rng
+        )
+        await reader.open()
+        lags = await cursor_lags(self._metadata, reader, await reader.lac())
+        labels = set()
+        for cursor, lag in lags.items():
+            labels.add((meta.name, cursor))
+            metrics.CURSOR_LAG_ENTRIES.labels(meta.name, cursor).set(lag.entries)
+            if lag.bytes is not None:
+                metrics.CURSOR_LAG_BYTES.labels(meta.name, cursor).set(lag.bytes)
+        self._drop_lag_gauges(stream_id, labels)
+
+    def _drop_lag_gauges(self, stream_id: int, kept: set[tuple[str, str]]) -> None:
+        """Removes the stream's lag gauges other than `kept`, and remembers `kept`."""
+        for labels in self._lag_labels.pop(stream_id, set()) - kept:
+            for gauge in metrics.LAG_GAUGES:
+                with contextlib.suppress(KeyError):
+                    gauge.remove(*labels)
+        if kept:
+            self._lag_labels[stream_id] = kept
 
     # ------------------------------------------------------------------ idle streams
 

@@ -11,11 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import stream.retention.policy as policy_module
+from stream.errors import InvalidArgumentError
 from stream.metadata.model import Fragment, RetentionPolicy
 from stream.retention.policy import (
     IdleAction,
     effective_last_timestamp_ms,
     fragments_below,
+    held_back,
     idle_action,
     plan_retention,
 )
@@ -339,3 +341,34 @@ def test_idle_takeover_only_for_a_written_expired_fragment(
     assert (action is IdleAction.TAKE_OVER) == (written and expired)
     if highest is not None and highest < 100:
         assert action is IdleAction.EMPTY
+
+
+# ---------------------------------------------------------------- keep_unconsumed
+
+
+def test_keep_unconsumed_spares_what_a_cursor_still_needs_within_max_bytes() -> None:
+    old = NOW_MS - 10_000_000
+    fragments = chain([MIB] * 10, last_ts=[old] * 10)  # all past the age limit
+    age_only = RetentionPolicy(max_age_s=3600)
+    keep = RetentionPolicy(max_age_s=3600, keep_unconsumed=True)
+    assert plan_retention(fragments, age_only, NOW_MS, [24]).delete_count == 10
+    # Entries 0..24 consumed: fragments 0 and 1 (0..19) may go, 2.. are still needed.
+    plan = plan_retention(fragments, keep, NOW_MS, [24, 80])
+    assert (plan.delete_count, plan.new_first_entry_id, plan.held_by_cursors) == (2, 20, 8)
+    # No cursor, nothing held.
+    assert plan_retention(fragments, keep, NOW_MS, []).delete_count == 10
+    # Past max_bytes the oldest go anyway: 4 MiB keeps the newest four closed fragments.
+    bounded = RetentionPolicy(max_age_s=3600, max_bytes=4 * MIB, keep_unconsumed=True)
+    plan = plan_retention(fragments, bounded, NOW_MS, [24])
+    assert (plan.delete_count, plan.by_size, plan.held_by_cursors) == (6, 6, 4)
+    held = held_back(fragments, keep, NOW_MS, {"slow": 24, "fast": 80})
+    assert held == {"slow": (8, 8 * MIB), "fast": (2, 2 * MIB)}
+    assert held_back(fragments, age_only, NOW_MS, {"slow": 24}) == {}
+
+
+def test_keep_unconsumed_round_trips_and_is_checked() -> None:
+    policy = RetentionPolicy(max_bytes=MIB, keep_unconsumed=True)
+    assert RetentionPolicy.from_dict(policy.to_dict()) == policy
+    assert "keep_unconsumed" not in RetentionPolicy(max_bytes=MIB).to_dict()
+    with pytest.raises(InvalidArgumentError):
+        RetentionPolicy(keep_unconsumed="yes")  # type: ignore[arg-type]
