@@ -177,6 +177,9 @@ def test_a_consumer_killed_again_and_again_skips_nothing(
         processed |= set(ids)
         highest = max(highest, *ids) if ids else highest
     assert processed == set(range(total))
+    # Each restart resumed from a commit, further each time (not from the start again).
+    starts = [position for position, _ in runs[1:]]
+    assert None not in starts and starts == sorted(starts) and len(set(starts)) > kills // 2
     duplicates = sum(len(ids) for _, ids in runs) - total
     print(f"\n{kills} kills, {duplicates} entries processed twice")
 
