@@ -5,6 +5,7 @@ from stream.client.client import StreamClient, StreamReader, StreamWriter
 from stream.client.entries import BookieStatus, Entry, EntryColumns, Fragment, StreamInfo
 from stream.client.options import Protections, ReaderOptions, WriterOptions
 from stream.metadata.model import RetentionPolicy
+from stream.security.tls import TLSConfig
 
 __all__ = [
     "BookieStatus",
@@ -18,5 +19,6 @@ __all__ = [
     "StreamInfo",
     "StreamReader",
     "StreamWriter",
+    "TLSConfig",
     "WriterOptions",
 ]
