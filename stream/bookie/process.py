@@ -28,12 +28,14 @@ import structlog
 from prometheus_client import start_http_server
 
 from stream.bookie import metrics
+from stream.bookie.access import AccessControl, refuse_insecure_listen
 from stream.bookie.config import BookieConfig
 from stream.bookie.cookie import check_cookies
 from stream.bookie.disk import DiskStatus, check_disks
 from stream.bookie.server import BookieService, StartReport, add_to_server, server_options
 from stream.errors import ConfigError, StreamError
 from stream.logging import configure_logging
+from stream.security.tls import ServerCredentials
 
 log = structlog.get_logger(__name__)
 
@@ -98,6 +100,7 @@ class Bookie:
         self._stopped = False
         self._autorecovery: Any = None
         self._drain_watch_stopped = False
+        self._tls: ServerCredentials | None = None
 
     # -- start ------------------------------------------------------------------------------
 
@@ -139,10 +142,13 @@ class Bookie:
         # with the same config fails here, before it touches the directories (or replays a
         # long journal), and a start that fails on a busy port leaves no first-boot cookie
         # behind (the corrected start would otherwise need `fix-cookie`).
-        server = grpc.aio.server(options=server_options(config))
+        refuse_insecure_listen(config)
+        server = grpc.aio.server(
+            options=server_options(config), interceptors=[AccessControl(config)]
+        )
         self._server = server
         try:
-            port = server.add_insecure_port(config.listen)
+            port = self._add_port(server)
         except RuntimeError as e:
             port = 0
             reason = str(e)
@@ -240,6 +246,27 @@ class Bookie:
             read_only=disk.read_only,
             start_s=round(time.monotonic() - started, 3),
         )
+
+    def _add_port(self, server: grpc.aio.Server) -> int:
+        """Binds `listen`: TLS when configured (its files read now; key permissions checked),
+        plaintext otherwise. Returns the port, 0 when it could not bind."""
+        config = self.config
+        if not config.tls:
+            return server.add_insecure_port(config.listen)
+        files = config.client_tls()
+        assert files is not None
+        self._tls = ServerCredentials(
+            files, require_client_auth=config.tls_client_auth == "require"
+        )
+        return server.add_secure_port(config.listen, self._tls.credentials)
+
+    def reload_tls(self) -> None:
+        """SIGHUP: re-reads the TLS certificate, key and CA; new connections get them, open
+        ones (and their streams) go on."""
+        if self._tls is None:
+            log.info("bookie.sighup_ignored", reason="no TLS")
+            return
+        self._tls.reload()
 
     @staticmethod
     async def _phase_two(repairer: Any, limbo_bounds: dict[int, int]) -> None:
@@ -415,6 +442,7 @@ class Bookie:
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(signal.SIGHUP, self.reload_tls)
         await self.start()
         try:
             await stop.wait()
