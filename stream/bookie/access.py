@@ -51,7 +51,7 @@ def audit(event: str, caller: Caller | None, **fields: Any) -> None:
     metrics.AUDIT_EVENTS.labels(event=event, principal=principal).inc()
     log.warning(
         "bookie.audit",
-        event=event,
+        action=event,
         principal=principal,
         peer=caller.peer if caller else "",
         role=caller.role.label if caller and caller.role else None,

@@ -1,0 +1,308 @@
+"""Mutual TLS and roles on real bookie processes (docs/security.md): certificates made by
+`streamctl certs`' code, callers without a certificate refused, each role refused what is
+beyond it with nothing changed and an audit line, the client end to end over TLS (a takeover
+included), and certificate rotation by SIGHUP under a running writer."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import ssl
+import threading
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from stream.client import StreamClient
+from stream.sandbox.bookies import BookieProcess
+from stream.sandbox.cluster import SandboxCluster
+from stream.sandbox.zookeeper import ZooKeeperServer
+from stream.security.certs import issue
+from stream.security.roles import Role
+from stream.security.tls import InsecureFileError, TLSConfig, sync_channel
+from stream.wire import bookie_pb2 as pb
+from stream.wire import bookie_pb2_grpc
+from tests.integration.bookie_support import add_request, wait_until
+
+pytestmark = pytest.mark.integration
+
+STREAM_ID = 77
+
+
+@pytest.fixture(scope="module")
+def secure(
+    zookeeper: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SandboxCluster]:
+    """Three bookies serving mutual TLS with roles (no auto-recovery)."""
+    cluster = SandboxCluster(
+        tmp_path_factory.mktemp("secure"),
+        bookies=3,
+        root=f"/streamkeeper-{uuid.uuid4().hex[:12]}",
+        zookeeper=zookeeper,
+        bookie_settings={"autorecovery": False},
+        secure=True,
+    )
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def stub_as(cluster: SandboxCluster, role: Role | None, bookie: int = 0) -> Any:
+    """Returns a stub to one bookie holding `role`'s certificate (None: the CA only)."""
+    assert cluster.tls is not None
+    files = TLSConfig(str(cluster.tls.ca_file)) if role is None else cluster.tls.client(role)
+    channel = sync_channel(cluster.bookies[bookie].address, files)
+    return bookie_pb2_grpc.BookieStub(channel)
+
+
+def snapshot(stub: Any, stream_id: int) -> tuple[bytes, list[bytes]]:
+    """The bookie's state of the stream and every entry it holds, serialized."""
+    state = stub.StreamState(pb.StreamStateRequest(stream_id=stream_id), timeout=10)
+    ranges = stub.ReadRange(
+        pb.ReadRangeRequest(stream_id=stream_id, first_entry_id=0, last_entry_id=1000),
+        timeout=10,
+    )
+    entries = [e.SerializeToString() for r in ranges for e in r.entries]
+    return state.SerializeToString(), entries
+
+
+def denied(call: Any, rpc: str, principal: str) -> None:
+    with pytest.raises(grpc.RpcError) as raised:
+        call()
+    assert raised.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert rpc in raised.value.details() and principal in raised.value.details()
+
+
+def audit_events(bookie: BookieProcess) -> list[dict[str, Any]]:
+    events = []
+    for line in bookie.log_path.read_text().splitlines():
+        if '"bookie.audit"' in line:
+            events.append(json.loads(line))
+    return events
+
+
+def audit_count(bookie: BookieProcess, event: str, principal: str) -> float:
+    with urllib.request.urlopen(f"http://{bookie.metrics_address}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    want = f'streamkeeper_bookie_audit_events_total{{event="{event}",principal="{principal}"}}'
+    for line in text.splitlines():
+        if line.startswith(want):
+            return float(line.split()[-1])
+    return 0.0
+
+
+@pytest.fixture(scope="module")
+def written(secure: SandboxCluster) -> SandboxCluster:
+    """Entries 0-9 of stream STREAM_ID at term 1 on bookie-1, written with a writer cert."""
+    stub = stub_as(secure, Role.WRITER)
+    responses = list(stub.Add(iter([add_request(STREAM_ID, 1, range(10), lac=8)]), timeout=10))
+    assert list(responses[0].codes) == [pb.OK] * 10
+    return secure
+
+
+def test_a_caller_without_a_certificate_is_refused(written: SandboxCluster) -> None:
+    for stub in (
+        stub_as(written, None),
+        bookie_pb2_grpc.BookieStub(grpc.insecure_channel(written.bookies[0].address)),
+    ):
+        with pytest.raises(grpc.RpcError) as raised:
+            stub.Info(pb.InfoRequest(), timeout=5)
+        assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_a_reader_may_read_but_not_add_fence_truncate_or_trim(written: SandboxCluster) -> None:
+    reader = stub_as(written, Role.READER)
+    bookie = written.bookies[0]
+    before = snapshot(reader, STREAM_ID)
+    assert len(before[1]) == 10
+    refused_before = audit_count(bookie, "refused", "reader")
+
+    def add() -> None:
+        list(reader.Add(iter([add_request(STREAM_ID, 1, [3], lac=8)]), timeout=10))
+
+    denied(add, "Add", "reader")
+    denied(
+        lambda: reader.Fence(pb.FenceRequest(stream_id=STREAM_ID, term=9), timeout=10),
+        "Fence",
+        "reader",
+    )
+    denied(
+        lambda: reader.Truncate(
+            pb.TruncateRequest(stream_id=STREAM_ID, term=1, after_entry_id=2), timeout=10
+        ),
+        "Truncate",
+        "reader",
+    )
+    denied(
+        lambda: reader.Trim(pb.TrimRequest(stream_id=STREAM_ID, before_entry_id=5), timeout=10),
+        "Trim",
+        "reader",
+    )
+    # A recovery read carries a term: a writer's.
+    denied(
+        lambda: reader.Read(pb.ReadRequest(stream_id=STREAM_ID, entry_id=1, term=2), timeout=10),
+        "Read",
+        "reader",
+    )
+
+    assert snapshot(reader, STREAM_ID) == before
+    assert reader.Read(pb.ReadRequest(stream_id=STREAM_ID, entry_id=4), timeout=10).code == pb.OK
+    refused = [e for e in audit_events(bookie) if e["action"] == "refused"]
+    assert {e["rpc"] for e in refused if e["principal"] == "reader"} >= {
+        "Add",
+        "Fence",
+        "Truncate",
+        "Trim",
+        "Read",
+    }
+    assert all(e["peer"].startswith("ipv4:127.0.0.1:") for e in refused)
+    assert audit_count(bookie, "refused", "reader") == refused_before + 5
+
+
+def test_a_writer_may_fence_and_truncate_but_not_trim_a_service_may(
+    written: SandboxCluster,
+) -> None:
+    writer = stub_as(written, Role.WRITER)
+    service = stub_as(written, Role.SERVICE)
+    before = snapshot(writer, STREAM_ID)
+    denied(
+        lambda: writer.Trim(pb.TrimRequest(stream_id=STREAM_ID, before_entry_id=2), timeout=10),
+        "Trim",
+        "writer",
+    )
+    assert snapshot(writer, STREAM_ID) == before
+
+    fenced = writer.Fence(pb.FenceRequest(stream_id=STREAM_ID, term=2), timeout=10)
+    assert fenced.code == pb.OK and fenced.bookie_term == 2
+    truncated = writer.Truncate(
+        pb.TruncateRequest(stream_id=STREAM_ID, term=2, after_entry_id=8), timeout=10
+    )
+    assert truncated.code == pb.OK
+    trimmed = service.Trim(pb.TrimRequest(stream_id=STREAM_ID, before_entry_id=2), timeout=10)
+    assert trimmed.code == pb.OK and trimmed.first_entry_id == 2
+
+    events = audit_events(written.bookies[0])
+    done = {(e["action"], e["principal"]) for e in events}
+    assert {("Fence", "writer"), ("Truncate", "writer"), ("Trim", "service")} <= done
+    assert ("refused", "writer") in done
+
+
+def test_the_client_appends_tails_and_takes_over_over_tls(secure: SandboxCluster) -> None:
+    assert secure.tls is not None
+    files = secure.tls.client(Role.WRITER)
+    with StreamClient.connect(secure.metadata, tls=files) as client:
+        client.create_stream("secured", ensemble=3, write_quorum=3, ack_quorum=2)
+        first = client.open_writer("secured")
+        for i in range(100):
+            first.append(f"e{i}".encode())
+        # A second writer takes over the open stream: fence, recovery reads and write-backs,
+        # all with a writer certificate.
+        with client.open_writer("secured") as second:
+            assert second.term > first.term
+            second.append(b"after")
+        got = [e.payload for e in client.open_reader("secured").tail(timeout_s=2)]
+    assert got == [f"e{i}".encode() for i in range(100)] + [b"after"]
+
+
+def test_loose_key_permissions_are_refused(secure: SandboxCluster, tmp_path: Path) -> None:
+    assert secure.tls is not None
+    files = secure.tls.client(Role.READER)
+    key = tmp_path / "reader.key"
+    key.write_bytes(Path(str(files.key_file)).read_bytes())
+    key.chmod(0o644)
+    loose = TLSConfig(files.ca_file, files.cert_file, str(key))
+    with pytest.raises(InsecureFileError, match="chmod 0600"):
+        StreamClient.connect(secure.metadata, tls=loose)
+
+    bookie = BookieProcess(
+        "loose-bookie",
+        tmp_path / "loose-bookie",
+        secure.metadata,
+        metrics_port=0,
+        settings={
+            **secure.tls.bookie_settings("bookie-1"),
+            "tls_key_file": str(key),
+        },
+    )
+    try:
+        assert bookie.start().wait_exit() != 0
+        assert "tls_key_file is readable or writable by group or others" in bookie.log_tail()
+    finally:
+        bookie.close()
+
+
+def test_an_insecure_bookie_beyond_loopback_refuses_to_start(
+    secure: SandboxCluster, tmp_path: Path
+) -> None:
+    bookie = BookieProcess("open", tmp_path / "open", secure.metadata, metrics_port=0)
+    bookie.settings["listen"] = f"0.0.0.0:{bookie.port}"
+    try:
+        assert bookie.start().wait_exit() != 0
+        assert "allow_insecure" in bookie.log_tail() and "not a loopback" in bookie.log_tail()
+    finally:
+        bookie.close()
+
+
+def served_certificate(address: str, files: TLSConfig) -> bytes:
+    """The DER certificate a new TLS connection to `address` is shown."""
+    context = ssl.create_default_context(cafile=files.ca_file)
+    context.load_cert_chain(str(files.cert_file), str(files.key_file))
+    context.set_alpn_protocols(["h2"])
+    host, port = address.rsplit(":", 1)
+    with (
+        socket.create_connection((host, int(port)), timeout=10) as raw,
+        context.wrap_socket(raw, server_hostname=host) as tls,
+    ):
+        der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    return der
+
+
+def test_certificates_rotate_on_sighup_while_a_writer_appends(secure: SandboxCluster) -> None:
+    assert secure.tls is not None
+    files = secure.tls.client(Role.WRITER)
+    bookie = secure.bookies[0]
+    old = served_certificate(bookie.address, files)
+    errors: list[BaseException] = []
+    appended: list[int] = []
+    stop = threading.Event()
+
+    with StreamClient.connect(secure.metadata, tls=files) as client:
+        client.create_stream("rotating", ensemble=3, write_quorum=3, ack_quorum=3)
+        with client.open_writer("rotating") as writer:
+
+            def append() -> None:
+                try:
+                    while not stop.is_set():
+                        appended.append(writer.append(b"x" * 100, timeout_s=10))
+                except BaseException as e:
+                    errors.append(e)
+
+            thread = threading.Thread(target=append)
+            thread.start()
+            try:
+                wait_until(lambda: len(appended) > 50, what="appends before rotation")
+                issue(secure.tls.directory, bookie.bookie_id, Role.SERVICE, force=True)
+                os.kill(bookie.pid, signal.SIGHUP)
+                new = wait_until(
+                    lambda: (der := served_certificate(bookie.address, files)) != old and der,
+                    what="the new certificate served",
+                )
+                count = len(appended)
+                wait_until(lambda: len(appended) > count + 50, what="appends after rotation")
+            finally:
+                stop.set()
+                thread.join(30)
+    assert not errors
+    assert appended == list(range(len(appended)))
+    assert new != old
+    assert any('"tls.reloaded"' in line for line in bookie.log_path.read_text().splitlines())
