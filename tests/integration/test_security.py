@@ -12,7 +12,6 @@ import socket
 import ssl
 import threading
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from stream.security.tls import InsecureFileError, TLSConfig, sync_channel
 from stream.wire import bookie_pb2 as pb
 from stream.wire import bookie_pb2_grpc
 from tests.integration.bookie_support import add_request, wait_until
+from tests.integration.conftest import running_cluster
 
 pytestmark = pytest.mark.integration
 
@@ -41,19 +41,8 @@ def secure(
     zookeeper: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[SandboxCluster]:
     """Three bookies serving mutual TLS with roles (no auto-recovery)."""
-    cluster = SandboxCluster(
-        tmp_path_factory.mktemp("secure"),
-        bookies=3,
-        root=f"/streamkeeper-{uuid.uuid4().hex[:12]}",
-        zookeeper=zookeeper,
-        bookie_settings={"autorecovery": False},
-        secure=True,
-    )
-    cluster.start()
-    try:
+    with running_cluster(zookeeper, tmp_path_factory.mktemp("secure"), secure=True) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 def stub_as(cluster: SandboxCluster, role: Role | None, bookie: int = 0) -> Any:
