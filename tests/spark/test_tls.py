@@ -49,7 +49,9 @@ def test_the_connector_writes_and_reads_over_tls(
     with StreamClient.connect(secure.metadata, tls=writer) as client:
         client.create_stream(stream_name)
         query = (
-            spark.readStream.format("rate").option("rowsPerSecond", "50").load()
+            spark.readStream.format("rate")
+            .option("rowsPerSecond", "50")
+            .load()
             .selectExpr("CAST(value AS STRING) AS payload")
             .writeStream.format("streamkeeper")
             .option("metadata", secure.metadata)
@@ -62,7 +64,8 @@ def test_the_connector_writes_and_reads_over_tls(
         try:
             reader = client.open_reader(stream_name)
             lac = wait_until(
-                lambda: (n := reader.last_add_confirmed()) >= 20 and n, timeout_s=60,
+                lambda: (n := reader.last_add_confirmed()) >= 20 and n,
+                timeout_s=60,
                 what="entries written by Spark",
             )
         finally:
