@@ -49,7 +49,9 @@ def audit(event: str, caller: Caller | None, **fields: Any) -> None:
     """Logs one audit event and counts it for the caller's principal."""
     principal = caller.principal if caller else ANONYMOUS
     metrics.AUDIT_EVENTS.labels(event=event, principal=principal).inc()
-    log.warning(
+    # Refusals are warnings; the rest is the record of who changed what.
+    emit = log.warning if event == "refused" else log.info
+    emit(
         "bookie.audit",
         action=event,
         principal=principal,

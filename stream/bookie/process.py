@@ -235,7 +235,10 @@ class Bookie:
             from stream.autorecovery.service import AutoRecovery
 
             self._autorecovery = AutoRecovery(
-                self._session, config.autorecovery_settings(), identifier=config.bookie_id
+                self._session,
+                config.autorecovery_settings(),
+                identifier=config.bookie_id,
+                tls=config.client_tls(),
             )
             self._autorecovery.start()
         log.info(

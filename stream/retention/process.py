@@ -29,7 +29,10 @@ class RetentionProcess:
         interval_s: float = 60.0,
         instance_id: str = "retention-1",
         session_timeout_s: float = 4.0,
+        options: list[str] | None = None,
     ) -> None:
+        """`options`: more global streamctl options (the TLS files of a secure sandbox)."""
+        self.options = list(options or [])
         self.metadata = metadata
         self.log_path = Path(log_path)
         self.interval_s = interval_s
@@ -56,6 +59,7 @@ class RetentionProcess:
                     "--log-json",  # the log file is read back as JSON lines
                     "--metadata",
                     self.metadata,
+                    *self.options,
                     "retention",
                     "run",
                     "--interval",

@@ -80,6 +80,8 @@ class SandboxCluster:
             self._ensure_root()
             if self.tls is not None:
                 self.tls.create()
+                # ZooKeeper authentication and ACLs of a secure sandbox belong here, before
+                # any bookie writes a znode (see docs/security.md).
             for i in range(1, self._bookie_count + 1):
                 self.add_bookie(f"bookie-{i}", wait=False)
             for bookie in self.bookies:
@@ -90,6 +92,7 @@ class SandboxCluster:
                     self.metadata,
                     self.data_dir / "retention.log",
                     interval_s=self.retention_interval_s,
+                    options=self.streamctl_options(Role.SERVICE),
                 ).start()
         except BaseException:
             self.stop()
@@ -116,6 +119,11 @@ class SandboxCluster:
         if wait:
             bookie.wait_ready()
         return bookie
+
+    def streamctl_options(self, role: Role) -> list[str]:
+        """Returns the global streamctl options a client of `role` needs here (the TLS files
+        of a secure sandbox; none otherwise)."""
+        return self.tls.streamctl_options(role) if self.tls is not None else []
 
     def bookie(self, bookie_id: str) -> BookieProcess:
         for bookie in self.bookies:

@@ -10,6 +10,8 @@ import os
 import signal
 import socket
 import ssl
+import subprocess
+import sys
 import threading
 import urllib.request
 from collections.abc import Iterator
@@ -295,3 +297,38 @@ def test_certificates_rotate_on_sighup_while_a_writer_appends(secure: SandboxClu
     assert appended == list(range(len(appended)))
     assert new != old
     assert any('"tls.reloaded"' in line for line in bookie.log_path.read_text().splitlines())
+
+
+def test_the_secure_sandbox_demo_runs_over_tls_with_roles(tmp_path: Path) -> None:
+    """`streamctl sandbox --secure --demo`: the append-and-tail demo (a writer's certificate
+    appends, a reader's tails) and the retention service, all over mutual TLS."""
+    data_dir = tmp_path / "sandbox"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stream.cli.main",
+            "sandbox",
+            "--secure",
+            "--demo",
+            "--bookies",
+            "3",
+            "--data-dir",
+            str(data_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"STREAMKEEPER_TLS_CA_FILE={data_dir / 'tls' / 'ca.crt'}" in done.stderr
+    assert "demo passed" in done.stdout + done.stderr
+    audited = [
+        json.loads(line)
+        for log in data_dir.glob("bookie-*/bookie.log")
+        for line in log.read_text().splitlines()
+        if '"bookie.audit"' in line
+    ]
+    assert audited and not [e for e in audited if e["action"] == "refused"]
+    rounds = (data_dir / "retention.log").read_text()
+    assert '"retention.round"' in rounds and '"errors": 0' in rounds
