@@ -11,6 +11,7 @@ principal and the peer's address) and counted per principal."""
 from __future__ import annotations
 
 import contextvars
+import functools
 import ipaddress
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -124,21 +125,15 @@ class AccessControl(grpc.aio.ServerInterceptor):
 
         return guarded
 
-    def _server_stream(self, rpc: str, behavior: Callable[..., Any]) -> Callable[..., Any]:
+    def _streaming(
+        self, rpc: str, behavior: Callable[..., Any], *, request_stream: bool = False
+    ) -> Callable[..., Any]:
+        # With a request stream (Add), the role needed does not depend on its messages
+        # (recovery adds included, see stream.security.roles): the call is admitted or refused
+        # as a whole, before any message is read.
         async def guarded(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            await self._admit(rpc, request, context)
+            await self._admit(rpc, None if request_stream else request, context)
             async for response in behavior(request, context):
-                yield response
-
-        return guarded
-
-    def _bidi_stream(self, rpc: str, behavior: Callable[..., Any]) -> Callable[..., Any]:
-        # The role an Add needs does not depend on its messages (recovery adds included, see
-        # stream.security.roles): the call is admitted or refused as a whole, before any
-        # message is read.
-        async def guarded(requests: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            await self._admit(rpc, None, context)
-            async for response in behavior(requests, context):
                 yield response
 
         return guarded
@@ -152,24 +147,25 @@ class AccessControl(grpc.aio.ServerInterceptor):
         if handler is None:
             return handler
         rpc = handler_call_details.method.rsplit("/", 1)[-1]
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                self._unary(rpc, handler.unary_unary),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(
-                self._server_stream(rpc, handler.unary_stream),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.stream_stream is not None:
-            return grpc.stream_stream_rpc_method_handler(
-                self._bidi_stream(rpc, handler.stream_stream),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
+        if not self.enforce and rpc not in _AUDITED_RPCS and rpc != "Add":
+            return handler  # nothing to check or to audit: no cost on reads
+        kinds = (
+            ("unary_unary", grpc.unary_unary_rpc_method_handler, self._unary),
+            ("unary_stream", grpc.unary_stream_rpc_method_handler, self._streaming),
+            (
+                "stream_stream",
+                grpc.stream_stream_rpc_method_handler,
+                functools.partial(self._streaming, request_stream=True),
+            ),
+        )
+        for kind, make, guard in kinds:
+            behavior = getattr(handler, kind)
+            if behavior is not None:
+                return make(
+                    guard(rpc, behavior),
+                    request_deserializer=handler.request_deserializer,
+                    response_serializer=handler.response_serializer,
+                )
         return handler
 
 

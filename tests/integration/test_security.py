@@ -180,10 +180,20 @@ def test_a_writer_may_fence_and_truncate_but_not_trim_a_service_may(
     assert truncated.code == pb.OK
     trimmed = service.Trim(pb.TrimRequest(stream_id=STREAM_ID, before_entry_id=2), timeout=10)
     assert trimmed.code == pb.OK and trimmed.first_entry_id == 2
+    # A takeover's write-back (recovery add) is a writer's too.
+    (written_back,) = writer.Add(
+        iter([add_request(STREAM_ID, 2, [9], lac=8, recovery=True)]), timeout=10
+    )
+    assert list(written_back.codes) == [pb.OK]
 
     events = audit_events(written.bookies[0])
     done = {(e["action"], e["principal"]) for e in events}
-    assert {("Fence", "writer"), ("Truncate", "writer"), ("Trim", "service")} <= done
+    assert {
+        ("Fence", "writer"),
+        ("Truncate", "writer"),
+        ("Trim", "service"),
+        ("recovery_add", "writer"),
+    } <= done
     assert ("refused", "writer") in done
 
 
@@ -234,11 +244,19 @@ def test_loose_key_permissions_are_refused(secure: SandboxCluster, tmp_path: Pat
 def test_an_insecure_bookie_beyond_loopback_refuses_to_start(
     secure: SandboxCluster, tmp_path: Path
 ) -> None:
+    """On loopback it starts; without TLS no role applies, and a Fence is still audited."""
     bookie = BookieProcess("open", tmp_path / "open", secure.metadata, metrics_port=0)
     bookie.settings["listen"] = f"0.0.0.0:{bookie.port}"
     try:
         assert bookie.start().wait_exit() != 0
         assert "allow_insecure" in bookie.log_tail() and "not a loopback" in bookie.log_tail()
+        del bookie.settings["listen"]
+        bookie.start().wait_ready()
+        fenced = bookie.stub().Fence(pb.FenceRequest(stream_id=5, term=3), timeout=10)
+        assert fenced.code == pb.OK
+        assert [(e["action"], e["principal"]) for e in audit_events(bookie)] == [
+            ("Fence", "anonymous")
+        ]
     finally:
         bookie.close()
 
