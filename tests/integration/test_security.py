@@ -350,3 +350,34 @@ def test_the_secure_sandbox_demo_runs_over_tls_with_roles(tmp_path: Path) -> Non
     assert audited and not [e for e in audited if e["action"] == "refused"]
     rounds = (data_dir / "retention.log").read_text()
     assert '"retention.round"' in rounds and '"errors": 0' in rounds
+
+
+def test_a_bookie_repairs_itself_from_its_peers_over_tls(
+    zookeeper: ZooKeeperServer, tmp_path: Path
+) -> None:
+    """BP-46 phase two after a kill -9 without the journal: the restarted bookie calls its
+    peers (bookie to bookie) with its own `service` certificate."""
+    with running_cluster(zookeeper, tmp_path, secure=True, journal_write_data=False) as cluster:
+        assert cluster.tls is not None
+        with StreamClient.connect(cluster.metadata, tls=cluster.tls.client(Role.WRITER)) as c:
+            c.create_stream("repaired", ensemble=3, write_quorum=3, ack_quorum=2)
+            with c.open_writer("repaired") as writer:
+                for i in range(200):
+                    writer.append(f"r{i}".encode())
+            stream_id = c.stream_info("repaired").stream_id
+        victim = cluster.bookies[0]
+        victim.kill9()
+        victim.start()
+        stub = victim.stub()
+
+        def repaired() -> bool:
+            try:
+                state = stub.StreamState(pb.StreamStateRequest(stream_id=stream_id), timeout=5)
+            except grpc.RpcError:
+                return False
+            return state.code == pb.OK and not state.limbo
+
+        wait_until(repaired, timeout_s=60, what="the victim out of limbo")
+        peers = [e for b in cluster.bookies[1:] for e in audit_events(b)]
+        assert ("Fence", victim.bookie_id) in {(e["action"], e["principal"]) for e in peers}
+        assert not [e for e in peers if e["action"] == "refused"]
