@@ -46,15 +46,16 @@ class Caller:
 CALLER: contextvars.ContextVar[Caller | None] = contextvars.ContextVar("caller", default=None)
 
 
-def audit(event: str, caller: Caller | None, **fields: Any) -> None:
-    """Logs one audit event and counts it for the caller's principal."""
+def audit(action: str, caller: Caller | None, **fields: Any) -> None:
+    """Logs one audit event (`action`: the RPC, `recovery_add` or `refused`) and counts it for
+    the caller's principal."""
     principal = caller.principal if caller else ANONYMOUS
-    metrics.AUDIT_EVENTS.labels(event=event, principal=principal).inc()
+    metrics.AUDIT_EVENTS.labels(action=action, principal=principal).inc()
     # Refusals are warnings; the rest is the record of who changed what.
-    emit = log.warning if event == "refused" else log.info
+    emit = log.warning if action == "refused" else log.info
     emit(
         "bookie.audit",
-        action=event,
+        action=action,
         principal=principal,
         peer=caller.peer if caller else "",
         role=caller.role.label if caller and caller.role else None,

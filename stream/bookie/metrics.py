@@ -85,6 +85,6 @@ REPAIR_STREAM_SECONDS = Histogram(
 )
 AUDIT_EVENTS = Counter(
     "streamkeeper_bookie_audit_events_total",
-    "Audited requests (Fence, Truncate, Trim, recovery adds, refusals) by event and principal",
-    ["event", "principal"],
+    "Audited requests (Fence, Truncate, Trim, recovery adds, refusals) by action and principal",
+    ["action", "principal"],
 )

@@ -21,6 +21,7 @@ from typing import Any
 import grpc
 import pytest
 
+from stream.cli.main import main
 from stream.client import StreamClient
 from stream.sandbox.bookies import BookieProcess
 from stream.sandbox.cluster import SandboxCluster
@@ -81,10 +82,10 @@ def audit_events(bookie: BookieProcess) -> list[dict[str, Any]]:
     return events
 
 
-def audit_count(bookie: BookieProcess, event: str, principal: str) -> float:
+def audit_count(bookie: BookieProcess, action: str, principal: str) -> float:
     with urllib.request.urlopen(f"http://{bookie.metrics_address}/metrics", timeout=10) as r:
         text = r.read().decode()
-    want = f'streamkeeper_bookie_audit_events_total{{event="{event}",principal="{principal}"}}'
+    want = f'streamkeeper_bookie_audit_events_total{{action="{action}",principal="{principal}"}}'
     for line in text.splitlines():
         if line.startswith(want):
             return float(line.split()[-1])
@@ -381,3 +382,19 @@ def test_a_bookie_repairs_itself_from_its_peers_over_tls(
         peers = [e for b in cluster.bookies[1:] for e in audit_events(b)]
         assert ("Fence", victim.bookie_id) in {(e["action"], e["principal"]) for e in peers}
         assert not [e for e in peers if e["action"] == "refused"]
+
+
+def test_streamctl_reaches_a_tls_bookie_with_the_tls_options(
+    written: SandboxCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert written.tls is not None
+    reader = written.tls.client(Role.READER)
+    address = written.bookies[0].address
+    info = ["--output", "json", "bookie", "info", "--address", address, "--timeout", "5"]
+    tls = ["--tls-ca", reader.ca_file, "--tls-cert", str(reader.cert_file)]
+    assert main([*tls, "--tls-key", str(reader.key_file), *info]) == 0
+    assert json.loads(capsys.readouterr().out)["bookie_id"] == "bookie-1"
+    assert main(info) == 1
+    assert "UNAVAILABLE" in capsys.readouterr().err
+    assert main(["--tls-cert", str(reader.cert_file), *info]) == 2
+    assert "need --tls-ca" in capsys.readouterr().err
