@@ -398,3 +398,29 @@ def test_streamctl_reaches_a_tls_bookie_with_the_tls_options(
     assert "UNAVAILABLE" in capsys.readouterr().err
     assert main(["--tls-cert", str(reader.cert_file), *info]) == 2
     assert "need --tls-ca" in capsys.readouterr().err
+
+
+def test_tls_without_client_auth_encrypts_and_applies_no_role(
+    secure: SandboxCluster, tmp_path: Path
+) -> None:
+    assert secure.tls is not None
+    bookie = BookieProcess(
+        "tls-only",
+        tmp_path / "tls-only",
+        secure.metadata,
+        metrics_port=0,
+        settings={**secure.tls.bookie_settings("tls-only"), "tls_client_auth": "none"},
+        tls=TLSConfig(str(secure.tls.ca_file)),
+    )
+    try:
+        bookie.start().wait_ready()
+        fenced = bookie.stub().Fence(pb.FenceRequest(stream_id=5, term=3), timeout=10)
+        assert fenced.code == pb.OK
+        assert [(e["action"], e["principal"]) for e in audit_events(bookie)] == [
+            ("Fence", "anonymous")
+        ]
+        plaintext = bookie_pb2_grpc.BookieStub(grpc.insecure_channel(bookie.address))
+        with pytest.raises(grpc.RpcError):
+            plaintext.Info(pb.InfoRequest(), timeout=5)
+    finally:
+        bookie.close()
