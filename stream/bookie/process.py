@@ -123,6 +123,10 @@ class Bookie:
 
         config = self.config
         started = time.monotonic()
+        # Refused before anything connects: plaintext beyond loopback, unreadable or loose
+        # TLS files.
+        refuse_insecure_listen(config)
+        self._tls = self._server_credentials()
         log.info(
             "bookie.starting",
             bookie_id=config.bookie_id,
@@ -142,7 +146,6 @@ class Bookie:
         # with the same config fails here, before it touches the directories (or replays a
         # long journal), and a start that fails on a busy port leaves no first-boot cookie
         # behind (the corrected start would otherwise need `fix-cookie`).
-        refuse_insecure_listen(config)
         server = grpc.aio.server(
             options=server_options(config), interceptors=[AccessControl(config)]
         )
@@ -250,18 +253,22 @@ class Bookie:
             start_s=round(time.monotonic() - started, 3),
         )
 
-    def _add_port(self, server: grpc.aio.Server) -> int:
-        """Binds `listen`: TLS when configured (its files read now; key permissions checked),
-        plaintext otherwise. Returns the port, 0 when it could not bind."""
-        config = self.config
-        if not config.tls:
-            return server.add_insecure_port(config.listen)
-        files = config.client_tls()
-        assert files is not None
-        self._tls = ServerCredentials(
-            files, require_client_auth=config.tls_client_auth == "require"
+    def _server_credentials(self) -> ServerCredentials | None:
+        """Returns the TLS of the port (its files read now, permissions checked), None
+        without TLS."""
+        files = self.config.client_tls()
+        if files is None:
+            return None
+        return ServerCredentials(
+            files, require_client_auth=self.config.tls_client_auth == "require"
         )
-        return server.add_secure_port(config.listen, self._tls.credentials)
+
+    def _add_port(self, server: grpc.aio.Server) -> int:
+        """Binds `listen`, with TLS when configured. Returns the port, 0 when it could not
+        bind."""
+        if self._tls is None:
+            return server.add_insecure_port(self.config.listen)
+        return server.add_secure_port(self.config.listen, self._tls.credentials)
 
     def reload_tls(self) -> None:
         """SIGHUP: re-reads the TLS certificate, key and CA; new connections get them, open
