@@ -102,7 +102,7 @@ class BookieConfig:
     # Plaintext gRPC on a non-loopback address is refused unless this says so.
     allow_insecure: bool = False
     # `[roles]`: principal (certificate common name) = role; overrides the certificate's role.
-    roles: dict[str, str] = field(default_factory=dict)
+    roles: dict[str, str] = field(default_factory=dict, hash=False)  # config stays hashable
 
     # Auto-recovery (docs/design.md §7) in this process: an auditor candidate and replication
     # workers (stream.autorecovery.settings documents each key).
