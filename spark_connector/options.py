@@ -9,8 +9,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from spark_connector.errors import ConnectorOptionError
-from stream.errors import InvalidArgumentError
+from stream.errors import ConfigError, InvalidArgumentError
 from stream.metadata.model import validate_stream_name
+from stream.security.tls import TLSConfig
 
 # Kafka's JSON offsets use -2 for earliest and -1 for latest; so do ours.
 EARLIEST = -2
@@ -29,7 +30,10 @@ _READ_OPTIONS = (
     "failOnDataLoss",
     "entriesPerPartition",
 )
-_WRITE_OPTIONS = ("metadata", "stream")
+# TLS to the bookies (docs/security.md): the CA, this job's certificate and key.
+_TLS_OPTIONS = ("tlsCaFile", "tlsCertFile", "tlsKeyFile")
+_READ_OPTIONS += _TLS_OPTIONS
+_WRITE_OPTIONS = ("metadata", "stream", *_TLS_OPTIONS)
 # Spark adds these itself (e.g. `path` from `load(path)`); they are not ours to reject.
 _SPARK_OPTIONS = ("path", "checkpointlocation")
 
@@ -50,6 +54,7 @@ class SourceOptions:
     max_entries_per_trigger: int | None
     fail_on_data_loss: bool
     entries_per_partition: int
+    tls: TLSConfig | None = None
 
     def pattern_matches(self, name: str) -> bool:
         pattern = self.stream_pattern
@@ -62,6 +67,7 @@ class SinkOptions:
 
     metadata: str
     stream: str
+    tls: TLSConfig | None = None
 
 
 def _lowered(options: Mapping[str, str], known: tuple[str, ...]) -> dict[str, str]:
@@ -89,6 +95,24 @@ def _metadata(values: dict[str, str]) -> str:
             option="metadata",
         )
     return metadata
+
+
+def _tls(values: dict[str, str]) -> TLSConfig | None:
+    """Returns the TLS files of the options (read once here, on the driver, so that a missing
+    file or a loose key fails the query at once), None without `tlsCaFile`."""
+    ca, cert, key = (values.get(name, "").strip() or None for name in _TLS_OPTIONS)
+    if ca is None:
+        if cert is not None or key is not None:
+            raise ConnectorOptionError(
+                "options 'tlsCertFile' and 'tlsKeyFile' need 'tlsCaFile'", option="tlsCaFile"
+            )
+        return None
+    try:
+        tls = TLSConfig(ca, cert, key)
+        tls.load()
+    except ConfigError as e:
+        raise ConnectorOptionError(f"TLS options: {e.message}", option="tlsCaFile") from None
+    return tls
 
 
 def _stream_name(name: str, option: str) -> str:
@@ -218,6 +242,7 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         fail_on_data_loss=_bool(values, "failOnDataLoss", True),
         entries_per_partition=_positive_int(values, "entriesPerPartition")
         or DEFAULT_ENTRIES_PER_PARTITION,
+        tls=_tls(values),
     )
 
 
@@ -228,4 +253,4 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     stream = values.get("stream", "").strip()
     if not stream:
         raise ConnectorOptionError("option 'stream' is required to write", option="stream")
-    return SinkOptions(metadata=metadata, stream=_stream_name(stream, "stream"))
+    return SinkOptions(metadata=metadata, stream=_stream_name(stream, "stream"), tls=_tls(values))

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pyspark.sql.datasource import InputPartition
 
 from stream.errors import InvalidArgumentError
+from stream.security.tls import TLSConfig
 
 Offsets = dict[str, int]
 
@@ -29,6 +30,7 @@ class StreamRange(InputPartition):
     first: int
     last: int
     fail_on_data_loss: bool
+    tls: TLSConfig | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.first <= self.last:

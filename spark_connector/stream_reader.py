@@ -44,7 +44,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         from spark_connector.catalog import StreamCatalog
         from spark_connector.clients import client_for
 
-        return StreamCatalog(client_for(self._options.metadata), self._options)
+        return StreamCatalog(client_for(self._options.metadata, self._options.tls), self._options)
 
     def initialOffset(self) -> dict:
         catalog = self._catalog()

@@ -33,6 +33,7 @@ from stream.metadata import MetadataSession, SessionState, paths
 from stream.metadata.bookies import BookieRegistry
 from stream.metadata.election import holds_lock
 from stream.metadata.underreplication import UnderreplicationStore
+from stream.security.tls import TLSConfig
 
 log = structlog.get_logger(__name__)
 
@@ -50,7 +51,10 @@ class AutoRecovery:
         *,
         identifier: str | None = None,
         auditor: bool = True,
+        tls: TLSConfig | None = None,
     ) -> None:
+        """`tls`: reach the bookies over TLS with these files (None: plaintext)."""
+        self._tls = tls
         self.settings = settings or AutoRecoverySettings()
         self.identifier = identifier or (
             f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -110,7 +114,7 @@ class AutoRecovery:
         if self._stopping:
             return
         metadata = ZkMetadata(self._session)
-        transport = GrpcTransport(metadata.bookie_address)
+        transport = GrpcTransport(metadata.bookie_address, tls=self._tls)
         self.workers = [
             ReplicationWorker(
                 metadata=metadata,

@@ -6,13 +6,14 @@ from __future__ import annotations
 import dataclasses
 import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from stream.autorecovery.settings import AutoRecoverySettings
 from stream.errors import ConfigError, InvalidArgumentError
 from stream.protocol.placement import DEFAULT_MAX_ENTRY_BYTES
+from stream.security.tls import TLSConfig
 
 _BOOKIE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _MiB = 1 << 20
@@ -92,6 +93,17 @@ class BookieConfig:
     shutdown_grace_ms: int = 2_000  # on SIGTERM: time for in-flight requests to finish
     log_level: str = "info"
 
+    # Security (docs/security.md). TLS is on when tls_cert_file is set; then the key and the
+    # CA (which signed the clients' and the other bookies' certificates) are needed too.
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_ca_file: str = ""
+    tls_client_auth: str = "require"  # "require": mutual TLS and roles; "none": TLS only
+    # Plaintext gRPC on a non-loopback address is refused unless this says so.
+    allow_insecure: bool = False
+    # `[roles]`: principal (certificate common name) = role; overrides the certificate's role.
+    roles: dict[str, str] = field(default_factory=dict, hash=False)  # config stays hashable
+
     # Auto-recovery (docs/design.md §7) in this process: an auditor candidate and replication
     # workers (stream.autorecovery.settings documents each key).
     autorecovery: bool = True
@@ -165,11 +177,46 @@ class BookieConfig:
                 "entry_log_size_limit_bytes must hold at least one entry",
                 key="entry_log_size_limit_bytes",
             )
+        self._check_security()
         self.autorecovery_settings()  # checks the auto-recovery keys
         if self.log_level.lower() not in {"debug", "info", "warning", "error"}:
             raise ConfigError(
                 "log_level must be debug|info|warning|error", key="log_level", value=self.log_level
             )
+
+    def _check_security(self) -> None:
+        from stream.security.roles import Role
+
+        files = ("tls_cert_file", "tls_key_file", "tls_ca_file")
+        given = [key for key in files if getattr(self, key)]
+        if given and len(given) != len(files):
+            missing = next(key for key in files if key not in given)
+            raise ConfigError(f"TLS needs {', '.join(files)}; {missing} is missing", key=missing)
+        if self.tls_client_auth not in ("require", "none"):
+            raise ConfigError(
+                'tls_client_auth must be "require" or "none"',
+                key="tls_client_auth",
+                value=self.tls_client_auth,
+            )
+        for principal, role in self.roles.items():
+            try:
+                Role.parse(role)
+            except InvalidArgumentError as e:
+                raise ConfigError(
+                    f"roles.{principal}: {e.message}", key="roles", value=role
+                ) from None
+
+    @property
+    def tls(self) -> bool:
+        """Whether the bookie serves (and calls its peers over) TLS."""
+        return bool(self.tls_cert_file)
+
+    def client_tls(self) -> TLSConfig | None:
+        """Returns the TLS files the bookie calls other bookies with (its own certificate),
+        None without TLS."""
+        if not self.tls:
+            return None
+        return TLSConfig(self.tls_ca_file, self.tls_cert_file, self.tls_key_file)
 
     def autorecovery_settings(self) -> AutoRecoverySettings:
         """Returns the auto-recovery settings of this bookie's keys."""
@@ -225,6 +272,10 @@ class BookieConfig:
             elif want in ("float", float):
                 ok = isinstance(value, int | float) and not isinstance(value, bool)
                 value = float(value) if ok else value
+            elif str(want).startswith("dict"):  # a table of strings: [roles]
+                ok = isinstance(value, dict) and all(
+                    isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+                )
             else:
                 ok = isinstance(value, str)
             if not ok:
@@ -251,20 +302,29 @@ class BookieConfig:
     def to_toml(self) -> str:
         """Returns this config as TOML text (every key, for the sandbox and docs)."""
         lines = []
+        tables: list[str] = []
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
+            if isinstance(value, dict):  # a table goes after every plain key
+                tables.append(f"[{f.name}]")
+                tables.extend(f"{_toml_string(k)} = {_toml_string(v)}" for k, v in value.items())
+                continue
             if isinstance(value, bool):
                 text = "true" if value else "false"
             elif isinstance(value, int | float):
                 text = repr(value)
             else:
-                text = '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+                text = _toml_string(str(value))
             lines.append(f"{f.name} = {text}")
-        return "\n".join(lines) + "\n"
+        return "\n".join(lines + tables) + "\n"
+
+
+def _toml_string(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 DEFAULTS = {
-    f.name: f.default
+    f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
     for f in dataclasses.fields(BookieConfig)
-    if f.default is not dataclasses.MISSING
+    if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
 }

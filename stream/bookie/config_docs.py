@@ -57,6 +57,15 @@ CONFIG_KEYS: dict[str, str] = {
     "add_max_inflight_batches": "per `Add` stream; the bookie stops reading beyond it",
     "shutdown_grace_ms": "on SIGTERM, time for in-flight requests to finish",
     "log_level": "`debug`, `info`, `warning` or `error`",
+    "tls_cert_file": "this bookie's certificate (PEM); setting it turns TLS on for the port "
+    "and for calls to other bookies (docs/security.md)",
+    "tls_key_file": "its private key; refused unless only the owner may read it (0600)",
+    "tls_ca_file": "the CA that signed the clients' and the other bookies' certificates",
+    "tls_client_auth": '`"require"`: callers need a certificate and roles apply; `"none"`: '
+    "TLS encrypts only, no roles",
+    "allow_insecure": "`true` lets a bookie without TLS listen on a non-loopback address",
+    "roles": "`[roles]` table, principal (certificate common name) = `reader`, `writer`, "
+    "`service` or `admin`; overrides the role the certificate carries",
     "autorecovery": "run an auditor candidate and replication workers in this process",
     "lost_bookie_recovery_delay_ms": "a bookie missing from the registry this long is lost: "
     "its fragments are marked under-replicated",
@@ -85,6 +94,8 @@ def _default_text(field: dataclasses.Field[object]) -> str:
     if field.name in _DERIVED_DEFAULTS:
         return _DERIVED_DEFAULTS[field.name]
     value = field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return "empty"
     if value is dataclasses.MISSING:
         return "required"
     if isinstance(value, bool):

@@ -710,7 +710,7 @@ def make_repairer(config: BookieConfig, storage: StreamStorage, session: Any) ->
         bookie_id=config.bookie_id,
         storage=storage,
         metadata=metadata,
-        transport=GrpcTransport(resolve),
+        transport=GrpcTransport(resolve, tls=config.client_tls()),
     )
 
 

@@ -83,3 +83,8 @@ REPAIR_STREAM_SECONDS = Histogram(
     "Time from the start of a stream's repair to its limbo being cleared",
     buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0),
 )
+AUDIT_EVENTS = Counter(
+    "streamkeeper_bookie_audit_events_total",
+    "Audited requests (Fence, Truncate, Trim, recovery adds, refusals) by action and principal",
+    ["action", "principal"],
+)

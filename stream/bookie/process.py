@@ -29,12 +29,14 @@ from prometheus_client import start_http_server
 
 from stream.addresses import split_host_port
 from stream.bookie import metrics
+from stream.bookie.access import AccessControl, refuse_insecure_listen
 from stream.bookie.config import BookieConfig
 from stream.bookie.cookie import check_cookies
 from stream.bookie.disk import DiskStatus, check_disks
 from stream.bookie.server import BookieService, StartReport, add_to_server, server_options
 from stream.errors import ConfigError, StreamError
 from stream.logging import configure_logging
+from stream.security.tls import ServerCredentials
 
 log = structlog.get_logger(__name__)
 
@@ -92,6 +94,7 @@ class Bookie:
         self._stopped = False
         self._autorecovery: Any = None
         self._drain_watch_stopped = False
+        self._tls: ServerCredentials | None = None
 
     # -- start ------------------------------------------------------------------------------
 
@@ -114,6 +117,10 @@ class Bookie:
 
         config = self.config
         started = time.monotonic()
+        # Refused before anything connects: plaintext beyond loopback, unreadable or loose
+        # TLS files.
+        refuse_insecure_listen(config)
+        self._tls = self._server_credentials()
         log.info(
             "bookie.starting",
             bookie_id=config.bookie_id,
@@ -133,10 +140,12 @@ class Bookie:
         # with the same config fails here, before it touches the directories (or replays a
         # long journal), and a start that fails on a busy port leaves no first-boot cookie
         # behind (the corrected start would otherwise need `fix-cookie`).
-        server = grpc.aio.server(options=server_options(config))
+        server = grpc.aio.server(
+            options=server_options(config), interceptors=[AccessControl(config)]
+        )
         self._server = server
         try:
-            port = server.add_insecure_port(config.listen)
+            port = self._add_port(server)
         except RuntimeError as e:
             port = 0
             reason = str(e)
@@ -223,7 +232,10 @@ class Bookie:
             from stream.autorecovery.service import AutoRecovery
 
             self._autorecovery = AutoRecovery(
-                self._session, config.autorecovery_settings(), identifier=config.bookie_id
+                self._session,
+                config.autorecovery_settings(),
+                identifier=config.bookie_id,
+                tls=config.client_tls(),
             )
             self._autorecovery.start()
         log.info(
@@ -234,6 +246,31 @@ class Bookie:
             read_only=disk.read_only,
             start_s=round(time.monotonic() - started, 3),
         )
+
+    def _server_credentials(self) -> ServerCredentials | None:
+        """Returns the TLS of the port (its files read now, permissions checked), None
+        without TLS."""
+        files = self.config.client_tls()
+        if files is None:
+            return None
+        return ServerCredentials(
+            files, require_client_auth=self.config.tls_client_auth == "require"
+        )
+
+    def _add_port(self, server: grpc.aio.Server) -> int:
+        """Binds `listen`, with TLS when configured. Returns the port, 0 when it could not
+        bind."""
+        if self._tls is None:
+            return server.add_insecure_port(self.config.listen)
+        return server.add_secure_port(self.config.listen, self._tls.credentials)
+
+    def reload_tls(self) -> None:
+        """SIGHUP: re-reads the TLS certificate, key and CA; new connections get them, open
+        ones (and their streams) go on."""
+        if self._tls is None:
+            log.info("bookie.sighup_ignored", reason="no TLS")
+            return
+        self._tls.reload()
 
     @staticmethod
     async def _phase_two(repairer: Any, limbo_bounds: dict[int, int]) -> None:
@@ -409,6 +446,7 @@ class Bookie:
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(signal.SIGHUP, self.reload_tls)
         await self.start()
         try:
             await stop.wait()

@@ -24,6 +24,7 @@ import structlog
 from google.protobuf.message import DecodeError
 
 from stream.bookie import metrics
+from stream.bookie.access import audit_recovery_add
 from stream.bookie.config import BookieConfig
 from stream.bookie.disk import DiskStatus
 from stream.bookie.terms import ForgottenTerms, Refusal
@@ -325,6 +326,8 @@ class BookieService(bookie_pb2_grpc.BookieServicer):
         reason = self._malformed_add(request)
         if reason is not None:
             return self._add_rejected(request, BAD_REQUEST, reason)
+        if request.recovery:
+            audit_recovery_add(request)
         if self.read_only and not request.recovery:
             # Recovery write-backs are still taken, as BookKeeper serves high-priority adds
             # on a read-only bookie: a takeover must be able to finish.

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from stream.cli.connect import open_session
+from stream.cli.connect import open_session, tls_config
 from stream.cli.output import console as output_console
 from stream.cli.output import print_json, runs_until_stopped, supports_json, wants_json
 from stream.errors import StreamError
@@ -104,7 +104,13 @@ def _run(args: argparse.Namespace) -> int:
         json=args.log_json or None, level="debug" if args.log_level == "debug" else "info"
     )
     with open_session(args, parse_duration(args.session_timeout)) as session:
-        service = AutoRecovery(session, settings, identifier=args.id, auditor=not args.no_auditor)
+        service = AutoRecovery(
+            session,
+            settings,
+            identifier=args.id,
+            auditor=not args.no_auditor,
+            tls=tls_config(args),
+        )
 
         def on_signal(*_: object) -> None:
             service.stop(timeout_s=0)

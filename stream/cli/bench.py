@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from stream.cli import arguments
+from stream.cli.connect import tls_config
 from stream.errors import InvalidArgumentError
 
 # One append in this many has its latency measured (a done-callback on every future would
@@ -40,6 +41,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         )
         parser.add_argument("--data-dir", default=None, help="sandbox directory (default tmp)")
         parser.add_argument("--json", action="store_true", help="print JSON lines too")
+        parser.add_argument(
+            "--tls-mode",
+            choices=("off", "on", "both"),
+            default="off",
+            help="sandbox bookies with mutual TLS (a writer's certificate); both: every run "
+            "without, then with (with --existing: the --tls-* options decide)",
+        )
 
     append = sub.add_parser("append", help="append throughput and latency")
     common(append)
@@ -86,6 +94,7 @@ class AppendResult:
     p99_ms: float
     p999_ms: float
     target_rate: float | None = None
+    tls: bool = False
 
 
 def _parse_quorum(text: str) -> tuple[int, int, int]:
@@ -107,20 +116,33 @@ def _int_list(text: str, what: str) -> list[int]:
     return values
 
 
+def _tls_modes(args: argparse.Namespace) -> list[bool]:
+    """Returns whether each cluster of the run serves TLS, in order."""
+    return {"off": [False], "on": [True], "both": [False, True]}[args.tls_mode]
+
+
 @contextlib.contextmanager
-def _cluster(args: argparse.Namespace) -> Iterator[str]:
-    """Yields the metadata connect string of a fresh sandbox (stopped afterwards), or of the
-    existing cluster with `--existing`."""
+def _client(args: argparse.Namespace, secure: bool = False) -> Iterator[Any]:
+    """Yields a `StreamClient` of a fresh sandbox (stopped afterwards; with `secure`, mutual
+    TLS and a writer's certificate), or of the existing cluster with `--existing`."""
+    from stream.client import StreamClient
+
     if args.existing:
-        yield args.metadata
+        with StreamClient.connect(args.metadata, tls=tls_config(args)) as client:
+            yield client
         return
     from stream.sandbox.cluster import SandboxCluster
+    from stream.security.roles import Role
 
     base = Path(args.data_dir) if args.data_dir else Path(tempfile.mkdtemp(prefix="sk-bench-"))
-    cluster = SandboxCluster(base / "sandbox", bookies=args.bookies)
+    cluster = SandboxCluster(
+        base / ("secure" if secure else "sandbox"), bookies=args.bookies, secure=secure
+    )
     cluster.start()
     try:
-        yield cluster.metadata
+        tls = cluster.tls.client(Role.WRITER) if cluster.tls is not None else None
+        with StreamClient.connect(cluster.metadata, tls=tls) as client:
+            yield client
     finally:
         cluster.stop()
         if not args.data_dir:
@@ -246,8 +268,6 @@ def _append_run(
 
 
 def _append(args: argparse.Namespace) -> int:
-    from stream.client import StreamClient
-
     writer_counts = _int_list(args.writers, "--writers")
     quorums = [q.strip() for q in args.quorums.split(",") if q.strip()]
     for q in quorums:
@@ -268,29 +288,13 @@ def _append(args: argparse.Namespace) -> int:
         "p99 ms",
         "p999 ms",
         "rate",
+        "TLS",
     ):
         table.add_column(column, justify="right")
-    results = []
-    with _cluster(args) as metadata, StreamClient.connect(metadata) as client:
-        for quorum in quorums:
-            for size in args.sizes:
-                for writers in writer_counts:
-                    result = _append_run(client, size, writers, quorum, args.seconds, None)
-                    results.append(result)
-                    console.print(f"  {asdict(result)}", highlight=False)
-        if args.paced:
-            rate = args.paced_rate
-            if rate is None:
-                peak = next(
-                    (r for r in results if (r.size, r.writers, r.quorum) == (1024, 1, "e3w3a2")),
-                    None,
-                ) or _append_run(client, 1024, 1, "e3w3a2", args.seconds, None)
-                rate = max(1.0, peak.entries_per_s / 2)
-            # A run at full speed leaves the bookies' write caches full and their flushes
-            # behind: latency at half load is measured after that backlog, not during it.
-            time.sleep(_SETTLE_S)
-            result = _append_run(client, 1024, 1, "e3w3a2", args.seconds, rate)
-            results.append(result)
+    results: list[AppendResult] = []
+    for secure in _tls_modes(args):
+        with _client(args, secure) as client:
+            results.extend(_append_runs(args, client, quorums, writer_counts, console, secure))
     for r in results:
         table.add_row(
             str(r.size),
@@ -302,6 +306,7 @@ def _append(args: argparse.Namespace) -> int:
             str(r.p99_ms),
             str(r.p999_ms),
             "max" if r.target_rate is None else f"{r.target_rate:.0f}/s",
+            "on" if r.tls else "off",
         )
     console.print(table)
     if args.json:
@@ -310,16 +315,48 @@ def _append(args: argparse.Namespace) -> int:
     return 0
 
 
-def _tail(args: argparse.Namespace) -> int:
-    from stream.client import StreamClient
+def _append_runs(
+    args: argparse.Namespace,
+    client: Any,
+    quorums: list[str],
+    writer_counts: list[int],
+    console: Console,
+    secure: bool,
+) -> list[AppendResult]:
+    """Runs every append configuration of `args` on one cluster; returns their figures."""
+    results = []
+    for quorum in quorums:
+        for size in args.sizes:
+            for writers in writer_counts:
+                result = _append_run(client, size, writers, quorum, args.seconds, None)
+                result.tls = secure
+                results.append(result)
+                console.print(f"  {asdict(result)}", highlight=False)
+    if args.paced:
+        rate = args.paced_rate
+        if rate is None:
+            peak = next(
+                (r for r in results if (r.size, r.writers, r.quorum) == (1024, 1, "e3w3a2")),
+                None,
+            ) or _append_run(client, 1024, 1, "e3w3a2", args.seconds, None)
+            rate = max(1.0, peak.entries_per_s / 2)
+        # A run at full speed leaves the bookies' write caches full and their flushes
+        # behind: latency at half load is measured after that backlog, not during it.
+        time.sleep(_SETTLE_S)
+        result = _append_run(client, 1024, 1, "e3w3a2", args.seconds, rate)
+        result.tls = secure
+        results.append(result)
+    return results
 
+
+def _tail(args: argparse.Namespace) -> int:
     if args.total_bytes < args.entry_size or args.entry_size < 1:
         raise InvalidArgumentError("--total-bytes must be >= --entry-size >= 1")
     e, w, a = _parse_quorum(args.quorum)
     count = args.total_bytes // args.entry_size
     payload = b"t" * args.entry_size
     console = Console(width=140)
-    with _cluster(args) as metadata, StreamClient.connect(metadata) as client:
+    with _client(args, _tls_modes(args)[-1]) as client:
         name = f"bench-tail-{uuid.uuid4().hex[:10]}"
         client.create_stream(name, ensemble=e, write_quorum=w, ack_quorum=a)
         started = time.perf_counter()

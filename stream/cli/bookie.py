@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from stream.cli.connect import open_session
+from stream.cli.connect import open_session, tls_config
 from stream.cli.output import console as output_console
 from stream.cli.output import (
     print_json,
@@ -105,15 +105,18 @@ def _fix_cookie(args: argparse.Namespace) -> int:
     return 0
 
 
-def _call(address: str, timeout_s: float, method: str, request: object) -> object:
+def _call(args: argparse.Namespace, method: str, request: object) -> object:
+    """Makes one request to the bookie at `--address` (over TLS with the TLS options)."""
     import grpc
 
+    from stream.security.tls import sync_channel
     from stream.wire import bookie_pb2_grpc
 
-    with grpc.insecure_channel(address) as channel:
+    address = args.address
+    with sync_channel(address, tls_config(args)) as channel:
         stub = bookie_pb2_grpc.BookieStub(channel)
         try:
-            return getattr(stub, method)(request, timeout=timeout_s)
+            return getattr(stub, method)(request, timeout=args.timeout)
         except grpc.RpcError as e:
             raise StreamError(
                 f"{method} failed: {e.code().name}: {e.details()}", bookie=address
@@ -152,7 +155,7 @@ def _info(args: argparse.Namespace) -> int:
     _print_fields(
         args,
         f"bookie {args.address}",
-        _call(args.address, args.timeout, "Info", pb.InfoRequest()),
+        _call(args, "Info", pb.InfoRequest()),
     )
     return 0
 
@@ -162,9 +165,7 @@ def _state(args: argparse.Namespace) -> int:
 
     if args.stream_id <= 0:
         raise InvalidArgumentError("--stream-id must be >= 1", stream_id=args.stream_id)
-    response = _call(
-        args.address, args.timeout, "StreamState", pb.StreamStateRequest(stream_id=args.stream_id)
-    )
+    response = _call(args, "StreamState", pb.StreamStateRequest(stream_id=args.stream_id))
     _print_fields(args, f"stream {args.stream_id} on {args.address}", response)
     return 0
 

@@ -29,6 +29,7 @@ COMMAND_MODULES = (
     "cursors",
     "retention",
     "autorecovery",
+    "certs",
     "bench",
     "sim",
 )
@@ -54,6 +55,18 @@ def _add_global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
         metavar="SECONDS",
         help=f"give up reaching the metadata after (default {DEFAULT_CONNECT_TIMEOUT_S:g}; 500ms)",
     )
+    for flag, what in (
+        ("--tls-ca", "CA certificate that signed the bookies' (turns TLS on)"),
+        ("--tls-cert", "this client's certificate (with --tls-ca)"),
+        ("--tls-key", "this client's key, mode 0600 (with --tls-ca)"),
+    ):
+        env = "STREAMKEEPER_" + flag[2:].upper().replace("-", "_") + "_FILE"
+        parser.add_argument(
+            flag,
+            default=default(os.environ.get(env)),
+            metavar="FILE",
+            help=f"{what}; default ${env}",
+        )
     if "--output" not in parser._option_string_actions:
         parser.add_argument(
             "--output",

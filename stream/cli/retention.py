@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from rich.console import Console
 from rich.table import Table
 
-from stream.cli.connect import open_session
+from stream.cli.connect import open_session, tls_config
 from stream.cli.output import console as output_console
 from stream.cli.output import print_json, runs_until_stopped, supports_json, wants_json
 from stream.errors import InvalidArgumentError
@@ -240,7 +240,7 @@ def _run(args: argparse.Namespace) -> int:
 
         server = serve_metrics(args.metrics_listen)
     with open_session(args, session_timeout_s) as session, _shut_down(server):
-        service = RetentionService(session, settings, identifier=args.id)
+        service = RetentionService(session, settings, identifier=args.id, tls=tls_config(args))
         if args.once:
             try:
                 report = service.run_once()

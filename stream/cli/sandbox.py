@@ -48,6 +48,12 @@ def register(sub: Any) -> None:
         default="10s",
         help="rounds of the retention service (default 10s; 'off': no service)",
     )
+    p.add_argument(
+        "--secure",
+        action="store_true",
+        help="bookies and services with mutual TLS and roles; the CA and a certificate per "
+        "role go to DATA_DIR/tls",
+    )
     runs_until_stopped(p)
     p.set_defaults(handler=run)
 
@@ -73,6 +79,7 @@ def _run(
         bookies=args.bookies,
         zk_port=args.zk_port,
         retention_interval_s=retention_s,
+        secure=args.secure,
     )
     with console.status(f"starting ZooKeeper and {args.bookies} bookies"):
         cluster.start()
@@ -82,6 +89,8 @@ def _run(
         sys.stdout.flush()
         kept = "" if args.data_dir is not None else " (removed when it stops)"
         console.print(f"[green]sandbox up[/]: data and logs in {data_dir}{kept}", soft_wrap=True)
+        if cluster.tls is not None:
+            _print_tls(cluster, console)
         if args.demo:
             from stream.sandbox.demo import run_demo
 
@@ -94,6 +103,23 @@ def _run(
     finally:
         with console.status("stopping the sandbox"):
             cluster.stop()
+
+
+def _print_tls(cluster: SandboxCluster, console: Console) -> None:
+    """Tells how to reach the secure sandbox: the environment of a writer's streamctl (the
+    other roles' certificates sit beside it)."""
+    from stream.security.roles import Role
+
+    assert cluster.tls is not None
+    files = cluster.tls.client(Role.WRITER)
+    console.print(
+        f"TLS with roles: certificates in {cluster.tls.directory} (reader, writer, service, "
+        "admin). As a writer:\n"
+        f"  export STREAMKEEPER_TLS_CA_FILE={files.ca_file} "
+        f"STREAMKEEPER_TLS_CERT_FILE={files.cert_file} "
+        f"STREAMKEEPER_TLS_KEY_FILE={files.key_file}",
+        soft_wrap=True,
+    )
 
 
 def _supervise(cluster: SandboxCluster, console: Console, stop: threading.Event) -> int:

@@ -7,6 +7,7 @@ from stream.client.entries import BookieStatus, Entry, EntryColumns, Fragment, S
 from stream.client.options import Protections, ReaderOptions, WriterOptions
 from stream.metadata.cursors import CursorLag
 from stream.metadata.model import RetentionPolicy
+from stream.security.tls import TLSConfig
 
 __all__ = [
     "BookieStatus",
@@ -22,5 +23,6 @@ __all__ = [
     "StreamInfo",
     "StreamReader",
     "StreamWriter",
+    "TLSConfig",
     "WriterOptions",
 ]

@@ -67,6 +67,7 @@ from stream.protocol import (
     journal_required,
     recovery_waits_for,
 )
+from stream.security.tls import TLSConfig
 
 log = structlog.get_logger(__name__)
 
@@ -140,8 +141,11 @@ class StreamClient:
         writer_options: WriterOptions | None = None,
         reader_options: ReaderOptions | None = None,
         seed: int | None = None,
+        tls: TLSConfig | None = None,
     ) -> None:
+        """`tls`: reach the bookies over TLS with these files (None: plaintext)."""
         self._session = session
+        self._tls = tls
         self._metadata = ZkMetadata(session)
         self._writer_options = writer_options or WriterOptions()
         self._reader_options = reader_options or ReaderOptions()
@@ -154,7 +158,7 @@ class StreamClient:
         self._closed = False
 
     async def _make_transport(self) -> GrpcTransport:
-        return GrpcTransport(self._metadata.bookie_address)
+        return GrpcTransport(self._metadata.bookie_address, tls=self._tls)
 
     @classmethod
     def connect(
@@ -164,12 +168,19 @@ class StreamClient:
         timeout_s: float = 10.0,
         writer_options: WriterOptions | None = None,
         reader_options: ReaderOptions | None = None,
+        tls: TLSConfig | None = None,
     ) -> StreamClient:
         """Returns a client connected to `HOSTS[/ROOT]` (ZooKeeper hosts and the metadata
-        root, default `/streamkeeper`)."""
+        root, default `/streamkeeper`). `tls`: the CA, certificate and key for bookies that
+        serve TLS (their files are read, and loose key permissions refused, before
+        connecting)."""
+        if tls is not None:
+            tls.load()
         session = MetadataSession.connect(connect_string, timeout_s=timeout_s)
         try:
-            return cls(session, writer_options=writer_options, reader_options=reader_options)
+            return cls(
+                session, writer_options=writer_options, reader_options=reader_options, tls=tls
+            )
         except BaseException:
             session.close()
             raise

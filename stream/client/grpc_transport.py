@@ -14,6 +14,7 @@ import structlog
 
 from stream.client.ports import AddBatch
 from stream.errors import BookieError
+from stream.security.tls import TLSConfig, aio_channel
 from stream.wire import bookie_pb2 as pb
 from stream.wire import bookie_pb2_grpc
 
@@ -137,10 +138,18 @@ class _AddStream:
 
 class GrpcTransport:
     """Bookie requests over gRPC; `resolve(bookie_id)` gives a bookie's address (from the
-    registry). Create and use it on one event loop; `close()` closes every channel."""
+    registry). Create and use it on one event loop; `close()` closes every channel. With
+    `tls`, every channel is TLS with those files (mutual, when it holds a certificate)."""
 
-    def __init__(self, resolve: Resolver, *, options: list[tuple[str, Any]] | None = None):
+    def __init__(
+        self,
+        resolve: Resolver,
+        *,
+        options: list[tuple[str, Any]] | None = None,
+        tls: TLSConfig | None = None,
+    ):
         self._resolve = resolve
+        self._tls = tls
         self._options = options or CHANNEL_OPTIONS
         self._channels: dict[str, tuple[str, grpc.aio.Channel, bookie_pb2_grpc.BookieStub]] = {}
 
@@ -159,7 +168,7 @@ class GrpcTransport:
             raise BookieError("bookie is not registered", bookie=bookie_id)
         entry = self._channels.get(bookie_id)  # another task may have raced us here
         if entry is None:
-            channel = grpc.aio.insecure_channel(address, options=self._options)
+            channel = aio_channel(address, self._tls, self._options)
             entry = (address, channel, bookie_pb2_grpc.BookieStub(channel))
             self._channels[bookie_id] = entry
         return entry

@@ -30,9 +30,12 @@ class RetentionProcess:
         instance_id: str = "retention-1",
         session_timeout_s: float = 4.0,
         metrics_listen: str = "",
+        options: list[str] | None = None,
     ) -> None:
         """`metrics_listen` ("HOST:PORT"): serve Prometheus metrics there (each durable
-        cursor's lag); empty: no endpoint."""
+        cursor's lag); empty: no endpoint. `options`: more global streamctl options (the TLS
+        files of a secure sandbox)."""
+        self.options = list(options or [])
         self.metadata = metadata
         self.log_path = Path(log_path)
         self.interval_s = interval_s
@@ -60,6 +63,7 @@ class RetentionProcess:
                     "--log-json",  # the log file is read back as JSON lines
                     "--metadata",
                     self.metadata,
+                    *self.options,
                     "retention",
                     "run",
                     "--interval",

@@ -79,6 +79,7 @@ from stream.protocol import Code
 from stream.retention import metrics
 from stream.retention.fragments import FragmentWindow, StaleFragments, read_fragments
 from stream.retention.policy import IdleAction, idle_action, idle_candidate, plan_retention
+from stream.security.tls import TLSConfig
 
 log = structlog.get_logger(__name__)
 
@@ -179,9 +180,11 @@ class RetentionService:
         rng: random.Random | None = None,
         writer_options: WriterOptions | None = None,
         transport_factory: Callable[[ZkMetadata], BookieTransport] | None = None,
+        tls: TLSConfig | None = None,
     ) -> None:
         """`transport_factory` builds the bookie transport on the service's event loop
-        (default: gRPC to the registered bookie addresses)."""
+        (default: gRPC to the registered bookie addresses, over TLS with `tls`'s files when
+        given)."""
         self.settings = settings or RetentionSettings()
         self.identifier = identifier or (
             f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -196,7 +199,7 @@ class RetentionService:
             takeover_deadline_s=self.settings.takeover_deadline_s,
         )
         self._transport_factory = transport_factory or (
-            lambda metadata: GrpcTransport(metadata.bookie_address)
+            lambda metadata: GrpcTransport(metadata.bookie_address, tls=tls)
         )
         self._transport: BookieTransport | None = None
         # Next stream id to look at: rounds walk the ids in order, wrapping around.

@@ -16,6 +16,7 @@ import structlog
 from stream.errors import StreamError
 from stream.sandbox.ports import free_port
 from stream.sandbox.processes import terminate
+from stream.security.tls import TLSConfig, sync_channel
 from stream.wire import bookie_pb2 as pb
 from stream.wire import bookie_pb2_grpc
 
@@ -54,7 +55,10 @@ class BookieProcess:
         port: int | None = None,
         metrics_port: int | None = None,
         settings: dict[str, Any] | None = None,
+        tls: TLSConfig | None = None,
     ) -> None:
+        """`tls`: the client files `stub()` reaches a TLS bookie with."""
+        self.tls = tls
         self.bookie_id = bookie_id
         self.data_dir = Path(data_dir)
         self.metadata = metadata
@@ -104,7 +108,14 @@ class BookieProcess:
     def write_config(self) -> Path:
         """Writes bookie.toml from `config_values()` and returns its path."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        text = "".join(f"{k} = {_toml_value(v)}\n" for k, v in self.config_values().items())
+        values = self.config_values()
+        text = "".join(
+            f"{k} = {_toml_value(v)}\n" for k, v in values.items() if not isinstance(v, dict)
+        )
+        for name, table in values.items():  # tables ([roles]) after every plain key
+            if isinstance(table, dict):
+                text += f"[{name}]\n"
+                text += "".join(f"{_toml_value(k)} = {_toml_value(v)}\n" for k, v in table.items())
         self.config_path.write_text(text)
         return self.config_path
 
@@ -147,7 +158,7 @@ class BookieProcess:
         """Returns a BookieStub on a channel to this bookie (one channel, kept across
         restarts)."""
         if self._stub is None:
-            self._channel = grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+            self._channel = sync_channel(self.address, self.tls, CHANNEL_OPTIONS)
             self._stub = bookie_pb2_grpc.BookieStub(self._channel)
         return self._stub
 

@@ -15,7 +15,9 @@ from kazoo.client import KazooClient
 from stream.errors import StreamError
 from stream.retention.process import RetentionProcess
 from stream.sandbox.bookies import BookieProcess, stop_all
+from stream.sandbox.tls import SandboxTLS
 from stream.sandbox.zookeeper import ZooKeeperServer
+from stream.security.roles import Role
 
 log = structlog.get_logger(__name__)
 
@@ -49,7 +51,10 @@ class SandboxCluster:
         bookie_settings: dict[str, Any] | None = None,
         zookeeper: ZooKeeperServer | None = None,
         retention_interval_s: float | None = None,
+        secure: bool = False,
     ) -> None:
+        """`secure`: bookies serve mutual TLS with roles; the CA and the certificates (one per
+        bookie, one per client role) go to `<data_dir>/tls` (`self.tls`)."""
         if bookies < 1:
             raise StreamError("a sandbox needs at least one bookie", bookies=bookies)
         self.data_dir = Path(data_dir)
@@ -61,6 +66,7 @@ class SandboxCluster:
         self._bookie_count = bookies
         self.retention_interval_s = retention_interval_s
         self.retention: RetentionProcess | None = None
+        self.tls = SandboxTLS(self.data_dir / "tls") if secure else None
 
     @property
     def metadata(self) -> str:
@@ -72,6 +78,10 @@ class SandboxCluster:
             if self._own_zookeeper:
                 self.zookeeper.start()
             self._ensure_root()
+            if self.tls is not None:
+                self.tls.create()
+                # ZooKeeper authentication and ACLs of a secure sandbox belong here, before
+                # any bookie writes a znode (see docs/security.md).
             for i in range(1, self._bookie_count + 1):
                 self.add_bookie(f"bookie-{i}", wait=False)
             for bookie in self.bookies:
@@ -82,6 +92,7 @@ class SandboxCluster:
                     self.metadata,
                     self.data_dir / "retention.log",
                     interval_s=self.retention_interval_s,
+                    options=self.streamctl_options(Role.SERVICE),
                 ).start()
         except BaseException:
             self.stop()
@@ -93,17 +104,26 @@ class SandboxCluster:
         self, bookie_id: str, *, wait: bool = True, settings: dict[str, Any] | None = None
     ) -> BookieProcess:
         """Starts one more bookie process and returns it (serving, when `wait`)."""
+        tls_settings: dict[str, Any] = {}
+        if self.tls is not None:
+            tls_settings = self.tls.bookie_settings(bookie_id)
         bookie = BookieProcess(
             bookie_id,
             self.data_dir / bookie_id,
             self.metadata,
-            settings={**self.bookie_settings, **(settings or {})},
+            settings={**tls_settings, **self.bookie_settings, **(settings or {})},
+            tls=self.tls.client(Role.ADMIN) if self.tls is not None else None,
         )
         self.bookies.append(bookie)
         bookie.start()
         if wait:
             bookie.wait_ready()
         return bookie
+
+    def streamctl_options(self, role: Role) -> list[str]:
+        """Returns the global streamctl options a client of `role` needs here (the TLS files
+        of a secure sandbox; none otherwise)."""
+        return self.tls.streamctl_options(role) if self.tls is not None else []
 
     def bookie(self, bookie_id: str) -> BookieProcess:
         for bookie in self.bookies:

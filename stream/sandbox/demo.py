@@ -12,13 +12,24 @@ import time
 from rich.console import Console
 
 from stream.sandbox.cluster import SandboxCluster
+from stream.security.roles import Role
 
 DEMO_STREAM = "demo"
 DEMO_MESSAGES = [f"hello streamkeeper #{i}" for i in range(20)]
 
 
-def _streamctl(cluster: SandboxCluster, *args: str) -> list[str]:
-    return [sys.executable, "-m", "stream.cli.main", "--metadata", cluster.metadata, *args]
+def _streamctl(cluster: SandboxCluster, *args: str, role: Role = Role.WRITER) -> list[str]:
+    """Returns the streamctl command line of `args` (with `role`'s certificate in a secure
+    sandbox)."""
+    return [
+        sys.executable,
+        "-m",
+        "stream.cli.main",
+        "--metadata",
+        cluster.metadata,
+        *cluster.streamctl_options(role),
+        *args,
+    ]
 
 
 def run_demo(cluster: SandboxCluster, console: Console, timeout_s: float = 60.0) -> int:
@@ -41,7 +52,9 @@ def run_demo(cluster: SandboxCluster, console: Console, timeout_s: float = 60.0)
     )
     console.rule("streamctl tail (in the background) + streamctl append")
     tail = subprocess.Popen(
-        _streamctl(cluster, "tail", DEMO_STREAM, "--from", "earliest", "--timeout", "10"),
+        _streamctl(
+            cluster, "tail", DEMO_STREAM, "--from", "earliest", "--timeout", "10", role=Role.READER
+        ),
         stdout=subprocess.PIPE,
         text=True,
     )

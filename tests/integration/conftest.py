@@ -25,16 +25,23 @@ def _settings(bookie_settings: dict[str, Any]) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def running_cluster(
-    zookeeper: ZooKeeperServer, path: Path, bookies: int = 3, **bookie_settings: Any
+    zookeeper: ZooKeeperServer,
+    path: Path,
+    bookies: int = 3,
+    *,
+    secure: bool = False,
+    **bookie_settings: Any,
 ) -> Iterator[SandboxCluster]:
     """A started cluster of `bookies` bookie processes under a metadata root of its own,
-    stopped on exit (for fixtures shared by a module or the session)."""
+    stopped on exit (for fixtures shared by a module or the session). `secure`: mutual TLS
+    and roles, certificates in `cluster.tls`."""
     cluster = SandboxCluster(
         path,
         bookies=bookies,
         root=f"/streamkeeper-{uuid.uuid4().hex[:12]}",
         zookeeper=zookeeper,
         bookie_settings=_settings(bookie_settings),
+        secure=secure,
     )
     cluster.start()
     try:
