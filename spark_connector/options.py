@@ -28,8 +28,9 @@ _READ_OPTIONS = (
     "maxEntriesPerTrigger",
     "failOnDataLoss",
     "entriesPerPartition",
+    "metadataAuthFile",
 )
-_WRITE_OPTIONS = ("metadata", "stream")
+_WRITE_OPTIONS = ("metadata", "stream", "metadataAuthFile")
 # Spark adds these itself (e.g. `path` from `load(path)`); they are not ours to reject.
 _SPARK_OPTIONS = ("path", "checkpointlocation")
 
@@ -50,6 +51,7 @@ class SourceOptions:
     max_entries_per_trigger: int | None
     fail_on_data_loss: bool
     entries_per_partition: int
+    metadata_auth_file: str | None = None  # the ZooKeeper identity (a path every executor has)
 
     def pattern_matches(self, name: str) -> bool:
         pattern = self.stream_pattern
@@ -62,6 +64,7 @@ class SinkOptions:
 
     metadata: str
     stream: str
+    metadata_auth_file: str | None = None
 
 
 def _lowered(options: Mapping[str, str], known: tuple[str, ...]) -> dict[str, str]:
@@ -89,6 +92,11 @@ def _metadata(values: dict[str, str]) -> str:
             option="metadata",
         )
     return metadata
+
+
+def _metadata_auth_file(values: dict[str, str]) -> str | None:
+    """Returns the `metadataAuthFile` option, None when not given (no ZooKeeper auth)."""
+    return values.get("metadataAuthFile", "").strip() or None
 
 
 def _stream_name(name: str, option: str) -> str:
@@ -218,6 +226,7 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         fail_on_data_loss=_bool(values, "failOnDataLoss", True),
         entries_per_partition=_positive_int(values, "entriesPerPartition")
         or DEFAULT_ENTRIES_PER_PARTITION,
+        metadata_auth_file=_metadata_auth_file(values),
     )
 
 
@@ -228,4 +237,8 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     stream = values.get("stream", "").strip()
     if not stream:
         raise ConnectorOptionError("option 'stream' is required to write", option="stream")
-    return SinkOptions(metadata=metadata, stream=_stream_name(stream, "stream"))
+    return SinkOptions(
+        metadata=metadata,
+        stream=_stream_name(stream, "stream"),
+        metadata_auth_file=_metadata_auth_file(values),
+    )

@@ -44,7 +44,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         from spark_connector.catalog import StreamCatalog
         from spark_connector.clients import client_for
 
-        return StreamCatalog(client_for(self._options.metadata), self._options)
+        options = self._options
+        return StreamCatalog(client_for(options.metadata, options.metadata_auth_file), options)
 
     def initialOffset(self) -> dict:
         catalog = self._catalog()

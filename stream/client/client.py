@@ -17,6 +17,7 @@ import socket
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import structlog
@@ -156,10 +157,14 @@ class StreamClient:
         timeout_s: float = 10.0,
         writer_options: WriterOptions | None = None,
         reader_options: ReaderOptions | None = None,
+        metadata_auth_file: str | Path | None = None,
     ) -> StreamClient:
         """Returns a client connected to `HOSTS[/ROOT]` (ZooKeeper hosts and the metadata
-        root, default `/streamkeeper`)."""
-        session = MetadataSession.connect(connect_string, timeout_s=timeout_s)
+        root, default `/streamkeeper`), authenticated to ZooKeeper as `metadata_auth_file`'s
+        identity when given (docs/operations.md, Metadata authentication)."""
+        session = MetadataSession.connect(
+            connect_string, timeout_s=timeout_s, auth_file=metadata_auth_file
+        )
         try:
             return cls(session, writer_options=writer_options, reader_options=reader_options)
         except BaseException:

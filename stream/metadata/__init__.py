@@ -1,6 +1,7 @@
 """The ZooKeeper metadata layer (docs/design.md §3): sessions, the stream layout and its term-atomic
 CAS operations, and the bookie registry. Pure data and kazoo calls, no bookie I/O."""
 
+from stream.metadata.auth import MetadataAuth, digest_id, load_metadata_auth
 from stream.metadata.bookies import BookieRegistration, BookieRegistry
 from stream.metadata.connection import (
     DEFAULT_ROOT,
@@ -37,6 +38,7 @@ __all__ = [
     "BookieRegistration",
     "BookieRegistry",
     "Fragment",
+    "MetadataAuth",
     "MetadataSession",
     "MetadataSessionExpiredError",
     "MetadataVersionError",
@@ -49,6 +51,8 @@ __all__ = [
     "WatchHandle",
     "WriterInfo",
     "connect",
+    "digest_id",
+    "load_metadata_auth",
     "parse_connect_string",
     "validate_bookie_id",
     "validate_stream_name",

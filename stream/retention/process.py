@@ -29,8 +29,10 @@ class RetentionProcess:
         interval_s: float = 60.0,
         instance_id: str = "retention-1",
         session_timeout_s: float = 4.0,
+        metadata_auth_file: Path | None = None,
     ) -> None:
         self.metadata = metadata
+        self.metadata_auth_file = metadata_auth_file
         self.log_path = Path(log_path)
         self.interval_s = interval_s
         self.instance_id = instance_id
@@ -41,6 +43,11 @@ class RetentionProcess:
     def running(self) -> bool:
         """Returns whether the process runs now."""
         return self.process is not None and self.process.poll() is None
+
+    def _auth_arguments(self) -> list[str]:
+        if self.metadata_auth_file is None:
+            return []
+        return ["--metadata-auth-file", str(self.metadata_auth_file)]
 
     def start(self) -> RetentionProcess:
         """Starts the process (returns at once)."""
@@ -56,6 +63,7 @@ class RetentionProcess:
                     "--log-json",  # the log file is read back as JSON lines
                     "--metadata",
                     self.metadata,
+                    *self._auth_arguments(),
                     "retention",
                     "run",
                     "--interval",

@@ -13,6 +13,8 @@ import structlog
 from kazoo.client import KazooClient
 
 from stream.errors import StreamError
+from stream.metadata.auth import MetadataAuth, load_metadata_auth
+from stream.metadata.connection import kazoo_auth_options
 from stream.retention.process import RetentionProcess
 from stream.sandbox.bookies import BookieProcess, stop_all
 from stream.sandbox.zookeeper import ZooKeeperServer
@@ -37,7 +39,9 @@ class SandboxCluster:
 
     With `zookeeper` given, the cluster uses that server (and a root of its own) instead of
     starting one, so tests can share one ZooKeeper. With `retention_interval_s`, a retention
-    service process (`streamctl retention run`) runs too, once the bookies serve."""
+    service process (`streamctl retention run`) runs too, once the bookies serve. With
+    `metadata_auth_file`, every process authenticates to ZooKeeper as its identity and every
+    znode carries its ACL (docs/operations.md, Metadata authentication)."""
 
     def __init__(
         self,
@@ -49,6 +53,7 @@ class SandboxCluster:
         bookie_settings: dict[str, Any] | None = None,
         zookeeper: ZooKeeperServer | None = None,
         retention_interval_s: float | None = None,
+        metadata_auth_file: Path | None = None,
     ) -> None:
         if bookies < 1:
             raise StreamError("a sandbox needs at least one bookie", bookies=bookies)
@@ -56,7 +61,14 @@ class SandboxCluster:
         self.root = root
         self._own_zookeeper = zookeeper is None
         self.zookeeper = zookeeper or ZooKeeperServer(self.data_dir / "zookeeper", port=zk_port)
+        self.metadata_auth_file = metadata_auth_file
+        # Loaded now: a bad or loose file stops the sandbox before anything starts.
+        self._auth: MetadataAuth | None = (
+            None if metadata_auth_file is None else load_metadata_auth(metadata_auth_file)
+        )
         self.bookie_settings = dict(bookie_settings or {})
+        if metadata_auth_file is not None:
+            self.bookie_settings.setdefault("metadata_auth_file", str(metadata_auth_file))
         self.bookies: list[BookieProcess] = []
         self._bookie_count = bookies
         self.retention_interval_s = retention_interval_s
@@ -66,6 +78,13 @@ class SandboxCluster:
     def metadata(self) -> str:
         """The connect string `HOST:PORT/ROOT` clients and `streamctl --metadata` use."""
         return self.zookeeper.connect_string(self.root)
+
+    def metadata_options(self) -> list[str]:
+        """Returns the `streamctl` global options that reach this sandbox's metadata."""
+        options = ["--metadata", self.metadata]
+        if self.metadata_auth_file is not None:
+            options += ["--metadata-auth-file", str(self.metadata_auth_file)]
+        return options
 
     def start(self, timeout_s: float = 60.0) -> SandboxCluster:
         try:
@@ -82,6 +101,7 @@ class SandboxCluster:
                     self.metadata,
                     self.data_dir / "retention.log",
                     interval_s=self.retention_interval_s,
+                    metadata_auth_file=self.metadata_auth_file,
                 ).start()
         except BaseException:
             self.stop()
@@ -113,7 +133,7 @@ class SandboxCluster:
 
     def registered_bookies(self) -> list[str]:
         """Returns the ids under /bookies/available right now."""
-        zk = KazooClient(hosts=self.zookeeper.hosts)
+        zk = self._kazoo()
         zk.start(timeout=10)
         try:
             path = f"{self.root}/bookies/available"
@@ -149,8 +169,12 @@ class SandboxCluster:
             if process is not None and process.poll() is not None
         ]
 
+    def _kazoo(self) -> KazooClient:
+        """Returns an unchrooted kazoo client (not started) with the sandbox's identity."""
+        return KazooClient(hosts=self.zookeeper.hosts, **kazoo_auth_options(self._auth))
+
     def _ensure_root(self) -> None:
-        zk = KazooClient(hosts=self.zookeeper.hosts)
+        zk = self._kazoo()
         zk.start(timeout=10)
         try:
             zk.ensure_path(self.root)

@@ -18,7 +18,7 @@ DEMO_MESSAGES = [f"hello streamkeeper #{i}" for i in range(20)]
 
 
 def _streamctl(cluster: SandboxCluster, *args: str) -> list[str]:
-    return [sys.executable, "-m", "stream.cli.main", "--metadata", cluster.metadata, *args]
+    return [sys.executable, "-m", "stream.cli.main", *cluster.metadata_options(), *args]
 
 
 def run_demo(cluster: SandboxCluster, console: Console, timeout_s: float = 60.0) -> int:
