@@ -71,7 +71,7 @@ class MetadataAuth:
 def digest_id(identity: str) -> str:
     """Returns the `USER:DIGEST` id of a `USER:PASSWORD` identity, as ZooKeeper stores it (what
     `read_digests` takes, so the cluster's file need not hold a reader's password)."""
-    user, _, password = _identity(identity, "identity")
+    user, password = _identity(identity, "identity")
     return make_digest_acl_credential(user, password)
 
 
