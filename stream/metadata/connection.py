@@ -219,6 +219,7 @@ class MetadataSession:
         try:
             session._check_readable()
             session._create_base_layout()
+            session._warn_if_open()
         except BaseException:
             session.close()
             raise
@@ -249,6 +250,19 @@ class MetadataSession:
                 root=self.root,
                 user=None if self.auth is None else self.auth.user,
             ) from exc
+
+    def _warn_if_open(self) -> None:
+        """Logs a warning when this session authenticates but the root is open to anyone:
+        it was created before there was an auth file, and its znodes keep their ACLs."""
+        if self.auth is None:
+            return
+        acls, _ = self.retry(self._zk.get_acls, "/")
+        if any(acl.id.scheme == "world" for acl in acls):
+            log.warning(
+                "metadata.root_open_to_anyone",
+                root=self.root,
+                hint="ACLs are set when a znode is created: use a new root with the auth file",
+            )
 
     def _create_base_layout(self) -> None:
         # Only what is missing is created (ensure_path and this look first): a read-only

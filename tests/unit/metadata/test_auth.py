@@ -186,3 +186,12 @@ def test_read_digests_grant_read_without_the_readers_password(tmp_path: Path) ->
         (a.id.id, a.perms) for a in auth.acl()
     }
     assert "cluster-secret" not in repr(auth)
+
+
+def test_auth_on_a_root_created_without_it_warns(
+    metadata_root: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # `metadata_root` exists already, created open (world:anyone) like any root made before.
+    with MetadataSession.connect(metadata_root, auth_file=write_auth_file(tmp_path)):
+        pass
+    assert "metadata.root_open_to_anyone" in caplog.text
