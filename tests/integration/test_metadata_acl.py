@@ -25,6 +25,7 @@ from tests.acl_support import (
     walk,
     write_auth_file,
 )
+from tests.integration.bookie_support import BookieFactory
 from tests.integration.cli_support import streamctl
 from tests.unit.metadata.conftest import wait_until
 
@@ -97,6 +98,14 @@ def test_workload_leaves_no_znode_open_to_an_unauthenticated_client(
 def test_read_identity_reads_but_writes_fail_at_once(
     secured: SandboxCluster, tmp_path: Path
 ) -> None:
+    user = CLUSTER_IDENTITY.partition(":")[0]
+    wrong = write_auth_file(tmp_path, f"{user}:wrong", name="wrong.toml")
+    intruder = secured.add_bookie(
+        "bookie-9", wait=False, settings={"metadata_auth_file": str(wrong)}
+    )
+    assert intruder.wait_exit(30) == 6  # streamctl's "denied"
+    assert "wrong password" in intruder.log_tail(3)
+
     auth = secured.metadata_auth_file
     with StreamClient.connect(secured.metadata, metadata_auth_file=auth) as client:
         client.create_stream("orders")
@@ -134,3 +143,15 @@ def test_read_identity_reads_but_writes_fail_at_once(
     assert "metadata auth file" in anonymous.stderr
     listed = streamctl(secured.metadata, "--metadata-auth-file", str(auth), "streams")
     assert listed.returncode == 0 and "orders" in listed.stdout
+
+
+def test_bookie_refuses_a_loose_auth_file(metadata_root: str, tmp_path: Path) -> None:
+    loose = write_auth_file(tmp_path, mode=0o640)
+    factory = BookieFactory(tmp_path, metadata_root)
+    try:
+        bookie = factory.create("bookie-1", metadata_auth_file=str(loose)).start()
+        assert bookie.wait_exit(30) == 1
+        tail = bookie.log_tail(3)
+    finally:
+        factory.stop_all()
+    assert "metadata_auth_file" in tail and "chmod 600" in tail
