@@ -12,6 +12,8 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError, NotEmptyError
 from kazoo.security import OPEN_ACL_UNSAFE
 
+from stream.metadata import write_metadata_auth_file
+
 CLUSTER_IDENTITY = "streamkeeper:cluster-secret"
 READER_IDENTITY = "reader:reader-secret"
 
@@ -26,8 +28,7 @@ def write_auth_file(
 ) -> Path:
     """Returns the path of a new metadata auth file in `directory` with mode `mode`."""
     path = directory / (name or f"auth-{uuid.uuid4().hex[:8]}.toml")
-    readers = ", ".join(f'"{r}"' for r in read_identities)
-    path.write_text(f'scheme = "digest"\nidentity = "{identity}"\nread_identities = [{readers}]\n')
+    write_metadata_auth_file(path, identity, read_identities=tuple(read_identities))
     path.chmod(mode)
     return path
 

@@ -1,7 +1,12 @@
 """The ZooKeeper metadata layer (docs/design.md §3): sessions, the stream layout and its term-atomic
 CAS operations, and the bookie registry. Pure data and kazoo calls, no bookie I/O."""
 
-from stream.metadata.auth import MetadataAuth, digest_id, load_metadata_auth
+from stream.metadata.auth import (
+    MetadataAuth,
+    digest_id,
+    load_metadata_auth,
+    write_metadata_auth_file,
+)
 from stream.metadata.bookies import BookieRegistration, BookieRegistry
 from stream.metadata.connection import (
     DEFAULT_ROOT,
@@ -56,4 +61,5 @@ __all__ = [
     "parse_connect_string",
     "validate_bookie_id",
     "validate_stream_name",
+    "write_metadata_auth_file",
 ]

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
+import os
+import secrets
 import stat
 import tomllib
 from dataclasses import dataclass
@@ -133,6 +136,28 @@ def parse_metadata_auth(body: dict[str, Any], source: str = "<dict>") -> Metadat
     )
     digests = tuple(_digest(d, source) for d in _strings(body, "read_digests", source))
     return MetadataAuth(identity=identity, read_identities=readers, read_digests=digests)
+
+
+def write_metadata_auth_file(
+    path: str | Path, identity: str | None = None, *, read_identities: tuple[str, ...] = ()
+) -> Path:
+    """Returns `path` after writing a new metadata auth file there, mode 0600, for `identity`
+    (default: user `streamkeeper` with a random password) and `read_identities`. Raises
+    `ConfigError` when the file exists (a cluster's identity is not overwritten by accident)
+    or an identity is malformed; nothing is written then."""
+    file = Path(path).expanduser()
+    chosen = identity or f"streamkeeper:{secrets.token_urlsafe(24)}"
+    body = {"scheme": SCHEME_DIGEST, "identity": chosen, "read_identities": list(read_identities)}
+    parse_metadata_auth(body, str(file))
+    # JSON strings are valid TOML basic strings.
+    text = "".join(f"{key} = {json.dumps(value)}\n" for key, value in body.items())
+    try:
+        fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError as exc:
+        raise ConfigError("metadata auth file exists already", path=str(file)) from exc
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(text)
+    return file
 
 
 def _strings(body: dict[str, Any], key: str, source: str) -> list[str]:

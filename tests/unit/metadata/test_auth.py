@@ -19,6 +19,7 @@ from stream.metadata import (
     WriterInfo,
     digest_id,
     load_metadata_auth,
+    write_metadata_auth_file,
 )
 from stream.metadata.underreplication import LockInfo, Marker, UnderreplicationStore
 from stream.retention.service import ELECTION_PATH
@@ -195,3 +196,15 @@ def test_auth_on_a_root_created_without_it_warns(
     with MetadataSession.connect(metadata_root, auth_file=write_auth_file(tmp_path)):
         pass
     assert "metadata.root_open_to_anyone" in caplog.text
+
+
+def test_a_new_auth_file_is_private_random_and_never_overwritten(tmp_path: Path) -> None:
+    first = write_metadata_auth_file(tmp_path / "a.toml", read_identities=(READER_IDENTITY,))
+    assert first.stat().st_mode & 0o777 == 0o600
+    auth = load_metadata_auth(first)
+    assert auth.user == "streamkeeper" and auth.readers() == ["reader"]
+    other = load_metadata_auth(write_metadata_auth_file(tmp_path / "b.toml"))
+    assert other.identity != auth.identity
+    with pytest.raises(ConfigError, match="exists"):
+        write_metadata_auth_file(first, CLUSTER_IDENTITY)
+    assert load_metadata_auth(first) == auth
