@@ -21,7 +21,9 @@ class BatchReader(DataSourceReader):
 
     def __init__(self, options: SourceOptions) -> None:
         self._options = options
-        catalog = StreamCatalog(client_for(options.metadata, options.tls), options)
+        catalog = StreamCatalog(
+            client_for(options.metadata, options.tls, options.metadata_auth_file), options
+        )
         bounds = catalog.all_bounds(missing_ok=False)
         start = catalog.resolve(options.starting, "startingOffsets", bounds, "earliest")
         end = catalog.resolve(options.ending, "endingOffsets", bounds, "latest")

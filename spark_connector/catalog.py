@@ -113,7 +113,8 @@ class StreamCatalog:
                                       self._options.entries_per_partition):
                 partitions.append(StreamRange(self._options.metadata, name, lo, hi,
                                               self._options.fail_on_data_loss,
-                                              self._options.tls))
+                                              self._options.tls,
+                                              self._options.metadata_auth_file))
         return partitions
 
     def on_data_loss(self, name: str, wanted: int, first_retained: int, end: int) -> int:

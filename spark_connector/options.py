@@ -29,11 +29,12 @@ _READ_OPTIONS = (
     "maxEntriesPerTrigger",
     "failOnDataLoss",
     "entriesPerPartition",
+    "metadataAuthFile",
 )
 # TLS to the bookies (docs/security.md): the CA, this job's certificate and key.
 _TLS_OPTIONS = ("tlsCaFile", "tlsCertFile", "tlsKeyFile")
 _READ_OPTIONS += _TLS_OPTIONS
-_WRITE_OPTIONS = ("metadata", "stream", *_TLS_OPTIONS)
+_WRITE_OPTIONS = ("metadata", "stream", "metadataAuthFile", *_TLS_OPTIONS)
 # Spark adds these itself (e.g. `path` from `load(path)`); they are not ours to reject.
 _SPARK_OPTIONS = ("path", "checkpointlocation")
 
@@ -55,6 +56,7 @@ class SourceOptions:
     fail_on_data_loss: bool
     entries_per_partition: int
     tls: TLSConfig | None = None
+    metadata_auth_file: str | None = None  # the ZooKeeper identity (a path every executor has)
 
     def pattern_matches(self, name: str) -> bool:
         pattern = self.stream_pattern
@@ -68,6 +70,7 @@ class SinkOptions:
     metadata: str
     stream: str
     tls: TLSConfig | None = None
+    metadata_auth_file: str | None = None
 
 
 def _lowered(options: Mapping[str, str], known: tuple[str, ...]) -> dict[str, str]:
@@ -113,6 +116,11 @@ def _tls(values: dict[str, str]) -> TLSConfig | None:
     except ConfigError as e:
         raise ConnectorOptionError(f"TLS options: {e.message}", option="tlsCaFile") from None
     return tls
+
+
+def _metadata_auth_file(values: dict[str, str]) -> str | None:
+    """Returns the `metadataAuthFile` option, None when not given (no ZooKeeper auth)."""
+    return values.get("metadataAuthFile", "").strip() or None
 
 
 def _stream_name(name: str, option: str) -> str:
@@ -243,6 +251,7 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         entries_per_partition=_positive_int(values, "entriesPerPartition")
         or DEFAULT_ENTRIES_PER_PARTITION,
         tls=_tls(values),
+        metadata_auth_file=_metadata_auth_file(values),
     )
 
 
@@ -253,4 +262,9 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     stream = values.get("stream", "").strip()
     if not stream:
         raise ConnectorOptionError("option 'stream' is required to write", option="stream")
-    return SinkOptions(metadata=metadata, stream=_stream_name(stream, "stream"), tls=_tls(values))
+    return SinkOptions(
+        metadata=metadata,
+        stream=_stream_name(stream, "stream"),
+        tls=_tls(values),
+        metadata_auth_file=_metadata_auth_file(values),
+    )

@@ -25,7 +25,8 @@ def read_range(part: StreamRange) -> Iterator[pa.RecordBatch]:
     """Yields the entries `part.first..part.last` of `part.stream` (no-ops left out) in
     batches of ROWS_PER_BATCH rows (the last one smaller). Entries trimmed meanwhile raise
     `DataLossError`, or are skipped without `fail_on_data_loss`."""
-    reader = client_for(part.metadata, part.tls).open_reader(part.stream, options=READ_OPTIONS)
+    client = client_for(part.metadata, part.tls, part.metadata_auth_file)
+    reader = client.open_reader(part.stream, options=READ_OPTIONS)
     position = part.first
     while position <= part.last:
         pending = EntryColumns.empty()

@@ -31,6 +31,7 @@ class StreamRange(InputPartition):
     last: int
     fail_on_data_loss: bool
     tls: TLSConfig | None = None
+    metadata_auth_file: str | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.first <= self.last:

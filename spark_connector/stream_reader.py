@@ -44,7 +44,9 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         from spark_connector.catalog import StreamCatalog
         from spark_connector.clients import client_for
 
-        return StreamCatalog(client_for(self._options.metadata, self._options.tls), self._options)
+        options = self._options
+        client = client_for(options.metadata, options.tls, options.metadata_auth_file)
+        return StreamCatalog(client, options)
 
     def initialOffset(self) -> dict:
         catalog = self._catalog()

@@ -67,7 +67,8 @@ class StreamWriter(DataSourceStreamArrowWriter):
         count = sum(len(m.payloads) for m in messages if isinstance(m, Payloads))
         if count == 0:
             return
-        client = client_for(self._options.metadata, self._options.tls)
+        options = self._options
+        client = client_for(options.metadata, options.tls, options.metadata_auth_file)
         with client.open_writer(self._options.stream) as writer:
             futures = [
                 writer.append_async(p)

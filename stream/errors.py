@@ -116,3 +116,9 @@ class AppendTimeoutError(StreamError, TimeoutError):
 
 class WriterClosedError(StreamError):
     """The writer was closed or aborted; appends are refused."""
+
+
+class PermissionDeniedError(StreamError):
+    """The caller's identity may not do this (ZooKeeper answered NoAuth: a read-only identity
+    tried to write, or a wrong or missing metadata auth file); nothing was changed and trying
+    again will not help."""

@@ -77,6 +77,7 @@ class BookieConfig:
     # Metadata session: a killed bookie's registration disappears after this timeout.
     metadata_session_timeout_ms: int = 10_000
     metadata_connect_timeout_ms: int = 30_000  # give up starting when ZooKeeper stays away
+    metadata_auth_file: str = ""  # ZooKeeper identity and ACLs (stream.metadata.auth); "" = none
 
     # Serving.
     metrics_listen: str = "127.0.0.1:9181"  # Prometheus; "" turns the endpoint off
@@ -239,6 +240,11 @@ class BookieConfig:
     @property
     def ledger_path(self) -> Path:
         return Path(self.ledger_dir) if self.ledger_dir else self.data_path / "ledgers"
+
+    @property
+    def metadata_auth_path(self) -> str | None:
+        """Returns the metadata auth file, or None when metadata is not authenticated."""
+        return self.metadata_auth_file or None
 
     @property
     def index_path(self) -> Path:

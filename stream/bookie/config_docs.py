@@ -48,6 +48,8 @@ CONFIG_KEYS: dict[str, str] = {
     "metadata_session_timeout_ms": "ZooKeeper session timeout: a killed bookie's registration "
     "disappears after it",
     "metadata_connect_timeout_ms": "give up starting when ZooKeeper stays away this long",
+    "metadata_auth_file": "ZooKeeper identity of the cluster (mode 0600 TOML, see Metadata "
+    "authentication): every znode gets its ACL",
     "metrics_listen": 'Prometheus endpoint `HOST:PORT`; `""` turns it off',
     "grpc_max_message_bytes": "largest gRPC message (an add batch)",
     "grpc_stream_window_bytes": "HTTP/2 receive window of one gRPC stream: large add batches "
@@ -81,8 +83,9 @@ CONFIG_KEYS: dict[str, str] = {
     "bookie_timeout_ms": "timeout of each bookie request of a copy or a scrub",
 }
 
-# Defaults that the dataclass spells as "" (resolved from other keys).
+# Defaults that the dataclass spells as "" (resolved from other keys, or none).
 _DERIVED_DEFAULTS = {
+    "metadata_auth_file": "none (znodes open to every ZooKeeper client)",
     "data_dir": "`/var/lib/streamkeeper/<bookie_id>`",
     "journal_dir": "`<data_dir>/journal`",
     "ledger_dir": "`<data_dir>/ledgers`",

@@ -765,6 +765,7 @@ def fix_cookie(config: BookieConfig) -> FixCookieReport:
             config.metadata,
             timeout_s=config.metadata_connect_timeout_ms / 1000,
             session_timeout_s=config.metadata_session_timeout_ms / 1000,
+            auth_file=config.metadata_auth_path,
         )
         try:
             registry = BookieRegistry(session)

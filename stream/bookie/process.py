@@ -133,6 +133,7 @@ class Bookie:
             config.metadata,
             timeout_s=config.metadata_connect_timeout_ms / 1000,
             session_timeout_s=config.metadata_session_timeout_ms / 1000,
+            auth_file=config.metadata_auth_path,
         )
         instance_id = await asyncio.to_thread(self._session.instance_id)
         self._registry = BookieRegistry(self._session)

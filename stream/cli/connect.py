@@ -1,6 +1,6 @@
 """How `streamctl` commands reach the cluster: the metadata connect string and connect timeout
-come from the global options (`--metadata`, `--connect-timeout`), TLS from `--tls-ca`,
-`--tls-cert` and `--tls-key`."""
+come from the global options (`--metadata`, `--metadata-auth-file`, `--connect-timeout`), TLS
+from `--tls-ca`, `--tls-cert` and `--tls-key`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,12 @@ def open_client(args: argparse.Namespace) -> Any:
     never connect must not pay for the client's imports)."""
     from stream.client import StreamClient
 
-    return StreamClient.connect(args.metadata, timeout_s=args.connect_timeout, tls=tls_config(args))
+    return StreamClient.connect(
+        args.metadata,
+        timeout_s=args.connect_timeout,
+        tls=tls_config(args),
+        metadata_auth_file=args.metadata_auth_file,
+    )
 
 
 def tls_config(args: argparse.Namespace) -> Any:
@@ -35,5 +40,8 @@ def open_session(args: argparse.Namespace, session_timeout_s: float = 10.0) -> A
     from stream.metadata import MetadataSession
 
     return MetadataSession.connect(
-        args.metadata, timeout_s=args.connect_timeout, session_timeout_s=session_timeout_s
+        args.metadata,
+        timeout_s=args.connect_timeout,
+        session_timeout_s=session_timeout_s,
+        auth_file=args.metadata_auth_file,
     )

@@ -15,6 +15,7 @@ from stream.errors import (
     InvalidTermError,
     MetadataUnavailableError,
     NotEnoughBookiesError,
+    PermissionDeniedError,
     StreamExistsError,
     StreamInUseError,
     StreamNotFoundError,
@@ -30,6 +31,7 @@ class ExitCode(enum.IntEnum):
     NOT_FOUND = 3
     UNAVAILABLE = 4  # metadata or bookies did not answer in time: trying later may work
     CONFLICT = 5  # someone else got there first: superseded, exists, sealed, in use
+    DENIED = 6  # the caller's identity may not do this; nothing was changed
 
 
 # Looked up along the exception's MRO, so the most specific class listed wins
@@ -51,6 +53,7 @@ _CODES: dict[type[BaseException], ExitCode] = {
     StreamSealedError: ExitCode.CONFLICT,
     BadVersionError: ExitCode.CONFLICT,
     CursorRegressionError: ExitCode.CONFLICT,
+    PermissionDeniedError: ExitCode.DENIED,
 }
 
 

@@ -18,6 +18,7 @@ from stream.logging import configure_logging
 
 DEFAULT_METADATA = "127.0.0.1:2181/streamkeeper"
 METADATA_ENV = "STREAMKEEPER_METADATA"
+METADATA_AUTH_ENV = "STREAMKEEPER_METADATA_AUTH_FILE"
 # Unreachable metadata is reported within 3 s of starting: imports and the connect attempt.
 DEFAULT_CONNECT_TIMEOUT_S = 1.5
 
@@ -47,6 +48,12 @@ def _add_global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
         "--metadata",
         default=default(metadata),
         help=f"ZooKeeper HOSTS/ROOT (default ${METADATA_ENV}, else {DEFAULT_METADATA})",
+    )
+    parser.add_argument(
+        "--metadata-auth-file",
+        default=default(os.environ.get(METADATA_AUTH_ENV) or None),
+        metavar="FILE",
+        help=f"ZooKeeper identity to use (mode 0600 TOML; default ${METADATA_AUTH_ENV})",
     )
     parser.add_argument(
         "--connect-timeout",
@@ -92,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="streamctl",
         description="Streamkeeper: replicated, durable streams. Exit codes: 0 ok, 1 error, "
-        "2 usage, 3 not found, 4 unavailable, 5 conflict.",
+        "2 usage, 3 not found, 4 unavailable, 5 conflict, 6 denied.",
     )
     _add_global_options(parser, top=True)
     parser.add_argument("--log-level", default="warning", help="debug|info|warning|error")

@@ -80,6 +80,9 @@ def _run(
         zk_port=args.zk_port,
         retention_interval_s=retention_s,
         secure=args.secure,
+        metadata_auth_file=None
+        if args.metadata_auth_file is None
+        else Path(args.metadata_auth_file),
     )
     with console.status(f"starting ZooKeeper and {args.bookies} bookies"):
         cluster.start()

@@ -17,6 +17,7 @@ import socket
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import structlog
@@ -169,14 +170,18 @@ class StreamClient:
         writer_options: WriterOptions | None = None,
         reader_options: ReaderOptions | None = None,
         tls: TLSConfig | None = None,
+        metadata_auth_file: str | Path | None = None,
     ) -> StreamClient:
         """Returns a client connected to `HOSTS[/ROOT]` (ZooKeeper hosts and the metadata
         root, default `/streamkeeper`). `tls`: the CA, certificate and key for bookies that
         serve TLS (their files are read, and loose key permissions refused, before
-        connecting)."""
+        connecting). `metadata_auth_file`: authenticate to ZooKeeper as its identity
+        (docs/operations.md, Metadata authentication)."""
         if tls is not None:
             tls.load()
-        session = MetadataSession.connect(connect_string, timeout_s=timeout_s)
+        session = MetadataSession.connect(
+            connect_string, timeout_s=timeout_s, auth_file=metadata_auth_file
+        )
         try:
             return cls(
                 session, writer_options=writer_options, reader_options=reader_options, tls=tls

@@ -1,6 +1,12 @@
 """The ZooKeeper metadata layer (docs/design.md §3): sessions, the stream layout and its term-atomic
 CAS operations, and the bookie registry. Pure data and kazoo calls, no bookie I/O."""
 
+from stream.metadata.auth import (
+    MetadataAuth,
+    digest_id,
+    load_metadata_auth,
+    write_metadata_auth_file,
+)
 from stream.metadata.bookies import BookieRegistration, BookieRegistry
 from stream.metadata.connection import (
     DEFAULT_ROOT,
@@ -49,6 +55,7 @@ __all__ = [
     "CursorPosition",
     "CursorStore",
     "Fragment",
+    "MetadataAuth",
     "MetadataSession",
     "MetadataSessionExpiredError",
     "MetadataVersionError",
@@ -62,8 +69,11 @@ __all__ = [
     "WriterInfo",
     "connect",
     "cursor_lag",
+    "digest_id",
+    "load_metadata_auth",
     "parse_connect_string",
     "validate_bookie_id",
     "validate_cursor_name",
     "validate_stream_name",
+    "write_metadata_auth_file",
 ]

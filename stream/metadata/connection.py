@@ -11,20 +11,28 @@ import re
 import threading
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import structlog
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
     ConnectionClosedError,
+    NoAuthError,
     NodeExistsError,
     NoNodeError,
     SessionExpiredError,
 )
 from kazoo.retry import KazooRetry, RetryFailedError
 
-from stream.errors import InvalidArgumentError, MetadataError, MetadataUnavailableError
+from stream.errors import (
+    InvalidArgumentError,
+    MetadataError,
+    MetadataUnavailableError,
+    PermissionDeniedError,
+)
 from stream.metadata import paths
+from stream.metadata.auth import MetadataAuth, load_metadata_auth
 
 log = structlog.get_logger(__name__)
 
@@ -132,9 +140,11 @@ class MetadataSession:
         root: str,
         session_timeout_s: float,
         retry_deadline_s: float,
+        auth: MetadataAuth | None = None,
     ) -> None:
         """Wraps a kazoo client that is not started yet; prefer `MetadataSession.connect`."""
         self._zk = zk
+        self.auth = auth
         self.hosts = hosts
         self.root = root
         self.session_timeout_s = session_timeout_s
@@ -161,6 +171,7 @@ class MetadataSession:
         session_timeout_s: float = 10.0,
         *,
         retry_deadline_s: float | None = None,
+        auth_file: str | Path | None = None,
     ) -> MetadataSession:
         """Returns a connected session chrooted at the connect string's root, having created
         the root and the base layout (`/streams/by-name`, `/bookies/available`,
@@ -168,18 +179,26 @@ class MetadataSession:
 
         `timeout_s` bounds each connection attempt; `session_timeout_s` is the ZooKeeper session
         timeout asked for; `retry_deadline_s` (default: the session timeout) bounds the retries of
-        one call on connection loss. Raises `InvalidArgumentError` for a bad connect string and
-        `MetadataError` when ZooKeeper cannot be reached in time."""
+        one call on connection loss. `auth_file` (the `metadata_auth_file`, see
+        `stream.metadata.auth`) names the identity to authenticate as; every znode this session
+        creates then carries its ACL. Raises `InvalidArgumentError` for a bad connect string,
+        `ConfigError` for a bad auth file, `PermissionDeniedError` when ZooKeeper does not let
+        this identity read the root, and `MetadataError` when ZooKeeper cannot be reached in
+        time."""
         hosts, root = parse_connect_string(connect_string)
+        auth = None if auth_file is None else load_metadata_auth(auth_file)
         if not (timeout_s > 0 and session_timeout_s > 0):
             raise InvalidArgumentError(
                 "timeouts must be > 0", timeout_s=timeout_s, session_timeout_s=session_timeout_s
             )
         deadline_s = session_timeout_s if retry_deadline_s is None else retry_deadline_s
-        _ensure_root(hosts, root, timeout_s=timeout_s, session_timeout_s=session_timeout_s)
+        _ensure_root(
+            hosts, root, timeout_s=timeout_s, session_timeout_s=session_timeout_s, auth=auth
+        )
         zk = KazooClient(
             hosts=hosts + root,
             timeout=session_timeout_s,
+            **kazoo_auth_options(auth),
             # Reconnect forever: a bookie keeps serving through ZooKeeper outages and must get
             # its session back (a new one after expiry) without a restart.
             connection_retry={"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 2.0},
@@ -190,6 +209,7 @@ class MetadataSession:
             root=root,
             session_timeout_s=session_timeout_s,
             retry_deadline_s=deadline_s,
+            auth=auth,
         )
         try:
             _start(zk, hosts=hosts, timeout_s=timeout_s)
@@ -197,16 +217,60 @@ class MetadataSession:
             session._give_up()
             raise
         try:
+            session._check_readable()
             session._create_base_layout()
+            session._warn_if_open()
         except BaseException:
             session.close()
             raise
-        log.info("metadata.connected", hosts=hosts, root=root, session=session.session_id_hex)
+        log.info(
+            "metadata.connected",
+            hosts=hosts,
+            root=root,
+            session=session.session_id_hex,
+            user=None if auth is None else auth.user,
+        )
         return session
 
+    def _check_readable(self) -> None:
+        """Returns None when this identity may read the root; else raises
+        `PermissionDeniedError` at once, rather than at some later call: with a wrong password
+        (ZooKeeper's digest scheme accepts any credentials, it just matches no ACL) or no auth
+        file for a root that has ACLs, nothing else would work either."""
+        try:
+            self.retry(self._zk.get_children, "/")
+        except PermissionDeniedError as exc:
+            raise PermissionDeniedError(
+                "ZooKeeper does not let this identity read the metadata root: "
+                + (
+                    "wrong password, or not listed in the root's ACL"
+                    if self.auth is not None
+                    else "it has ACLs, give its metadata auth file"
+                ),
+                root=self.root,
+                user=None if self.auth is None else self.auth.user,
+            ) from exc
+
+    def _warn_if_open(self) -> None:
+        """Logs a warning when this session authenticates but the root is open to anyone:
+        it was created before there was an auth file, and its znodes keep their ACLs."""
+        if self.auth is None:
+            return
+        acls, _ = self.retry(self._zk.get_acls, "/")
+        if any(acl.id.scheme == "world" for acl in acls):
+            log.warning(
+                "metadata.root_open_to_anyone",
+                root=self.root,
+                hint="ACLs are set when a znode is created: use a new root with the auth file",
+            )
+
     def _create_base_layout(self) -> None:
+        # Only what is missing is created (ensure_path and this look first): a read-only
+        # identity connects to an existing layout without writing.
         for path in paths.BASE_LAYOUT:
             self.retry(self._zk.ensure_path, path)
+        if self.retry(self._zk.exists, paths.STREAMS_NEXT_ID) is not None:
+            return
         try:
             # Stream ids start at 1; 0 is left free as a sentinel.
             self.retry(self._zk.create, paths.STREAMS_NEXT_ID, b"1")
@@ -330,6 +394,8 @@ class MetadataSession:
             raise MetadataSessionExpiredError("ZooKeeper session expired") from exc
         except ConnectionClosedError as exc:
             raise MetadataError("metadata session is closed") from exc
+        except NoAuthError as exc:
+            raise permission_denied(exc, self.auth) from exc
 
     def instance_id(self) -> str:
         """Returns the cluster's instance id (a uuid4 in `/instanceid`), creating it on first
@@ -385,10 +451,36 @@ class MetadataSession:
         self.close()
 
 
-def _ensure_root(hosts: str, root: str, *, timeout_s: float, session_timeout_s: float) -> None:
-    """Creates the chroot path with a short-lived unchrooted client: kazoo does not create a
-    missing chroot, and every call of a client chrooted at a missing path fails."""
-    zk = KazooClient(hosts=hosts, timeout=session_timeout_s)
+def permission_denied(error: NoAuthError, auth: MetadataAuth | None) -> PermissionDeniedError:
+    """Returns the error for a call ZooKeeper refused (NoAuth): not retried, since the same
+    identity will be refused again."""
+    return PermissionDeniedError(
+        "ZooKeeper refused this identity (read-only, wrong password, or no metadata auth file)",
+        user=None if auth is None else auth.user,
+        error=type(error).__name__,
+    )
+
+
+def kazoo_auth_options(auth: MetadataAuth | None) -> dict[str, Any]:
+    """Returns the KazooClient arguments that authenticate as `auth` and put its ACL on every
+    znode created (ZooKeeper ACLs are per znode, never inherited); none without auth."""
+    if auth is None:
+        return {}
+    return {"auth_data": auth.auth_data(), "default_acl": auth.acl()}
+
+
+def _ensure_root(
+    hosts: str,
+    root: str,
+    *,
+    timeout_s: float,
+    session_timeout_s: float,
+    auth: MetadataAuth | None = None,
+) -> None:
+    """Creates the chroot path (and its missing parents, with `auth`'s ACL) with a
+    short-lived unchrooted client: kazoo does not create a missing chroot, and every call of a
+    client chrooted at a missing path fails."""
+    zk = KazooClient(hosts=hosts, timeout=session_timeout_s, **kazoo_auth_options(auth))
     _start(zk, hosts=hosts, timeout_s=timeout_s)
     try:
         retry = KazooRetry(max_tries=-1, deadline=session_timeout_s, ignore_expire=False)
@@ -396,6 +488,12 @@ def _ensure_root(hosts: str, root: str, *, timeout_s: float, session_timeout_s: 
     except (RetryFailedError, SessionExpiredError) as exc:
         raise MetadataUnavailableError(
             "cannot create the metadata root", hosts=hosts, root=root
+        ) from exc
+    except NoAuthError as exc:
+        raise PermissionDeniedError(
+            "ZooKeeper does not let this identity create the metadata root",
+            root=root,
+            user=None if auth is None else auth.user,
         ) from exc
     finally:
         zk.stop()

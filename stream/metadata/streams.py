@@ -21,6 +21,7 @@ from kazoo.exceptions import BadVersionError as KazooBadVersionError
 from kazoo.exceptions import (
     ConnectionClosedError,
     ConnectionLoss,
+    NoAuthError,
     NodeExistsError,
     NoNodeError,
     NotEmptyError,
@@ -39,7 +40,11 @@ from stream.errors import (
     StreamNotFoundError,
 )
 from stream.metadata import paths
-from stream.metadata.connection import MetadataSession, MetadataSessionExpiredError
+from stream.metadata.connection import (
+    MetadataSession,
+    MetadataSessionExpiredError,
+    permission_denied,
+)
 from stream.metadata.model import (
     MAX_ACCEPTED_LOSSES,
     MAX_STREAM_ID,
@@ -528,13 +533,17 @@ class StreamStore:
         for op in ops:
             op.add_to(txn)
         try:
-            return list(txn.commit())
+            results = list(txn.commit())
         except SessionExpiredError as exc:
             raise MetadataSessionExpiredError(
                 "ZooKeeper session expired; the change may have happened"
             ) from exc
         except ConnectionClosedError as exc:
             raise MetadataError("metadata session is closed") from exc
+        for result in results:
+            if isinstance(result, NoAuthError):
+                raise permission_denied(result, self._session.auth) from result
+        return results
 
     def _commit_meta(
         self,

@@ -31,12 +31,14 @@ class RetentionProcess:
         session_timeout_s: float = 4.0,
         metrics_listen: str = "",
         options: list[str] | None = None,
+        metadata_auth_file: Path | None = None,
     ) -> None:
         """`metrics_listen` ("HOST:PORT"): serve Prometheus metrics there (each durable
         cursor's lag); empty: no endpoint. `options`: more global streamctl options (the TLS
         files of a secure sandbox)."""
         self.options = list(options or [])
         self.metadata = metadata
+        self.metadata_auth_file = metadata_auth_file
         self.log_path = Path(log_path)
         self.interval_s = interval_s
         self.instance_id = instance_id
@@ -48,6 +50,11 @@ class RetentionProcess:
     def running(self) -> bool:
         """Returns whether the process runs now."""
         return self.process is not None and self.process.poll() is None
+
+    def _auth_arguments(self) -> list[str]:
+        if self.metadata_auth_file is None:
+            return []
+        return ["--metadata-auth-file", str(self.metadata_auth_file)]
 
     def start(self) -> RetentionProcess:
         """Starts the process (returns at once)."""
@@ -64,6 +71,7 @@ class RetentionProcess:
                     "--metadata",
                     self.metadata,
                     *self.options,
+                    *self._auth_arguments(),
                     "retention",
                     "run",
                     "--interval",

@@ -13,6 +13,8 @@ import structlog
 from kazoo.client import KazooClient
 
 from stream.errors import StreamError
+from stream.metadata.auth import MetadataAuth, load_metadata_auth, write_metadata_auth_file
+from stream.metadata.connection import kazoo_auth_options
 from stream.retention.process import RetentionProcess
 from stream.sandbox.bookies import BookieProcess, stop_all
 from stream.sandbox.tls import SandboxTLS
@@ -39,7 +41,9 @@ class SandboxCluster:
 
     With `zookeeper` given, the cluster uses that server (and a root of its own) instead of
     starting one, so tests can share one ZooKeeper. With `retention_interval_s`, a retention
-    service process (`streamctl retention run`) runs too, once the bookies serve."""
+    service process (`streamctl retention run`) runs too, once the bookies serve. With
+    `metadata_auth_file`, every process authenticates to ZooKeeper as its identity and every
+    znode carries its ACL (docs/operations.md, Metadata authentication)."""
 
     def __init__(
         self,
@@ -52,16 +56,31 @@ class SandboxCluster:
         zookeeper: ZooKeeperServer | None = None,
         retention_interval_s: float | None = None,
         secure: bool = False,
+        metadata_auth_file: Path | None = None,
     ) -> None:
         """`secure`: bookies serve mutual TLS with roles; the CA and the certificates (one per
-        bookie, one per client role) go to `<data_dir>/tls` (`self.tls`)."""
+        bookie, one per client role) go to `<data_dir>/tls` (`self.tls`), and unless
+        `metadata_auth_file` is given, a new cluster identity goes to
+        `<data_dir>/metadata-auth.toml` so that every znode carries ACLs."""
         if bookies < 1:
             raise StreamError("a sandbox needs at least one bookie", bookies=bookies)
         self.data_dir = Path(data_dir)
         self.root = root
         self._own_zookeeper = zookeeper is None
         self.zookeeper = zookeeper or ZooKeeperServer(self.data_dir / "zookeeper", port=zk_port)
+        if secure and metadata_auth_file is None:
+            metadata_auth_file = self.data_dir / "metadata-auth.toml"
+            if not metadata_auth_file.exists():
+                self.data_dir.mkdir(parents=True, exist_ok=True)
+                write_metadata_auth_file(metadata_auth_file)
+        self.metadata_auth_file = metadata_auth_file
+        # Loaded now: a bad or loose file stops the sandbox before anything starts.
+        self._auth: MetadataAuth | None = (
+            None if metadata_auth_file is None else load_metadata_auth(metadata_auth_file)
+        )
         self.bookie_settings = dict(bookie_settings or {})
+        if metadata_auth_file is not None:
+            self.bookie_settings.setdefault("metadata_auth_file", str(metadata_auth_file))
         self.bookies: list[BookieProcess] = []
         self._bookie_count = bookies
         self.retention_interval_s = retention_interval_s
@@ -73,6 +92,13 @@ class SandboxCluster:
         """The connect string `HOST:PORT/ROOT` clients and `streamctl --metadata` use."""
         return self.zookeeper.connect_string(self.root)
 
+    def metadata_options(self) -> list[str]:
+        """Returns the `streamctl` global options that reach this sandbox's metadata."""
+        options = ["--metadata", self.metadata]
+        if self.metadata_auth_file is not None:
+            options += ["--metadata-auth-file", str(self.metadata_auth_file)]
+        return options
+
     def start(self, timeout_s: float = 60.0) -> SandboxCluster:
         try:
             if self._own_zookeeper:
@@ -80,8 +106,6 @@ class SandboxCluster:
             self._ensure_root()
             if self.tls is not None:
                 self.tls.create()
-                # ZooKeeper authentication and ACLs of a secure sandbox belong here, before
-                # any bookie writes a znode (see docs/security.md).
             for i in range(1, self._bookie_count + 1):
                 self.add_bookie(f"bookie-{i}", wait=False)
             for bookie in self.bookies:
@@ -93,6 +117,7 @@ class SandboxCluster:
                     self.data_dir / "retention.log",
                     interval_s=self.retention_interval_s,
                     options=self.streamctl_options(Role.SERVICE),
+                    metadata_auth_file=self.metadata_auth_file,
                 ).start()
         except BaseException:
             self.stop()
@@ -133,7 +158,7 @@ class SandboxCluster:
 
     def registered_bookies(self) -> list[str]:
         """Returns the ids under /bookies/available right now."""
-        zk = KazooClient(hosts=self.zookeeper.hosts)
+        zk = self._kazoo()
         zk.start(timeout=10)
         try:
             path = f"{self.root}/bookies/available"
@@ -169,8 +194,12 @@ class SandboxCluster:
             if process is not None and process.poll() is not None
         ]
 
+    def _kazoo(self) -> KazooClient:
+        """Returns an unchrooted kazoo client (not started) with the sandbox's identity."""
+        return KazooClient(hosts=self.zookeeper.hosts, **kazoo_auth_options(self._auth))
+
     def _ensure_root(self) -> None:
-        zk = KazooClient(hosts=self.zookeeper.hosts)
+        zk = self._kazoo()
         zk.start(timeout=10)
         try:
             zk.ensure_path(self.root)

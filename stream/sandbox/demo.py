@@ -25,8 +25,7 @@ def _streamctl(cluster: SandboxCluster, *args: str, role: Role = Role.WRITER) ->
         sys.executable,
         "-m",
         "stream.cli.main",
-        "--metadata",
-        cluster.metadata,
+        *cluster.metadata_options(),
         *cluster.streamctl_options(role),
         *args,
     ]

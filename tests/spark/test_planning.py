@@ -66,6 +66,17 @@ def test_source_options_are_parsed_case_insensitively() -> None:
     assert parse_source_options({**META, "streams": "a"}, streaming=False).starting == "earliest"
 
 
+def test_metadata_auth_file_reaches_the_readers_the_writer_and_the_partitions() -> None:
+    auth = {**META, "metadataauthfile": " /etc/streamkeeper/auth.toml "}
+    source = parse_source_options({**auth, "streams": "a"}, streaming=False)
+    assert source.metadata_auth_file == "/etc/streamkeeper/auth.toml"
+    assert parse_sink_options({**auth, "stream": "b"}).metadata_auth_file == (
+        "/etc/streamkeeper/auth.toml"
+    )
+    part = StreamRange("h:1/r", "s", 3, 9, True, source.metadata_auth_file)
+    assert pickle.loads(pickle.dumps(part)).metadata_auth_file == "/etc/streamkeeper/auth.toml"
+
+
 @pytest.mark.parametrize(
     ("options", "named"),
     [
@@ -86,6 +97,7 @@ def test_malformed_streaming_options_name_the_option(options: dict[str, str], na
 
 def test_sink_options() -> None:
     assert parse_sink_options({**META, "stream": "out"}).stream == "out"
+    assert parse_sink_options({**META, "stream": "out"}).metadata_auth_file is None
     with pytest.raises(ConnectorOptionError, match="'stream' is required"):
         parse_sink_options(META)
     with pytest.raises(ConnectorOptionError, match="unknown option 'streams'"):

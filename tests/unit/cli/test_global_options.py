@@ -9,10 +9,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from stream.cli.main import build_parser, main
+from tests.acl_support import write_auth_file
 
 
 def _closed_port() -> int:
@@ -88,6 +90,27 @@ def test_global_options_after_the_subcommand(monkeypatch: pytest.MonkeyPatch) ->
         1.5,
         "text",
     )
+
+
+def test_metadata_auth_file_from_the_option_or_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("STREAMKEEPER_METADATA_AUTH_FILE", raising=False)
+    assert build_parser().parse_args(["streams"]).metadata_auth_file is None
+    monkeypatch.setenv("STREAMKEEPER_METADATA_AUTH_FILE", "/env/auth.toml")
+    assert build_parser().parse_args(["streams"]).metadata_auth_file == "/env/auth.toml"
+    after = build_parser().parse_args(["streams", "--metadata-auth-file", "/opt/a.toml"])
+    assert after.metadata_auth_file == "/opt/a.toml"
+
+
+def test_loose_metadata_auth_file_is_refused_before_connecting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    loose = write_auth_file(tmp_path, mode=0o644)
+    code = main(["--metadata", f"127.0.0.1:{_closed_port()}/x", "--metadata-auth-file",
+                 str(loose), "streams"])  # fmt: skip
+    assert code == 1
+    assert "chmod 600" in capsys.readouterr().err
 
 
 def test_json_refused_where_a_command_has_none(capsys: pytest.CaptureFixture[str]) -> None:
