@@ -201,7 +201,9 @@ def test_a_writer_may_fence_and_truncate_but_not_trim_a_service_may(
 def test_the_client_appends_tails_and_takes_over_over_tls(secure: SandboxCluster) -> None:
     assert secure.tls is not None
     files = secure.tls.client(Role.WRITER)
-    with StreamClient.connect(secure.metadata, tls=files) as client:
+    with StreamClient.connect(
+        secure.metadata, tls=files, metadata_auth_file=secure.metadata_auth_file
+    ) as client:
         client.create_stream("secured", ensemble=3, write_quorum=3, ack_quorum=2)
         first = client.open_writer("secured")
         for i in range(100):
@@ -223,7 +225,9 @@ def test_loose_key_permissions_are_refused(secure: SandboxCluster, tmp_path: Pat
     key.chmod(0o644)
     loose = TLSConfig(files.ca_file, files.cert_file, str(key))
     with pytest.raises(InsecureFileError, match="chmod 0600"):
-        StreamClient.connect(secure.metadata, tls=loose)
+        StreamClient.connect(
+            secure.metadata, tls=loose, metadata_auth_file=secure.metadata_auth_file
+        )
 
     bookie = BookieProcess(
         "loose-bookie",
@@ -247,7 +251,11 @@ def test_an_insecure_bookie_beyond_loopback_refuses_to_start(
 ) -> None:
     """On loopback it starts; without TLS no role applies, and a Fence is still audited."""
     bookie = BookieProcess(
-        "open", tmp_path / "open", secure.metadata, metrics_port=0, settings={"autorecovery": False}
+        "open",
+        tmp_path / "open",
+        secure.metadata,
+        metrics_port=0,
+        settings={"autorecovery": False, "metadata_auth_file": str(secure.metadata_auth_file)},
     )
     bookie.settings["listen"] = f"0.0.0.0:{bookie.port}"
     try:
@@ -288,7 +296,9 @@ def test_certificates_rotate_on_sighup_while_a_writer_appends(secure: SandboxClu
     appended: list[int] = []
     stop = threading.Event()
 
-    with StreamClient.connect(secure.metadata, tls=files) as client:
+    with StreamClient.connect(
+        secure.metadata, tls=files, metadata_auth_file=secure.metadata_auth_file
+    ) as client:
         client.create_stream("rotating", ensemble=3, write_quorum=3, ack_quorum=3)
         with client.open_writer("rotating") as writer:
 
@@ -362,7 +372,11 @@ def test_a_bookie_repairs_itself_from_its_peers_over_tls(
     peers (bookie to bookie) with its own `service` certificate."""
     with running_cluster(zookeeper, tmp_path, secure=True, journal_write_data=False) as cluster:
         assert cluster.tls is not None
-        with StreamClient.connect(cluster.metadata, tls=cluster.tls.client(Role.WRITER)) as c:
+        with StreamClient.connect(
+            cluster.metadata,
+            tls=cluster.tls.client(Role.WRITER),
+            metadata_auth_file=cluster.metadata_auth_file,
+        ) as c:
             c.create_stream("repaired", ensemble=3, write_quorum=3, ack_quorum=2)
             with c.open_writer("repaired") as writer:
                 for i in range(200):
@@ -415,6 +429,7 @@ def test_tls_without_client_auth_encrypts_and_applies_no_role(
             **secure.tls.bookie_settings("tls-only"),
             "tls_client_auth": "none",
             "autorecovery": False,
+            "metadata_auth_file": str(secure.metadata_auth_file),
         },
         tls=TLSConfig(str(secure.tls.ca_file)),
     )

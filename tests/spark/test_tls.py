@@ -46,7 +46,9 @@ def test_the_connector_writes_and_reads_over_tls(
 ) -> None:
     assert secure.tls is not None
     writer = secure.tls.client(Role.WRITER)
-    with StreamClient.connect(secure.metadata, tls=writer) as client:
+    with StreamClient.connect(
+        secure.metadata, tls=writer, metadata_auth_file=secure.metadata_auth_file
+    ) as client:
         client.create_stream(stream_name)
         query = (
             spark.readStream.format("rate")
@@ -56,6 +58,7 @@ def test_the_connector_writes_and_reads_over_tls(
             .writeStream.format("streamkeeper")
             .option("metadata", secure.metadata)
             .option("stream", stream_name)
+            .option("metadataAuthFile", str(secure.metadata_auth_file))
             .options(**tls_options(writer))
             .option("checkpointLocation", str(tmp_path / "checkpoint"))
             .trigger(processingTime="200 milliseconds")
@@ -75,6 +78,7 @@ def test_the_connector_writes_and_reads_over_tls(
         .option("metadata", secure.metadata)
         .option("streams", stream_name)
         .option("endingOffsets", f'{{"{stream_name}": {lac + 1}}}')
+        .option("metadataAuthFile", str(secure.metadata_auth_file))
         .options(**tls_options(secure.tls.client(Role.READER)))
         .load()
         .collect()
