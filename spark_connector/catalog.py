@@ -9,7 +9,7 @@ import structlog
 
 from spark_connector.errors import ConnectorOptionError, DataLossError
 from spark_connector.options import EARLIEST, LATEST, Positions, SourceOptions
-from spark_connector.ranges import Offsets, StreamRange, ordered, split_range
+from spark_connector.ranges import Offsets, StreamRange, at_least, ordered, split_range
 from stream.client import StreamClient
 from stream.errors import StreamNotFoundError
 
@@ -61,12 +61,14 @@ class StreamCatalog:
                 if not missing_ok and self._options.streams:
                     raise ConnectorOptionError(
                         f"stream {name!r} of option 'streams' does not exist",
-                        option="streams", stream=name,
+                        option="streams",
+                        stream=name,
                     ) from None
         return out
 
-    def resolve(self, positions: Positions, option: str, bounds: dict[str, StreamBounds],
-                default: str) -> Offsets:
+    def resolve(
+        self, positions: Positions, option: str, bounds: dict[str, StreamBounds], default: str
+    ) -> Offsets:
         """Returns the next entry id per stream that `positions` (earliest / latest / JSON)
         means now; streams missing from a JSON position take `default`."""
         out: dict[str, int] = {}
@@ -90,13 +92,16 @@ class StreamCatalog:
                 )
         return ordered(out)
 
-    def plan(self, start: Offsets, end: Offsets, bounds: dict[str, StreamBounds]
-             ) -> list[StreamRange]:
+    def plan(
+        self, start: Offsets, end: Offsets, bounds: dict[str, StreamBounds]
+    ) -> list[StreamRange]:
         """Returns the partitions reading `start..end` (end exclusive) of every stream. A
         start below the first retained entry is data loss: it raises `DataLossError` with
         `failOnDataLoss`, else it is logged and skipped. A stream new to the query (absent
-        from `start`) starts at its first retained entry."""
-        partitions: list[StreamRange] = []
+        from `start`) starts at its first retained entry. Partitions end at fragment
+        boundaries and hold at most `entriesPerPartition` entries; with `minPartitions`, the
+        largest are cut further until there are at least that many (or one per entry)."""
+        pieces: list[tuple[str, int, int]] = []
         for name in sorted(end):
             b = bounds.get(name)
             if b is None:
@@ -109,11 +114,16 @@ class StreamCatalog:
             if first < b.first_retained:
                 first = self.on_data_loss(name, first, b.first_retained, end[name])
             last = min(end[name], b.next_entry_id) - 1
-            for lo, hi in split_range(first, last, b.fragment_firsts,
-                                      self._options.entries_per_partition):
-                partitions.append(StreamRange(self._options.metadata, name, lo, hi,
-                                              self._options.fail_on_data_loss))
-        return partitions
+            for lo, hi in split_range(
+                first, last, b.fragment_firsts, self._options.entries_per_partition
+            ):
+                pieces.append((name, lo, hi))
+        if self._options.min_partitions is not None:
+            pieces = at_least(pieces, self._options.min_partitions)
+        return [
+            StreamRange(self._options.metadata, name, lo, hi, self._options.fail_on_data_loss)
+            for name, lo, hi in pieces
+        ]
 
     def on_data_loss(self, name: str, wanted: int, first_retained: int, end: int) -> int:
         """Returns where to go on when entries from `wanted` on were trimmed (first retained
@@ -121,16 +131,24 @@ class StreamCatalog:
         return handle_trimmed(name, wanted, first_retained, end, self._options.fail_on_data_loss)
 
 
-def handle_trimmed(name: str, wanted: int, first_retained: int, end: int,
-                   fail_on_data_loss: bool) -> int:
+def handle_trimmed(
+    name: str, wanted: int, first_retained: int, end: int, fail_on_data_loss: bool
+) -> int:
     """Returns the next entry to read after finding `wanted..first_retained - 1` trimmed, or
     raises `DataLossError` when `fail_on_data_loss`."""
     if fail_on_data_loss:
         raise DataLossError(
             f"entries {wanted}..{first_retained - 1} of stream {name!r} were trimmed by "
             "retention before the query read them; set failOnDataLoss=false to skip them",
-            stream=name, entry_id=wanted, first_entry_id=first_retained,
+            stream=name,
+            entry_id=wanted,
+            first_entry_id=first_retained,
         )
-    log.warning("spark.data_loss_skipped", stream=name, first_missing=wanted,
-                first_retained=first_retained, end=end)
+    log.warning(
+        "spark.data_loss_skipped",
+        stream=name,
+        first_missing=wanted,
+        first_retained=first_retained,
+        end=end,
+    )
     return first_retained

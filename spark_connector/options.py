@@ -26,8 +26,10 @@ _READ_OPTIONS = (
     "startingOffsets",
     "endingOffsets",
     "maxEntriesPerTrigger",
+    "maxBytesPerTrigger",
     "failOnDataLoss",
     "entriesPerPartition",
+    "minPartitions",
 )
 _WRITE_OPTIONS = ("metadata", "stream")
 # Spark adds these itself (e.g. `path` from `load(path)`); they are not ours to reject.
@@ -50,6 +52,8 @@ class SourceOptions:
     max_entries_per_trigger: int | None
     fail_on_data_loss: bool
     entries_per_partition: int
+    min_partitions: int | None = None
+    max_bytes_per_trigger: int | None = None
 
     def pattern_matches(self, name: str) -> bool:
         pattern = self.stream_pattern
@@ -95,8 +99,9 @@ def _stream_name(name: str, option: str) -> str:
     try:
         return validate_stream_name(name)
     except InvalidArgumentError as e:
-        raise ConnectorOptionError(f"option {option!r}: {e.message}", option=option,
-                                   stream=name) from None
+        raise ConnectorOptionError(
+            f"option {option!r}: {e.message}", option=option, stream=name
+        ) from None
 
 
 def _positive_int(values: dict[str, str], option: str) -> int | None:
@@ -114,18 +119,50 @@ def _positive_int(values: dict[str, str], option: str) -> int | None:
     return value
 
 
+# Spark's byte strings (JavaUtils.byteStringAsBytes): binary units, case-insensitive.
+_BYTE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "kb": 1 << 10,
+    "m": 1 << 20,
+    "mb": 1 << 20,
+    "g": 1 << 30,
+    "gb": 1 << 30,
+    "t": 1 << 40,
+    "tb": 1 << 40,
+}
+
+
+def _byte_count(values: dict[str, str], option: str) -> int | None:
+    """Returns the option as a positive number of bytes: `1048576`, `512k`, `64m`, `1g`."""
+    raw = values.get(option)
+    if raw is None:
+        return None
+    found = re.fullmatch(r"\s*(\d+)\s*([a-z]*)\s*", raw.lower())
+    if found is None or found.group(2) not in _BYTE_UNITS or int(found.group(1)) <= 0:
+        raise ConnectorOptionError(
+            f"option {option!r} must be a positive number of bytes (e.g. 1048576, 512k, 64m, "
+            f"1g), got {raw!r}",
+            option=option,
+        )
+    return int(found.group(1)) * _BYTE_UNITS[found.group(2)]
+
+
 def _bool(values: dict[str, str], option: str, default: bool) -> bool:
     raw = values.get(option)
     if raw is None:
         return default
     if raw.strip().lower() in ("true", "false"):
         return raw.strip().lower() == "true"
-    raise ConnectorOptionError(f"option {option!r} must be true or false, got {raw!r}",
-                               option=option)
+    raise ConnectorOptionError(
+        f"option {option!r} must be true or false, got {raw!r}", option=option
+    )
 
 
-def parse_positions(raw: str | None, option: str, default: str, allow_latest: bool,
-                    allow_earliest: bool = True) -> Positions:
+def parse_positions(
+    raw: str | None, option: str, default: str, allow_latest: bool, allow_earliest: bool = True
+) -> Positions:
     """Returns "earliest", "latest" or `{stream: entry id}` (entry ids >= 0, or -2 / -1)."""
     if raw is None:
         return default
@@ -152,8 +189,7 @@ def parse_positions(raw: str | None, option: str, default: str, allow_latest: bo
         if value == LATEST and not allow_latest:
             raise ConnectorOptionError(f"option {option!r} cannot use -1 (latest)", option=option)
         if value == EARLIEST and not allow_earliest:
-            raise ConnectorOptionError(f"option {option!r} cannot use -2 (earliest)",
-                                       option=option)
+            raise ConnectorOptionError(f"option {option!r} cannot use -2 (earliest)", option=option)
         out[name] = value
     return out
 
@@ -187,17 +223,22 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         raise ConnectorOptionError(
             "option 'endingOffsets' applies to batch reads only", option="endingOffsets"
         )
-    if not streaming and "maxEntriesPerTrigger" in values:
-        raise ConnectorOptionError(
-            "option 'maxEntriesPerTrigger' applies to streaming reads only",
-            option="maxEntriesPerTrigger",
-        )
+    for option in ("maxEntriesPerTrigger", "maxBytesPerTrigger"):
+        if not streaming and option in values:
+            raise ConnectorOptionError(
+                f"option {option!r} applies to streaming reads only", option=option
+            )
     starting = parse_positions(
-        values.get("startingOffsets"), "startingOffsets",
-        "latest" if streaming else "earliest", allow_latest=streaming,
+        values.get("startingOffsets"),
+        "startingOffsets",
+        "latest" if streaming else "earliest",
+        allow_latest=streaming,
     )
     ending = parse_positions(
-        values.get("endingOffsets"), "endingOffsets", "latest", allow_latest=True,
+        values.get("endingOffsets"),
+        "endingOffsets",
+        "latest",
+        allow_latest=True,
         allow_earliest=False,
     )
     for option, positions in (("startingOffsets", starting), ("endingOffsets", ending)):
@@ -218,6 +259,8 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         fail_on_data_loss=_bool(values, "failOnDataLoss", True),
         entries_per_partition=_positive_int(values, "entriesPerPartition")
         or DEFAULT_ENTRIES_PER_PARTITION,
+        min_partitions=_positive_int(values, "minPartitions"),
+        max_bytes_per_trigger=_byte_count(values, "maxBytesPerTrigger"),
     )
 
 

@@ -1,11 +1,13 @@
 """Pure planning: offsets (next entry id per stream, JSON with keys in sorted order, since
 Spark compares offsets as JSON strings), read limits spread over streams, and the split of an
-offset range into partitions by fragment and size."""
+offset range into partitions by fragment, size and a minimum count."""
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from pyspark.sql.datasource import InputPartition
 
@@ -34,7 +36,9 @@ class StreamRange(InputPartition):
         if not 0 <= self.first <= self.last:
             raise InvalidArgumentError(
                 "a stream range needs 0 <= first <= last",
-                stream=self.stream, first=self.first, last=self.last,
+                stream=self.stream,
+                first=self.first,
+                last=self.last,
             )
 
 
@@ -56,6 +60,36 @@ def split_range(
     return pieces
 
 
+Key = TypeVar("Key")
+
+
+def at_least(pieces: Sequence[tuple[Key, int, int]], count: int) -> list[tuple[Key, int, int]]:
+    """Returns `pieces` (inclusive `(key, first, last)` ranges) cut further, each into
+    near-equal parts, until there are at least `count` (or every part is one entry), in the
+    same order. Each further cut goes to the piece whose parts are largest then, so the
+    largest part comes out as small as it can."""
+    sizes = [last - first + 1 for _, first, last in pieces]
+    parts = [1] * len(pieces)
+    largest = [(-size, i) for i, size in enumerate(sizes) if size > 1]
+    heapq.heapify(largest)
+    for _ in range(count - len(pieces)):
+        if not largest:
+            break
+        _, i = heapq.heappop(largest)
+        parts[i] += 1
+        if parts[i] < sizes[i]:
+            heapq.heappush(largest, (-sizes[i] / parts[i], i))
+    out: list[tuple[Key, int, int]] = []
+    for (key, first, _), size, k in zip(pieces, sizes, parts, strict=True):
+        # k parts of size // k entries, the first size % k of them one entry more.
+        start = first
+        for j in range(k):
+            stop = start + size // k + (1 if j < size % k else 0)
+            out.append((key, start, stop - 1))
+            start = stop
+    return out
+
+
 def limit_offsets(start: Mapping[str, int], latest: Mapping[str, int], max_entries: int) -> Offsets:
     """Returns end offsets between `start` and `latest` covering at most `max_entries` entry
     ids in all, shared fairly: each stream gets an equal share, what a stream cannot use goes
@@ -74,6 +108,4 @@ def limit_offsets(start: Mapping[str, int], latest: Mapping[str, int], max_entri
                 hungry.remove(name)
             if budget == 0:
                 break
-    return ordered(
-        {name: start.get(name, latest[name]) + granted[name] for name in latest}
-    )
+    return ordered({name: start.get(name, latest[name]) + granted[name] for name in latest})

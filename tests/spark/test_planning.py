@@ -14,7 +14,7 @@ pytest.importorskip("pyarrow", reason="needs the spark extra (pyarrow)")
 
 from spark_connector.errors import ConnectorOptionError
 from spark_connector.options import parse_sink_options, parse_source_options
-from spark_connector.ranges import StreamRange, limit_offsets, ordered, split_range
+from spark_connector.ranges import StreamRange, at_least, limit_offsets, ordered, split_range
 
 pytestmark = pytest.mark.spark
 
@@ -29,6 +29,31 @@ def test_split_range_cuts_at_fragments_and_size() -> None:
     covered = [i for lo, hi in pieces for i in range(lo, hi + 1)]
     assert covered == list(range(17, 1235))
     assert all(hi - lo < 64 for lo, hi in pieces)
+
+
+def test_at_least_cuts_the_largest_pieces_evenly_and_keeps_their_order() -> None:
+    assert at_least([("a", 0, 9)], 3) == [("a", 0, 3), ("a", 4, 6), ("a", 7, 9)]
+    assert at_least([("a", 0, 99), ("b", 0, 9)], 4) == [
+        ("a", 0, 33),
+        ("a", 34, 66),
+        ("a", 67, 99),
+        ("b", 0, 9),
+    ]
+    assert at_least([("a", 5, 6), ("b", 0, 0)], 10) == [("a", 5, 5), ("a", 6, 6), ("b", 0, 0)]
+    assert at_least([("a", 0, 9), ("b", 0, 9)], 1) == [("a", 0, 9), ("b", 0, 9)]
+    assert at_least([], 5) == []
+    pieces = [("a", 0, 999), ("a", 1000, 1049), ("b", 7, 306)]
+    sizes = [1000, 50, 300]
+    for count in (1, 2, 3, 4, 17, 100, 1349, 1350, 5000):
+        cut = at_least(pieces, count)
+        assert len(cut) == max(3, min(count, 1350))
+        assert [(k, i) for k, lo, hi in cut for i in range(lo, hi + 1)] == [
+            (k, i) for k, lo, hi in pieces for i in range(lo, hi + 1)
+        ]
+        # Oracle: the smallest largest part of len(cut) parts (s such that the pieces cut
+        # into parts of at most s entries make at most that many parts).
+        best = next(s for s in range(1, 1001) if sum(-(-n // s) for n in sizes) <= len(cut))
+        assert max(hi - lo + 1 for _, lo, hi in cut) == best
 
 
 def test_limit_offsets_shares_the_budget_and_never_passes_latest() -> None:
@@ -54,8 +79,13 @@ def test_stream_range_pickles_and_checks_its_bounds() -> None:
 
 def test_source_options_are_parsed_case_insensitively() -> None:
     parsed = parse_source_options(
-        {**META, "STREAMS": "b, a,b", "startingoffsets": '{"a": 4, "b": -2}',
-         "maxentriespertrigger": "10", "failondataloss": "FALSE"},
+        {
+            **META,
+            "STREAMS": "b, a,b",
+            "startingoffsets": '{"a": 4, "b": -2}',
+            "maxentriespertrigger": "10",
+            "failondataloss": "FALSE",
+        },
         streaming=True,
     )
     assert parsed.streams == ("b", "a")
@@ -71,10 +101,15 @@ def test_source_options_are_parsed_case_insensitively() -> None:
     [
         ({"streams": "a", "startingOffsets": '{"b": 1}'}, "startingOffsets"),
         ({"streams": "a", "startingOffsets": '{"a": -3}'}, "startingOffsets"),
-        ({"streams": "a", "startingOffsets": '[1]'}, "startingOffsets"),
+        ({"streams": "a", "startingOffsets": "[1]"}, "startingOffsets"),
         ({"streams": "a", "endingOffsets": '{"a": 1}'}, "endingOffsets"),
         ({"streams": "a", "maxEntriesPerTrigger": "-1"}, "maxEntriesPerTrigger"),
         ({"streams": "a", "maxEntriesPerTrigger": "ten"}, "maxEntriesPerTrigger"),
+        ({"streams": "a", "minPartitions": "0"}, "minPartitions"),
+        ({"streams": "a", "minPartitions": "2.5"}, "minPartitions"),
+        ({"streams": "a", "maxBytesPerTrigger": "0"}, "maxBytesPerTrigger"),
+        ({"streams": "a", "maxBytesPerTrigger": "12q"}, "maxBytesPerTrigger"),
+        ({"streams": "a", "maxBytesPerTrigger": "-5m"}, "maxBytesPerTrigger"),
         ({}, "streams"),
     ],
 )
@@ -82,6 +117,23 @@ def test_malformed_streaming_options_name_the_option(options: dict[str, str], na
     with pytest.raises(ConnectorOptionError, match=named) as failed:
         parse_source_options({**META, **options}, streaming=True)
     assert failed.value.context["option"] == named
+
+
+def test_byte_limits_take_spark_byte_strings() -> None:
+    for raw, expected in (
+        ("1048576", 1 << 20),
+        ("512k", 512 << 10),
+        ("64M", 64 << 20),
+        ("1g", 1 << 30),
+        ("2 mb", 2 << 20),
+        ("100b", 100),
+    ):
+        parsed = parse_source_options(
+            {**META, "streams": "a", "maxBytesPerTrigger": raw}, streaming=True
+        )
+        assert parsed.max_bytes_per_trigger == expected
+    with pytest.raises(ConnectorOptionError, match="'maxBytesPerTrigger' applies to streaming"):
+        parse_source_options({**META, "streams": "a", "maxBytesPerTrigger": "1m"}, streaming=False)
 
 
 def test_sink_options() -> None:
