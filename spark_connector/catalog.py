@@ -7,23 +7,26 @@ from dataclasses import dataclass
 
 import structlog
 
+from spark_connector.entry_sizes import SAMPLE_ENTRIES, whole_fragment_bytes
 from spark_connector.errors import ConnectorOptionError, DataLossError
 from spark_connector.options import EARLIEST, LATEST, Positions, SourceOptions
 from spark_connector.ranges import Offsets, StreamRange, at_least, ordered, split_range
 from stream.client import StreamClient
-from stream.errors import StreamNotFoundError
+from stream.errors import EntryTrimmedError, StreamNotFoundError
 
 log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True)
 class StreamBounds:
-    """What one stream holds now: entries `first_retained..next_entry_id - 1`."""
+    """What one stream holds now: entries `first_retained..next_entry_id - 1`, its fragments'
+    first entry ids, and `(first, last, bytes)` of those whose recorded bytes are whole."""
 
     name: str
     first_retained: int
     next_entry_id: int
     fragment_firsts: tuple[int, ...]
+    fragment_bytes: tuple[tuple[int, int, int], ...] = ()
 
 
 class StreamCatalog:
@@ -48,7 +51,23 @@ class StreamCatalog:
             first_retained=info.first_entry_id,
             next_entry_id=max(info.lac + 1, info.first_entry_id),
             fragment_firsts=tuple(f.first_entry_id for f in info.fragments),
+            fragment_bytes=whole_fragment_bytes(
+                [(f.first_entry_id, f.last_entry_id, f.bytes) for f in info.fragments],
+                [first for _, first in info.term_history],
+            ),
         )
+
+    def sampled_entry_bytes(self, name: str, first: int, last: int) -> float | None:
+        """Returns the average payload bytes of up to SAMPLE_ENTRIES entries from `first`
+        (up to `last`), or None when there are none to read."""
+        payloads: list[bytes] = []
+        try:
+            reader = self._client.open_reader(name)
+            for chunk in reader.read_columns(first, min(last, first + SAMPLE_ENTRIES - 1)):
+                payloads.extend(chunk.payloads)
+        except (StreamNotFoundError, EntryTrimmedError):
+            return None  # gone or trimmed meanwhile: the next trigger looks again
+        return sum(map(len, payloads)) / len(payloads) if payloads else None
 
     def all_bounds(self, *, missing_ok: bool) -> dict[str, StreamBounds]:
         """Returns the bounds of every stream of `names()`. A stream listed in `streams` that

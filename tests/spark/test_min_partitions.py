@@ -13,6 +13,7 @@ pytest.importorskip("pyarrow", reason="needs the spark extra (pyarrow)")
 
 from stream.client import StreamClient
 from tests.spark.conftest import append
+from tests.spark.session import start_batch_query
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
@@ -57,18 +58,16 @@ def test_every_micro_batch_has_at_least_min_partitions(
         ids = [r.entry_id for r in batch.select("entry_id").collect()]
         seen.append((batch_id, len(sizes), ids))
 
-    query = (
-        spark.readStream.format("streamkeeper")
-        .option("metadata", spark_cluster.metadata)
-        .option("streams", stream_name)
-        .option("startingOffsets", "earliest")
-        .option("maxEntriesPerTrigger", "400")
-        .option("minPartitions", "6")
-        .load()
-        .writeStream.foreachBatch(record)
-        .option("checkpointLocation", str(tmp_path / "checkpoint"))
-        .trigger(availableNow=True)
-        .start()
+    query = start_batch_query(
+        spark,
+        spark_cluster.metadata,
+        tmp_path,
+        {"availableNow": True},
+        record,
+        streams=stream_name,
+        startingOffsets="earliest",
+        maxEntriesPerTrigger="400",
+        minPartitions="6",
     )
     query.awaitTermination(120)
     assert not query.isActive and query.exception() is None, str(query.exception())

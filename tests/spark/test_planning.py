@@ -12,6 +12,11 @@ import pytest
 pytest.importorskip("pyspark", minversion="4.0", reason="needs the spark extra (pyspark)")
 pytest.importorskip("pyarrow", reason="needs the spark extra (pyarrow)")
 
+from spark_connector.entry_sizes import (
+    DEFAULT_ENTRY_BYTES,
+    EntrySizes,
+    whole_fragment_bytes,
+)
 from spark_connector.errors import ConnectorOptionError
 from spark_connector.options import parse_sink_options, parse_source_options
 from spark_connector.ranges import StreamRange, at_least, limit_offsets, ordered, split_range
@@ -63,6 +68,57 @@ def test_limit_offsets_shares_the_budget_and_never_passes_latest() -> None:
     for budget in range(1, 40):
         end = limit_offsets({"a": 3, "b": 0, "c": 10}, {"a": 13, "b": 2, "c": 30}, budget)
         assert sum(end.values()) - 13 == min(budget, 32)
+
+
+def test_entry_sizes_use_fragment_bytes_where_known_and_the_estimate_elsewhere() -> None:
+    sizes = EntrySizes.of([(0, 9, 1000), (20, 29, 100)], sampled=None)
+    assert sizes.estimate == 55.0  # 1100 bytes over 20 known entries
+    assert sizes.entries_within(0, 100, 1000) == (10, 1000.0)  # 100 bytes each
+    assert sizes.entries_within(5, 100, 549) == (5, 500.0)
+    assert sizes.entries_within(8, 100, 200 + 55 * 3) == (5, 365.0)  # two known, three estimated
+    assert sizes.entries_within(20, 100, 10_000) == (100, 10 * 10 + 90 * 55.0)
+    assert sizes.entries_within(0, 4, 10**9) == (4, 400.0)
+    assert sizes.entries_within(0, 100, 99) == (0, 0.0)
+    assert EntrySizes.of([], sampled=300.0).entries_within(7, 50, 1000) == (3, 900.0)
+    assert EntrySizes.of([], sampled=None).estimate == DEFAULT_ENTRY_BYTES
+    # Empty payloads still count a byte each.
+    assert EntrySizes.of([(0, 99, 0)], sampled=None).entries_within(0, 1000, 40) == (40, 40.0)
+
+
+def test_only_fragments_one_term_filled_count_their_recorded_bytes() -> None:
+    fragments = [(0, 99, 5000), (100, 199, 700), (200, 299, 5000), (300, None, None)]
+    # Term 2 took over in the middle of the second fragment: its bytes are partial.
+    assert whole_fragment_bytes(fragments, [0, 150]) == ((0, 99, 5000), (200, 299, 5000))
+    assert whole_fragment_bytes(fragments, [0, 200]) == (
+        (0, 99, 5000),
+        (100, 199, 700),
+        (200, 299, 5000),
+    )
+    # Term starts older than the list's first are unknown: older fragments do not count.
+    assert whole_fragment_bytes(fragments, [120, 250]) == ()
+    assert whole_fragment_bytes(fragments, [100]) == ((100, 199, 700), (200, 299, 5000))
+    assert whole_fragment_bytes(fragments, []) == ()
+
+
+def test_limit_offsets_with_a_byte_bound_shares_bytes_and_keeps_the_entry_bound() -> None:
+    sizes = {"a": EntrySizes.of([], 100.0), "b": EntrySizes.of([], 10.0)}
+    start, latest = {"a": 0, "b": 0}, {"a": 1000, "b": 1000}
+    assert limit_offsets(start, latest, None, 2000, sizes) == {"a": 10, "b": 100}
+    both = limit_offsets(start, latest, 50, 2000, sizes)
+    assert both["a"] + both["b"] == 50 and both["a"] * 100 + both["b"] * 10 <= 2000
+    # What b cannot use goes to a.
+    assert limit_offsets(start, {"a": 1000, "b": 5}, None, 2000, sizes) == {"a": 19, "b": 5}
+    # An entry larger than the bound is read alone rather than never.
+    big = {"a": EntrySizes.of([], 5000.0), "b": EntrySizes.of([], 5000.0)}
+    assert limit_offsets(start, latest, None, 2000, big) == {"a": 1, "b": 0}
+    assert limit_offsets({"a": 1000, "b": 0}, latest, None, 2000, big) == {"a": 1000, "b": 1}
+    # Neither fits its half, one fits the whole: it takes it.
+    odd = {"a": EntrySizes.of([], 1500.0), "b": EntrySizes.of([], 1500.0)}
+    assert limit_offsets(start, latest, None, 2000, odd) == {"a": 1, "b": 0}
+    for budget in range(1, 3000, 97):
+        end = limit_offsets(start, latest, None, budget, sizes)
+        used = end["a"] * 100 + end["b"] * 10
+        assert used <= budget or sum(end.values()) == 1
 
 
 def test_offsets_serialise_in_one_key_order() -> None:
