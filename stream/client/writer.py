@@ -36,6 +36,7 @@ from stream.client.recovery import (
     replacement_choice,
     truncate_members,
 )
+from stream.client.timestamps import stamp
 from stream.errors import (
     EntryTrimmedError,
     InvalidArgumentError,
@@ -146,6 +147,9 @@ class AsyncStreamWriter:
         self._fragment_bytes = 0
         self._fragment_first_ts: int | None = None
         self._fragment_last_ts: int | None = None
+        # The stream's last entry timestamp: entries are stamped at least this, so that
+        # timestamps never go backwards within the stream, across terms and clocks.
+        self._last_ts: int | None = None
 
     # ------------------------------------------------------------------ views
 
@@ -207,8 +211,10 @@ class AsyncStreamWriter:
             max_in_flight=self._options.window_entries,
         )
         self._fragment_bytes = result.written_bytes
-        self._fragment_first_ts = fragment.first_timestamp_ms
+        self._fragment_first_ts = result.first_timestamp_ms
         self._fragment_last_ts = result.last_timestamp_ms
+        if result.last_timestamp_ms is not None:
+            self._last_ts = max(self._last_ts or 0, result.last_timestamp_ms)
         # Readers see the recovered entries (up to the no-op) without waiting for an add.
         self._pipeline.schedule_explicit_lac()
         log.info(
@@ -340,7 +346,7 @@ class AsyncStreamWriter:
         assert pipeline is not None and self._meta is not None
         queue = self._queue
         stream_id = self._meta.id
-        now_ms = self._clock.now_ms()
+        now_ms = stamp(self._clock, self._last_ts)
         added = 0
         added_bytes = 0
         unresolved = self._unresolved
@@ -379,7 +385,7 @@ class AsyncStreamWriter:
             if self._fragment_first_ts is None:
                 self._fragment_first_ts = now_ms
                 self._arm_age_timer()
-            self._fragment_last_ts = now_ms
+            self._fragment_last_ts = self._last_ts = now_ms
             self._fragment_bytes += added_bytes
             pipeline.flush()
         if not queue:
