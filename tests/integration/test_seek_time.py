@@ -8,7 +8,9 @@ The big stream (`STREAMKEEPER_SEEK_ENTRIES`, default 20,000 entries; the 100,000
 from __future__ import annotations
 
 import bisect
+import datetime
 import itertools
+import json
 import logging
 import math
 import os
@@ -21,6 +23,7 @@ import pytest
 from stream.client import StreamClient
 from stream.client.ports import SystemClock
 from stream.sandbox.cluster import SandboxCluster
+from tests.integration.cli_support import streamctl
 
 pytestmark = pytest.mark.integration
 
@@ -41,6 +44,17 @@ class SkewedClock:
 
     def now_ms(self) -> int:
         return self._system.now_ms() + self._offset_ms
+
+
+class ManualClock:
+    """A clock the test sets: the time every entry appended meanwhile is stamped at, unless
+    the stream's time is already later."""
+
+    def __init__(self, now_ms: int) -> None:
+        self.now = now_ms
+
+    def now_ms(self) -> int:
+        return self.now
 
 
 def _write(metadata: str, stream: str, offset_ms: int, count: int, tag: int) -> None:
@@ -141,3 +155,82 @@ def test_seek_time_matches_a_scan_with_skewed_writer_clocks(
         f"{len(times)} seeks in {seek_s:.1f} s, reads per seek mean "
         f"{sum(reads) / len(reads):.1f}, max {max(reads)} (bound {bound:.0f})"
     )
+
+
+def _iso_ms(text: str) -> int:
+    return int(datetime.datetime.fromisoformat(text).timestamp() * 1000)
+
+
+def test_time_stands_still_for_a_writer_whose_clock_is_behind(cluster: SandboxCluster) -> None:
+    ten = _iso_ms("2026-11-24T10:00Z")
+    clock = ManualClock(ten + HOUR_MS)  # the first writer's clock is an hour ahead
+    with StreamClient.connect(cluster.metadata, clock=clock) as client:
+        client.create_stream("behind", fragment_max_entries=150)
+        with client.open_writer("behind") as ahead:
+            for i in range(100):
+                ahead.append_async(b"ahead-%d" % i)
+        clock.now = ten  # the next writer's clock is right: an hour behind the stream
+        with client.open_writer("behind") as late:
+            for i in range(100):
+                late.append_async(b"late-%d" % i)
+            late.flush()
+            clock.now = ten + 2 * HOUR_MS  # its clock passes the stream's time
+            late.append(b"caught up")
+        info = client.stream_info("behind")
+        reader = client.open_reader("behind")
+        entries = list(reader.read(0, info.lac))
+        stamps = [e.timestamp_ms for e in entries]
+        assert stamps == sorted(stamps)
+        # The late writer kept stamping the stream's time until its clock caught up.
+        assert stamps[:200] == [ten + HOUR_MS] * 200
+        assert stamps[200] == ten + 2 * HOUR_MS
+        # The fragment closed in the second term records the first term's first entry.
+        closed = info.fragments[0]
+        assert closed.last_entry_id is not None
+        assert (closed.first_timestamp_ms, closed.last_timestamp_ms) == (ten + HOUR_MS,) * 2
+        # Reading by time: the plateau starts at the first entry; later times at the last.
+        assert reader.seek_time(ten) == 0
+        assert reader.seek_time(ten + HOUR_MS) == 0
+        assert reader.seek_time(ten + HOUR_MS + 1) == entries[200].entry_id
+        assert reader.seek_time(ten + 3 * HOUR_MS) == info.lac + 1
+        tailed = reader.tail(start_time_ms=ten + HOUR_MS + 1, timeout_s=0.5)
+        assert [e.payload for e in tailed] == [b"caught up"]
+
+
+def test_streamctl_tail_from_time(cluster: SandboxCluster) -> None:
+    metadata = cluster.metadata
+    now_ms = SystemClock().now_ms()
+    clock = ManualClock(_iso_ms("2026-11-24T09:00Z"))
+    with StreamClient.connect(metadata, clock=clock) as client:
+        client.create_stream("hours")
+        for text in ("09:00", "10:00", "11:00"):
+            clock.now = _iso_ms(f"2026-11-24T{text}Z")
+            with client.open_writer("hours") as writer:
+                writer.append(text.encode())
+        client.create_stream("recent")
+        for offset_ms, text in ((2 * HOUR_MS, "old"), (HOUR_MS // 2, "new")):
+            clock.now = now_ms - offset_ms
+            with client.open_writer("recent") as writer:
+                writer.append(text.encode())
+
+    tailed = streamctl(
+        metadata, "tail", "hours", "--from-time", "2026-11-24T10:00Z", "--timeout", "0.5"
+    )
+    assert tailed.returncode == 0, tailed.stderr
+    assert tailed.stdout.splitlines() == ["10:00", "11:00"]
+    as_json = streamctl(
+        metadata, "tail", "hours", "--from-time", "2026-11-24T10:30", "--timeout", "0.5",
+        "--output", "json",
+    )  # fmt: skip
+    assert as_json.returncode == 0, as_json.stderr
+    lines = [json.loads(line) for line in as_json.stdout.splitlines()]
+    assert [(e["payload"], e["timestamp_ms"]) for e in lines] == [
+        ("11:00", _iso_ms("2026-11-24T11:00Z"))
+    ]
+    assert lines[0]["timestamp"] == "2026-11-24T11:00:00+00:00"
+    relative = streamctl(metadata, "tail", "recent", "--from-time", "-1h", "--timeout", "0.5")
+    assert relative.returncode == 0, relative.stderr
+    assert relative.stdout.splitlines() == ["new"]
+    bad = streamctl(metadata, "tail", "recent", "--from-time", "an hour ago")
+    assert bad.returncode == 2
+    assert "--from-time" in bad.stderr
