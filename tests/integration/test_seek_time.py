@@ -168,6 +168,9 @@ def test_time_stands_still_for_a_writer_whose_clock_is_behind(cluster: SandboxCl
         client.create_stream("behind", fragment_max_entries=150)
         with client.open_writer("behind") as ahead:
             for i in range(100):
+                if i == 50:
+                    ahead.flush()
+                    clock.now += 5
                 ahead.append_async(b"ahead-%d" % i)
         clock.now = ten  # the next writer's clock is right: an hour behind the stream
         with client.open_writer("behind") as late:
@@ -182,18 +185,20 @@ def test_time_stands_still_for_a_writer_whose_clock_is_behind(cluster: SandboxCl
         stamps = [e.timestamp_ms for e in entries]
         assert stamps == sorted(stamps)
         # The late writer kept stamping the stream's time until its clock caught up.
-        assert stamps[:200] == [ten + HOUR_MS] * 200
+        plateau = ten + HOUR_MS + 5
+        assert stamps[:200] == [ten + HOUR_MS] * 50 + [plateau] * 150
         assert stamps[200] == ten + 2 * HOUR_MS
         # The fragment closed in the second term records the first term's first entry.
         closed = info.fragments[0]
         assert closed.last_entry_id is not None
-        assert (closed.first_timestamp_ms, closed.last_timestamp_ms) == (ten + HOUR_MS,) * 2
-        # Reading by time: the plateau starts at the first entry; later times at the last.
+        assert (closed.first_timestamp_ms, closed.last_timestamp_ms) == (ten + HOUR_MS, plateau)
+        # Reading by time: the plateau starts at its first entry; later times at the last.
         assert reader.seek_time(ten) == 0
-        assert reader.seek_time(ten + HOUR_MS) == 0
-        assert reader.seek_time(ten + HOUR_MS + 1) == entries[200].entry_id
+        assert reader.seek_time(ten + HOUR_MS + 1) == entries[50].entry_id
+        assert reader.seek_time(plateau) == entries[50].entry_id
+        assert reader.seek_time(plateau + 1) == entries[200].entry_id
         assert reader.seek_time(ten + 3 * HOUR_MS) == info.lac + 1
-        tailed = reader.tail(start_time_ms=ten + HOUR_MS + 1, timeout_s=0.5)
+        tailed = reader.tail(start_time_ms=plateau + 1, timeout_s=0.5)
         assert [e.payload for e in tailed] == [b"caught up"]
 
 
