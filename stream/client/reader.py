@@ -198,19 +198,23 @@ class AsyncStreamReader:
                 await self.refresh()
                 self._check_trimmed(failure.entry_id)
                 if refreshed:
-                    if failure.bad_checksum:
-                        raise ChecksumError(
-                            "every copy read failed its checksum",
-                            stream=self.name,
-                            entry_id=failure.entry_id,
-                        ) from None
-                    raise BookieError(
-                        "no bookie returned the entry",
-                        stream=self.name,
-                        entry_id=failure.entry_id,
-                        codes=",".join(failure.codes),
-                    ) from None
+                    raise self._read_error(failure) from None
                 refreshed = True
+
+    def _read_error(self, failure: _ReadFailed) -> ChecksumError | BookieError:
+        """Returns the error of an entry that no bookie of its write set returned."""
+        if failure.bad_checksum:
+            return ChecksumError(
+                "every copy read failed its checksum",
+                stream=self.name,
+                entry_id=failure.entry_id,
+            )
+        return BookieError(
+            "no bookie returned the entry",
+            stream=self.name,
+            entry_id=failure.entry_id,
+            codes=",".join(failure.codes),
+        )
 
     async def _read_ranges(
         self, first: int, last: int, ensemble: Sequence[str]
@@ -392,12 +396,7 @@ class AsyncStreamReader:
                 await self.refresh()
                 if failure.entry_id < self.meta.first_entry_id:
                     continue  # retention trimmed it meanwhile: search what is left
-                raise BookieError(
-                    "no bookie returned the entry",
-                    stream=self.name,
-                    entry_id=failure.entry_id,
-                    codes=",".join(failure.codes),
-                ) from None
+                raise self._read_error(failure) from None
 
     async def _seek_once(self, ts_ms: int) -> int:
         """One `seek_time` on a fresh snapshot of the metadata; raises `_ReadFailed`."""

@@ -16,7 +16,6 @@ import math
 import os
 import random
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -89,16 +88,14 @@ def _brute_force(ids: list[int], stamps: list[int], end: int, times: list[int]) 
     return {t: ids[i] if (i := bisect.bisect_left(running, t)) < len(ids) else end for t in times}
 
 
-@pytest.fixture
-def client(cluster: SandboxCluster) -> Iterator[StreamClient]:
-    c = StreamClient.connect(cluster.metadata)
-    try:
-        yield c
-    finally:
-        c.close()
-
-
 def test_seek_time_matches_a_scan_with_skewed_writer_clocks(
+    cluster: SandboxCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    with StreamClient.connect(cluster.metadata) as client:
+        _check_seeks(cluster, client, caplog)
+
+
+def _check_seeks(
     cluster: SandboxCluster, client: StreamClient, caplog: pytest.LogCaptureFixture
 ) -> None:
     total = int(os.environ.get("STREAMKEEPER_SEEK_ENTRIES", "20000"))
