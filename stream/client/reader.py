@@ -97,6 +97,15 @@ class AsyncStreamReader:
         self._meta, self._version, self._fragments = meta, version, fragments
         self._firsts = [(f.first_entry_id, tuple(f.ensemble)) for f in fragments]
 
+    async def _refresh_if_changed(self) -> None:
+        """Rereads the fragments only when the meta moved (every change to the fragments
+        rewrites the meta): one read instead of one per fragment."""
+        meta, version = await self._metadata.get_stream(self.name)
+        if self._meta is None or meta.id != self._meta.id or version != self._version:
+            await self.refresh()
+        else:
+            self._meta = meta
+
     def committed_floor(self) -> int:
         """Returns an LAC bound that metadata alone proves: every entry before the last
         fragment is committed (a fragment only ever starts after fully replicated entries),
@@ -400,7 +409,7 @@ class AsyncStreamReader:
 
     async def _seek_once(self, ts_ms: int) -> int:
         """One `seek_time` on a fresh snapshot of the metadata; raises `_ReadFailed`."""
-        await self.refresh()
+        await self._refresh_if_changed()
         first_retained = self.meta.first_entry_id
         end = max(await self.lac() + 1, first_retained)
         lo, hi = search_range(self._fragments, first_retained, end, ts_ms)

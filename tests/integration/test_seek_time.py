@@ -2,8 +2,8 @@
 backwards within a stream, whatever the writers' clocks say, and `seek_time` agrees with a
 brute-force scan of the stream in a logarithmic number of reads.
 
-The big stream (`STREAMKEEPER_SEEK_ENTRIES`, default 20,000 entries; the 100,000-entry run is
-`STREAMKEEPER_SEEK_ENTRIES=100000`) keeps 50 fragments whatever its size."""
+The big stream has 100,000 entries over 50 fragments (`STREAMKEEPER_SEEK_ENTRIES=N` writes N
+entries instead, still over 50 fragments)."""
 
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ def test_seek_time_matches_a_scan_with_skewed_writer_clocks(
 def _check_seeks(
     cluster: SandboxCluster, client: StreamClient, caplog: pytest.LogCaptureFixture
 ) -> None:
-    total = int(os.environ.get("STREAMKEEPER_SEEK_ENTRIES", "20000"))
+    total = int(os.environ.get("STREAMKEEPER_SEEK_ENTRIES", "100000"))
     per_writer = total // len(SKEWS_MS)
     client.create_stream("clocks", fragment_max_entries=total // FRAGMENTS)
     started = time.monotonic()
