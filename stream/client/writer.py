@@ -146,6 +146,10 @@ class AsyncStreamWriter:
         self._fragment: Fragment | None = None
         self._fragment_bytes = 0
         self._fragment_first_ts: int | None = None
+        # False when the current fragment held entries of an earlier term whose first
+        # timestamp the takeover could not read: the roll then records none (a later guess
+        # would claim the fragment starts later than it does, and mislead `seek_time`).
+        self._fragment_first_known = True
         self._fragment_last_ts: int | None = None
         # The stream's last entry timestamp: entries are stamped at least this, so that
         # timestamps never go backwards within the stream, across terms and clocks.
@@ -212,6 +216,9 @@ class AsyncStreamWriter:
         )
         self._fragment_bytes = result.written_bytes
         self._fragment_first_ts = result.first_timestamp_ms
+        self._fragment_first_known = (
+            result.first_timestamp_ms is not None or result.last_entry_id < fragment.first_entry_id
+        )
         self._fragment_last_ts = result.last_timestamp_ms
         if result.last_timestamp_ms is not None:
             self._last_ts = max(self._last_ts or 0, result.last_timestamp_ms)
@@ -675,6 +682,7 @@ class AsyncStreamWriter:
             self._fragment_bytes = pipeline.held_payload_bytes(change.first_entry_id)
             held = pipeline.held.get(change.first_entry_id)
             self._fragment_first_ts = None if held is None else held.timestamp_ms
+            self._fragment_first_known = True
             pipeline.unstored_away.discard(failed)  # the metadata holds the change now
             pipeline.unblock(replacement)
             return
@@ -770,7 +778,7 @@ class AsyncStreamWriter:
                 created_ms=fragment.created_ms,
                 last_entry_id=last,
                 bytes=self._fragment_bytes,
-                first_timestamp_ms=self._fragment_first_ts,
+                first_timestamp_ms=self._fragment_first_ts if self._fragment_first_known else None,
                 last_timestamp_ms=self._fragment_last_ts,
             )
             new = Fragment(last + 1, ensemble, created_ms=now_ms)
@@ -782,6 +790,7 @@ class AsyncStreamWriter:
             self._fragment = new
             self._fragment_bytes = 0
             self._fragment_first_ts = None
+            self._fragment_first_known = True
             self._fragment_last_ts = None
             log.info(
                 "writer.rolled",
