@@ -25,7 +25,7 @@ from stream.client.answers import answer_or_none
 from stream.client.entries import BookieStatus, Entry, EntryColumns, Fragment, StreamInfo
 from stream.client.grpc_transport import GrpcTransport
 from stream.client.options import ReaderOptions, WriterOptions
-from stream.client.ports import SystemClock
+from stream.client.ports import Clock, SystemClock
 from stream.client.reader import AsyncStreamReader
 from stream.client.recovery import (
     LossSurvey,
@@ -132,14 +132,17 @@ class StreamClient:
         writer_options: WriterOptions | None = None,
         reader_options: ReaderOptions | None = None,
         seed: int | None = None,
+        clock: Clock | None = None,
     ) -> None:
+        """`clock` stamps the entries this client's writers append (default: the system's
+        wall clock; tests inject skewed ones)."""
         self._session = session
         self._metadata = ZkMetadata(session)
         self._writer_options = writer_options or WriterOptions()
         self._reader_options = reader_options or ReaderOptions()
         self._rng = random.Random(seed)
         self._rng_lock = threading.Lock()
-        self._clock = SystemClock()
+        self._clock = clock or SystemClock()
         self._loop = _LoopThread("streamkeeper-client")
         self._transport = self._loop.run(self._make_transport())
         self._writers: set[StreamWriter] = set()
@@ -156,12 +159,15 @@ class StreamClient:
         timeout_s: float = 10.0,
         writer_options: WriterOptions | None = None,
         reader_options: ReaderOptions | None = None,
+        clock: Clock | None = None,
     ) -> StreamClient:
         """Returns a client connected to `HOSTS[/ROOT]` (ZooKeeper hosts and the metadata
         root, default `/streamkeeper`)."""
         session = MetadataSession.connect(connect_string, timeout_s=timeout_s)
         try:
-            return cls(session, writer_options=writer_options, reader_options=reader_options)
+            return cls(
+                session, writer_options=writer_options, reader_options=reader_options, clock=clock
+            )
         except BaseException:
             session.close()
             raise
@@ -301,7 +307,14 @@ class StreamClient:
             if last is None and index + 1 < len(fragments):
                 last = fragments[index + 1].first_entry_id - 1
             shown.append(
-                Fragment(fragment.first_entry_id, last, list(fragment.ensemble), fragment.bytes)
+                Fragment(
+                    fragment.first_entry_id,
+                    last,
+                    list(fragment.ensemble),
+                    fragment.bytes,
+                    fragment.first_timestamp_ms,
+                    fragment.last_timestamp_ms,
+                )
             )
         bookies = await self._ensemble_status(meta.id, fragments[-1].ensemble if fragments else ())
         waiting_for = None
@@ -637,13 +650,32 @@ class StreamReader:
         start: str | int = "earliest",
         timeout_s: float | None = None,
         on_trimmed: str = "raise",
+        *,
+        start_time_ms: int | None = None,
     ) -> Iterator[Entry]:
         """Yields entries as they are acknowledged, from `start` ("earliest", "latest" or an
         entry id), until none arrived for `timeout_s` seconds (None: forever) or, on a sealed
         stream, after its last entry. A tail that
         retention overtakes raises `EntryTrimmedError` (with the first retained entry id), or
-        with `on_trimmed="skip"` continues from the first retained entry."""
-        return self._iterate(lambda: self._core.tail(start, timeout_s, on_trimmed))
+        with `on_trimmed="skip"` continues from the first retained entry. `start_time_ms`
+        (instead of `start`) starts at the first entry stamped at or after that time
+        (milliseconds since the Unix epoch; see `seek_time`) and yields nothing earlier."""
+        return self._iterate(
+            lambda: self._core.tail(start, timeout_s, on_trimmed, start_time_ms=start_time_ms)
+        )
+
+    def seek_time(self, ts_ms: int) -> int:
+        """Returns the id of the first entry stamped at or after `ts_ms` (milliseconds since
+        the Unix epoch): the first retained entry when all are that late, the id after the
+        LAC (where the next entry goes) when all are earlier. Entry timestamps never go
+        backwards within a stream, so every entry from there on is at least that late. Costs
+        about log2(entries per fragment) single-entry reads (`last_seek_reads`)."""
+        return self._client._loop.run(self._core.seek_time(ts_ms))
+
+    @property
+    def last_seek_reads(self) -> int:
+        """Returns how many single-entry reads the last `seek_time` made."""
+        return self._core.last_seek_reads
 
     def last_add_confirmed(self) -> int:
         """Returns the stream's LAC as its bookies report it now."""
