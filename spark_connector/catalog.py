@@ -111,6 +111,50 @@ class StreamCatalog:
                 )
         return ordered(out)
 
+    def resolve_start(self, bounds: dict[str, StreamBounds], default: str) -> Offsets:
+        """Returns where the read starts in each stream: at the first entry at or after its
+        start time for the streams the time options name, else where `startingOffsets`
+        (or `default`) says."""
+        start = self.resolve(self._options.starting, "startingOffsets", bounds, default)
+        times = self._options.starting_times
+        if isinstance(times, dict):
+            unknown = sorted(set(times) - set(bounds))
+            if unknown:
+                raise ConnectorOptionError(
+                    "option 'startingOffsetsByTimestamp' names streams that are not read: "
+                    + ", ".join(unknown),
+                    option="startingOffsetsByTimestamp",
+                )
+        for name, b in bounds.items():
+            ts_ms = self._options.start_time(name)
+            if ts_ms is not None:
+                start[name] = self.first_at_or_after(name, ts_ms, b)
+        return ordered(start)
+
+    def first_at_or_after(self, name: str, ts_ms: int, b: StreamBounds) -> int:
+        """Returns the id of the stream's first entry stamped at or after `ts_ms`. Without
+        one: its next entry id with startingOffsetsByTimestampStrategy=latest, else raises
+        `ConnectorOptionError`."""
+        reader = self._client.open_reader(name)
+        entry_id = min(reader.seek_time(ts_ms), b.next_entry_id)
+        log.info(
+            "spark.start_time",
+            stream=name,
+            ts_ms=ts_ms,
+            entry_id=entry_id,
+            reads=reader.last_seek_reads,
+        )
+        if entry_id < b.next_entry_id or self._options.starting_time_strategy == "latest":
+            return entry_id
+        option = self._options.start_time_option
+        raise ConnectorOptionError(
+            f"option {option!r}: stream {name!r} has no entry stamped at or after {ts_ms} ms "
+            "(set startingOffsetsByTimestampStrategy=latest to start such a stream at its end)",
+            option=option,
+            stream=name,
+            ts_ms=ts_ms,
+        )
+
     def plan(
         self, start: Offsets, end: Offsets, bounds: dict[str, StreamBounds]
     ) -> list[StreamRange]:

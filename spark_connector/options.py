@@ -30,6 +30,9 @@ _READ_OPTIONS = (
     "failOnDataLoss",
     "entriesPerPartition",
     "minPartitions",
+    "startingTimestamp",
+    "startingOffsetsByTimestamp",
+    "startingOffsetsByTimestampStrategy",
 )
 _WRITE_OPTIONS = ("metadata", "stream")
 # Spark adds these itself (e.g. `path` from `load(path)`); they are not ours to reject.
@@ -37,6 +40,11 @@ _SPARK_OPTIONS = ("path", "checkpointlocation")
 
 # A start or end position per stream: "earliest", "latest", or {stream: entry id | -2 | -1}.
 Positions = str | dict[str, int]
+# Start times: one for every stream (startingTimestamp) or some streams' (by timestamp), in
+# milliseconds since the Unix epoch.
+StartTimes = int | dict[str, int]
+# What to do with a stream that has no entry at or after its start time (Kafka's names).
+TIME_STRATEGIES = ("error", "latest")
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,21 @@ class SourceOptions:
     entries_per_partition: int
     min_partitions: int | None = None
     max_bytes_per_trigger: int | None = None
+    starting_times: StartTimes | None = None
+    starting_time_strategy: str = "error"
+
+    def start_time(self, name: str) -> int | None:
+        """Returns the stream's start time (ms) from the time options, or None."""
+        if isinstance(self.starting_times, dict):
+            return self.starting_times.get(name)
+        return self.starting_times
+
+    @property
+    def start_time_option(self) -> str:
+        """Returns the name of the time option in use (for messages)."""
+        if isinstance(self.starting_times, dict):
+            return "startingOffsetsByTimestamp"
+        return "startingTimestamp"
 
     def pattern_matches(self, name: str) -> bool:
         pattern = self.stream_pattern
@@ -194,6 +217,68 @@ def parse_positions(
     return out
 
 
+def _timestamp_ms(raw: object, option: str) -> int:
+    """Returns `raw` (an int, or a string of digits) as milliseconds since the Unix epoch."""
+    value = -1
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        value = raw
+    elif isinstance(raw, str) and raw.strip().isascii() and raw.strip().isdigit():
+        value = int(raw)
+    if value < 0:
+        raise ConnectorOptionError(
+            f"option {option!r} must be milliseconds since the Unix epoch (an integer >= 0), "
+            f"got {raw!r}",
+            option=option,
+        )
+    return value
+
+
+def _starting_times(values: dict[str, str], streams: tuple[str, ...]) -> StartTimes | None:
+    """Returns startingTimestamp (every stream) or startingOffsetsByTimestamp ({stream: ms});
+    startingTimestamp leaves no stream to the other two start options, so it goes alone."""
+    if "startingTimestamp" in values:
+        for other in ("startingOffsetsByTimestamp", "startingOffsets"):
+            if other in values:
+                raise ConnectorOptionError(
+                    f"option 'startingTimestamp' sets every stream's start: give it or "
+                    f"{other!r}, not both",
+                    option="startingTimestamp",
+                )
+        return _timestamp_ms(values["startingTimestamp"], "startingTimestamp")
+    raw = values.get("startingOffsetsByTimestamp")
+    if raw is None:
+        return None
+    option = "startingOffsetsByTimestamp"
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict) or not parsed:
+        raise ConnectorOptionError(
+            f'option {option!r} must be JSON like {{"stream": start_time_ms}}, got {raw!r}',
+            option=option,
+        )
+    times = {_stream_name(name, option): _timestamp_ms(ts, option) for name, ts in parsed.items()}
+    extra = sorted(set(times) - set(streams)) if streams else []
+    if extra:
+        raise ConnectorOptionError(
+            f"option {option!r} names streams not in 'streams': {', '.join(extra)}",
+            option=option,
+        )
+    return times
+
+
+def _time_strategy(values: dict[str, str]) -> str:
+    option = "startingOffsetsByTimestampStrategy"
+    strategy = values.get(option, "error").strip().lower()
+    if strategy not in TIME_STRATEGIES:
+        raise ConnectorOptionError(
+            f"option {option!r} must be 'error' or 'latest', got {values[option]!r}",
+            option=option,
+        )
+    return strategy
+
+
 def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
     """Returns the checked reader options; raises `ConnectorOptionError` naming the option."""
     values = _lowered(options, _READ_OPTIONS)
@@ -261,6 +346,8 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         or DEFAULT_ENTRIES_PER_PARTITION,
         min_partitions=_positive_int(values, "minPartitions"),
         max_bytes_per_trigger=_byte_count(values, "maxBytesPerTrigger"),
+        starting_times=_starting_times(values, streams),
+        starting_time_strategy=_time_strategy(values),
     )
 
 

@@ -67,7 +67,7 @@ class StreamPlanner(DataSourceStreamReader):
     def initialOffset(self) -> dict:
         catalog = self._catalog()
         self._bounds = catalog.all_bounds(missing_ok=False)
-        return catalog.resolve(self._options.starting, "startingOffsets", self._bounds, "latest")
+        return catalog.resolve_start(self._bounds, "latest")
 
     def _latest(self) -> Offsets:
         self._bounds = self._catalog().all_bounds(missing_ok=True)
