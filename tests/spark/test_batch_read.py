@@ -112,6 +112,8 @@ def test_noop_entries_of_a_takeover_never_appear(
         ({"streamPattern": "("}, "streamPattern"),
         ({"streams": "x", "entriesPerPartition": "0"}, "entriesPerPartition"),
         ({"streams": "x", "minPartitions": "many"}, "minPartitions"),
+        ({"streams": "x", "startingTimestamp": "noon"}, "startingTimestamp"),
+        ({"streams": "x", "startingOffsetsByTimestampStrategy": "x"}, "TimestampStrategy"),
     ],
 )
 def test_bad_options_fail_naming_the_option(

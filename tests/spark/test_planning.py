@@ -12,6 +12,9 @@ import pytest
 pytest.importorskip("pyspark", minversion="4.0", reason="needs the spark extra (pyspark)")
 pytest.importorskip("pyarrow", reason="needs the spark extra (pyarrow)")
 
+from pyspark.sql.types import StructType
+
+from spark_connector import StreamkeeperDataSource
 from spark_connector.entry_sizes import (
     DEFAULT_ENTRY_BYTES,
     EntrySizes,
@@ -166,6 +169,29 @@ def test_source_options_are_parsed_case_insensitively() -> None:
         ({"streams": "a", "maxBytesPerTrigger": "0"}, "maxBytesPerTrigger"),
         ({"streams": "a", "maxBytesPerTrigger": "12q"}, "maxBytesPerTrigger"),
         ({"streams": "a", "maxBytesPerTrigger": "-5m"}, "maxBytesPerTrigger"),
+        ({"streams": "a", "startingTimestamp": "yesterday"}, "startingTimestamp"),
+        ({"streams": "a", "startingTimestamp": "-1"}, "startingTimestamp"),
+        (
+            {"streams": "a", "startingTimestamp": "1", "startingOffsets": "earliest"},
+            "startingTimestamp",
+        ),
+        (
+            {"streams": "a", "startingTimestamp": "1", "startingOffsetsByTimestamp": '{"a": 1}'},
+            "startingTimestamp",
+        ),
+        ({"streams": "a", "startingOffsetsByTimestamp": "[1]"}, "startingOffsetsByTimestamp"),
+        ({"streams": "a", "startingOffsetsByTimestamp": "{}"}, "startingOffsetsByTimestamp"),
+        ({"streams": "a", "startingOffsetsByTimestamp": '{"a": -1}'}, "startingOffsetsByTimestamp"),
+        (
+            {"streams": "a", "startingOffsetsByTimestamp": '{"a": 1.5}'},
+            "startingOffsetsByTimestamp",
+        ),
+        ({"streams": "a", "startingOffsetsByTimestamp": '{"b": 1}'}, "startingOffsetsByTimestamp"),
+        ({"streams": "a", "startingOffsetsByTimestamp": '{"a/": 1}'}, "startingOffsetsByTimestamp"),
+        (
+            {"streams": "a", "startingOffsetsByTimestampStrategy": "earliest"},
+            "startingOffsetsByTimestampStrategy",
+        ),
         ({}, "streams"),
     ],
 )
@@ -173,6 +199,31 @@ def test_malformed_streaming_options_name_the_option(options: dict[str, str], na
     with pytest.raises(ConnectorOptionError, match=named) as failed:
         parse_source_options({**META, **options}, streaming=True)
     assert failed.value.context["option"] == named
+
+
+def test_start_times() -> None:
+    parsed = parse_source_options(
+        {**META, "streams": "a,b", "startingtimestamp": " 1700000000000 "}, streaming=True
+    )
+    assert parsed.starting_times == 1_700_000_000_000
+    assert parsed.start_time("b") == 1_700_000_000_000
+    assert parsed.start_time_option == "startingTimestamp"
+    assert parsed.starting_time_strategy == "error"
+    parsed = parse_source_options(
+        {
+            **META,
+            "streams": "a,b",
+            "startingOffsetsByTimestamp": '{"a": 5}',
+            "startingOffsets": '{"b": 3}',
+            "startingOffsetsByTimestampStrategy": "Latest",
+        },
+        streaming=False,
+    )
+    assert (parsed.start_time("a"), parsed.start_time("b")) == (5, None)
+    assert parsed.starting == {"b": 3}
+    assert parsed.start_time_option == "startingOffsetsByTimestamp"
+    assert parsed.starting_time_strategy == "latest"
+    assert parse_source_options({**META, "streams": "a"}, streaming=True).starting_times is None
 
 
 def test_byte_limits_take_spark_byte_strings() -> None:
@@ -213,3 +264,23 @@ def test_the_data_source_module_loads_without_the_client_stack() -> None:
         "assert 'stream.client' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"minPartitions": "0"},
+        {"maxBytesPerTrigger": "lots"},
+        {"startingTimestamp": "-3"},
+        {"startingOffsetsByTimestamp": '{"a": "noon"}'},
+        {"startingOffsetsByTimestampStrategy": "first"},
+    ],
+)
+def test_bad_new_options_fail_before_anything_connects(bad: dict[str, str]) -> None:
+    # Nothing listens at port 1: an attempt to connect would fail otherwise, or hang.
+    source = StreamkeeperDataSource({"metadata": "127.0.0.1:1/sk", "streams": "a", **bad})
+    (option,) = bad
+    for make in (source.streamReader, source.reader):
+        with pytest.raises(ConnectorOptionError, match=option) as failed:
+            make(StructType())
+        assert failed.value.context["option"] == option
