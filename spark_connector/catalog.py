@@ -103,12 +103,7 @@ class StreamCatalog:
             else:
                 out[name] = wanted
         if isinstance(positions, dict):
-            unknown = sorted(set(positions) - set(bounds))
-            if unknown:
-                raise ConnectorOptionError(
-                    f"option {option!r} names streams that are not read: {', '.join(unknown)}",
-                    option=option,
-                )
+            _check_read(positions, option, bounds)
         return ordered(out)
 
     def resolve_start(self, bounds: dict[str, StreamBounds], default: str) -> Offsets:
@@ -116,15 +111,8 @@ class StreamCatalog:
         start time for the streams the time options name, else where `startingOffsets`
         (or `default`) says."""
         start = self.resolve(self._options.starting, "startingOffsets", bounds, default)
-        times = self._options.starting_times
-        if isinstance(times, dict):
-            unknown = sorted(set(times) - set(bounds))
-            if unknown:
-                raise ConnectorOptionError(
-                    "option 'startingOffsetsByTimestamp' names streams that are not read: "
-                    + ", ".join(unknown),
-                    option="startingOffsetsByTimestamp",
-                )
+        if isinstance(self._options.starting_times, dict):
+            _check_read(self._options.starting_times, "startingOffsetsByTimestamp", bounds)
         for name, b in bounds.items():
             ts_ms = self._options.start_time(name)
             if ts_ms is not None:
@@ -192,6 +180,16 @@ class StreamCatalog:
         """Returns where to go on when entries from `wanted` on were trimmed (first retained
         now `first_retained`), or raises `DataLossError` with `failOnDataLoss`."""
         return handle_trimmed(name, wanted, first_retained, end, self._options.fail_on_data_loss)
+
+
+def _check_read(named: dict[str, int], option: str, bounds: dict[str, StreamBounds]) -> None:
+    """Raises `ConnectorOptionError` when `option` names streams the query does not read."""
+    unknown = sorted(set(named) - set(bounds))
+    if unknown:
+        raise ConnectorOptionError(
+            f"option {option!r} names streams that are not read: {', '.join(unknown)}",
+            option=option,
+        )
 
 
 def handle_trimmed(

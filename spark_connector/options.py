@@ -233,9 +233,12 @@ def _timestamp_ms(raw: object, option: str) -> int:
     return value
 
 
-def _starting_times(values: dict[str, str], streams: tuple[str, ...]) -> StartTimes | None:
+def _starting_times(
+    values: dict[str, str], streams: tuple[str, ...], starting: Positions
+) -> StartTimes | None:
     """Returns startingTimestamp (every stream) or startingOffsetsByTimestamp ({stream: ms});
-    startingTimestamp leaves no stream to the other two start options, so it goes alone."""
+    startingTimestamp leaves no stream to the other two start options, so it goes alone, and
+    a stream has one start: by time or by `starting` (startingOffsets), not both."""
     if "startingTimestamp" in values:
         for other in ("startingOffsetsByTimestamp", "startingOffsets"):
             if other in values:
@@ -259,6 +262,13 @@ def _starting_times(values: dict[str, str], streams: tuple[str, ...]) -> StartTi
             option=option,
         )
     times = {_stream_name(name, option): _timestamp_ms(ts, option) for name, ts in parsed.items()}
+    if isinstance(starting, dict):
+        both = sorted(set(times) & set(starting))
+        if both:
+            raise ConnectorOptionError(
+                f"options {option!r} and 'startingOffsets' both name {', '.join(both)}",
+                option=option,
+            )
     extra = sorted(set(times) - set(streams)) if streams else []
     if extra:
         raise ConnectorOptionError(
@@ -346,7 +356,7 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         or DEFAULT_ENTRIES_PER_PARTITION,
         min_partitions=_positive_int(values, "minPartitions"),
         max_bytes_per_trigger=_byte_count(values, "maxBytesPerTrigger"),
-        starting_times=_starting_times(values, streams),
+        starting_times=_starting_times(values, streams, starting),
         starting_time_strategy=_time_strategy(values),
     )
 

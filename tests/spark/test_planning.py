@@ -180,6 +180,14 @@ def test_source_options_are_parsed_case_insensitively() -> None:
             "startingTimestamp",
         ),
         ({"streams": "a", "startingOffsetsByTimestamp": "[1]"}, "startingOffsetsByTimestamp"),
+        (
+            {
+                "streams": "a",
+                "startingOffsetsByTimestamp": '{"a": 1}',
+                "startingOffsets": '{"a": 1}',
+            },
+            "startingOffsetsByTimestamp",
+        ),
         ({"streams": "a", "startingOffsetsByTimestamp": "{}"}, "startingOffsetsByTimestamp"),
         ({"streams": "a", "startingOffsetsByTimestamp": '{"a": -1}'}, "startingOffsetsByTimestamp"),
         (
