@@ -25,7 +25,7 @@ class BatchReader(DataSourceReader):
             client_for(options.metadata, options.tls, options.metadata_auth_file), options
         )
         bounds = catalog.all_bounds(missing_ok=False)
-        start = catalog.resolve(options.starting, "startingOffsets", bounds, "earliest")
+        start = catalog.resolve_start(bounds, "earliest")
         end = catalog.resolve(options.ending, "endingOffsets", bounds, "latest")
         for option, offsets, word in (
             ("startingOffsets", start, "from"),

@@ -27,9 +27,14 @@ _READ_OPTIONS = (
     "startingOffsets",
     "endingOffsets",
     "maxEntriesPerTrigger",
+    "maxBytesPerTrigger",
     "failOnDataLoss",
     "entriesPerPartition",
     "metadataAuthFile",
+    "minPartitions",
+    "startingTimestamp",
+    "startingOffsetsByTimestamp",
+    "startingOffsetsByTimestampStrategy",
 )
 # TLS to the bookies (docs/security.md): the CA, this job's certificate and key.
 _TLS_OPTIONS = ("tlsCaFile", "tlsCertFile", "tlsKeyFile")
@@ -40,6 +45,11 @@ _SPARK_OPTIONS = ("path", "checkpointlocation")
 
 # A start or end position per stream: "earliest", "latest", or {stream: entry id | -2 | -1}.
 Positions = str | dict[str, int]
+# Start times: one for every stream (startingTimestamp) or some streams' (by timestamp), in
+# milliseconds since the Unix epoch.
+StartTimes = int | dict[str, int]
+# What to do with a stream that has no entry at or after its start time (Kafka's names).
+TIME_STRATEGIES = ("error", "latest")
 
 
 @dataclass(frozen=True)
@@ -57,6 +67,23 @@ class SourceOptions:
     entries_per_partition: int
     tls: TLSConfig | None = None
     metadata_auth_file: str | None = None  # the ZooKeeper identity (a path every executor has)
+    min_partitions: int | None = None
+    max_bytes_per_trigger: int | None = None
+    starting_times: StartTimes | None = None
+    starting_time_strategy: str = "error"
+
+    def start_time(self, name: str) -> int | None:
+        """Returns the stream's start time (ms) from the time options, or None."""
+        if isinstance(self.starting_times, dict):
+            return self.starting_times.get(name)
+        return self.starting_times
+
+    @property
+    def start_time_option(self) -> str:
+        """Returns the name of the time option in use (for messages)."""
+        if isinstance(self.starting_times, dict):
+            return "startingOffsetsByTimestamp"
+        return "startingTimestamp"
 
     def pattern_matches(self, name: str) -> bool:
         pattern = self.stream_pattern
@@ -127,8 +154,9 @@ def _stream_name(name: str, option: str) -> str:
     try:
         return validate_stream_name(name)
     except InvalidArgumentError as e:
-        raise ConnectorOptionError(f"option {option!r}: {e.message}", option=option,
-                                   stream=name) from None
+        raise ConnectorOptionError(
+            f"option {option!r}: {e.message}", option=option, stream=name
+        ) from None
 
 
 def _positive_int(values: dict[str, str], option: str) -> int | None:
@@ -146,18 +174,50 @@ def _positive_int(values: dict[str, str], option: str) -> int | None:
     return value
 
 
+# Spark's byte strings (JavaUtils.byteStringAsBytes): binary units, case-insensitive.
+_BYTE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "kb": 1 << 10,
+    "m": 1 << 20,
+    "mb": 1 << 20,
+    "g": 1 << 30,
+    "gb": 1 << 30,
+    "t": 1 << 40,
+    "tb": 1 << 40,
+}
+
+
+def _byte_count(values: dict[str, str], option: str) -> int | None:
+    """Returns the option as a positive number of bytes: `1048576`, `512k`, `64m`, `1g`."""
+    raw = values.get(option)
+    if raw is None:
+        return None
+    found = re.fullmatch(r"\s*(\d+)\s*([a-z]*)\s*", raw.lower())
+    if found is None or found.group(2) not in _BYTE_UNITS or int(found.group(1)) <= 0:
+        raise ConnectorOptionError(
+            f"option {option!r} must be a positive number of bytes (e.g. 1048576, 512k, 64m, "
+            f"1g), got {raw!r}",
+            option=option,
+        )
+    return int(found.group(1)) * _BYTE_UNITS[found.group(2)]
+
+
 def _bool(values: dict[str, str], option: str, default: bool) -> bool:
     raw = values.get(option)
     if raw is None:
         return default
     if raw.strip().lower() in ("true", "false"):
         return raw.strip().lower() == "true"
-    raise ConnectorOptionError(f"option {option!r} must be true or false, got {raw!r}",
-                               option=option)
+    raise ConnectorOptionError(
+        f"option {option!r} must be true or false, got {raw!r}", option=option
+    )
 
 
-def parse_positions(raw: str | None, option: str, default: str, allow_latest: bool,
-                    allow_earliest: bool = True) -> Positions:
+def parse_positions(
+    raw: str | None, option: str, default: str, allow_latest: bool, allow_earliest: bool = True
+) -> Positions:
     """Returns "earliest", "latest" or `{stream: entry id}` (entry ids >= 0, or -2 / -1)."""
     if raw is None:
         return default
@@ -184,10 +244,81 @@ def parse_positions(raw: str | None, option: str, default: str, allow_latest: bo
         if value == LATEST and not allow_latest:
             raise ConnectorOptionError(f"option {option!r} cannot use -1 (latest)", option=option)
         if value == EARLIEST and not allow_earliest:
-            raise ConnectorOptionError(f"option {option!r} cannot use -2 (earliest)",
-                                       option=option)
+            raise ConnectorOptionError(f"option {option!r} cannot use -2 (earliest)", option=option)
         out[name] = value
     return out
+
+
+def _timestamp_ms(raw: object, option: str) -> int:
+    """Returns `raw` (an int, or a string of digits) as milliseconds since the Unix epoch."""
+    value = -1
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        value = raw
+    elif isinstance(raw, str) and raw.strip().isascii() and raw.strip().isdigit():
+        value = int(raw)
+    if value < 0:
+        raise ConnectorOptionError(
+            f"option {option!r} must be milliseconds since the Unix epoch (an integer >= 0), "
+            f"got {raw!r}",
+            option=option,
+        )
+    return value
+
+
+def _starting_times(
+    values: dict[str, str], streams: tuple[str, ...], starting: Positions
+) -> StartTimes | None:
+    """Returns startingTimestamp (every stream) or startingOffsetsByTimestamp ({stream: ms});
+    startingTimestamp leaves no stream to the other two start options, so it goes alone, and
+    a stream has one start: by time or by `starting` (startingOffsets), not both."""
+    if "startingTimestamp" in values:
+        for other in ("startingOffsetsByTimestamp", "startingOffsets"):
+            if other in values:
+                raise ConnectorOptionError(
+                    f"option 'startingTimestamp' sets every stream's start: give it or "
+                    f"{other!r}, not both",
+                    option="startingTimestamp",
+                )
+        return _timestamp_ms(values["startingTimestamp"], "startingTimestamp")
+    raw = values.get("startingOffsetsByTimestamp")
+    if raw is None:
+        return None
+    option = "startingOffsetsByTimestamp"
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict) or not parsed:
+        raise ConnectorOptionError(
+            f'option {option!r} must be JSON like {{"stream": start_time_ms}}, got {raw!r}',
+            option=option,
+        )
+    times = {_stream_name(name, option): _timestamp_ms(ts, option) for name, ts in parsed.items()}
+    if isinstance(starting, dict):
+        both = sorted(set(times) & set(starting))
+        if both:
+            raise ConnectorOptionError(
+                f"options {option!r} and 'startingOffsets' both name {', '.join(both)}",
+                option=option,
+            )
+    extra = sorted(set(times) - set(streams)) if streams else []
+    if extra:
+        raise ConnectorOptionError(
+            f"option {option!r} names streams not in 'streams': {', '.join(extra)}",
+            option=option,
+        )
+    return times
+
+
+def _time_strategy(values: dict[str, str]) -> str:
+    option = "startingOffsetsByTimestampStrategy"
+    strategy = values.get(option, "error").strip().lower()
+    if strategy not in TIME_STRATEGIES:
+        raise ConnectorOptionError(
+            f"option {option!r} must be 'error' or 'latest', got {values[option]!r}",
+            option=option,
+        )
+    return strategy
 
 
 def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
@@ -219,17 +350,22 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         raise ConnectorOptionError(
             "option 'endingOffsets' applies to batch reads only", option="endingOffsets"
         )
-    if not streaming and "maxEntriesPerTrigger" in values:
-        raise ConnectorOptionError(
-            "option 'maxEntriesPerTrigger' applies to streaming reads only",
-            option="maxEntriesPerTrigger",
-        )
+    for option in ("maxEntriesPerTrigger", "maxBytesPerTrigger"):
+        if not streaming and option in values:
+            raise ConnectorOptionError(
+                f"option {option!r} applies to streaming reads only", option=option
+            )
     starting = parse_positions(
-        values.get("startingOffsets"), "startingOffsets",
-        "latest" if streaming else "earliest", allow_latest=streaming,
+        values.get("startingOffsets"),
+        "startingOffsets",
+        "latest" if streaming else "earliest",
+        allow_latest=streaming,
     )
     ending = parse_positions(
-        values.get("endingOffsets"), "endingOffsets", "latest", allow_latest=True,
+        values.get("endingOffsets"),
+        "endingOffsets",
+        "latest",
+        allow_latest=True,
         allow_earliest=False,
     )
     for option, positions in (("startingOffsets", starting), ("endingOffsets", ending)):
@@ -252,6 +388,10 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         or DEFAULT_ENTRIES_PER_PARTITION,
         tls=_tls(values),
         metadata_auth_file=_metadata_auth_file(values),
+        min_partitions=_positive_int(values, "minPartitions"),
+        max_bytes_per_trigger=_byte_count(values, "maxBytesPerTrigger"),
+        starting_times=_starting_times(values, streams, starting),
+        starting_time_strategy=_time_strategy(values),
     )
 
 

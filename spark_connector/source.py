@@ -37,9 +37,9 @@ class StreamkeeperDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from spark_connector.options import parse_source_options
-        from spark_connector.stream_reader import StreamReader
+        from spark_connector.stream_reader import new_stream_reader
 
-        return StreamReader(parse_source_options(self.options, streaming=True))
+        return new_stream_reader(parse_source_options(self.options, streaming=True))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         from spark_connector.options import parse_sink_options

@@ -1,21 +1,23 @@
 """`spark.readStream.format("streamkeeper")`: offsets are the next entry id per stream; a
 micro-batch reads committed entries only (the end offsets never pass LAC + 1), so a replayed
-batch reads the same rows."""
+batch reads the same rows.
+
+PySpark 4.2 added read limits to Python data sources (`latestOffset(start, limit)`,
+`getDefaultReadLimit`, `Trigger.AvailableNow`): there `admission_control.StreamReader` lets
+Spark drive `maxEntriesPerTrigger` and `maxBytesPerTrigger`. PySpark 4.0 and 4.1 call
+`latestOffset()` without arguments: `LegacyStreamReader` applies the limits itself from the
+end of the batch it planned last."""
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import structlog
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import (
-    ReadAllAvailable,
-    ReadLimit,
-    ReadMaxRows,
-    SupportsTriggerAvailableNow,
-)
 
+from spark_connector.entry_sizes import EntrySizes
 from spark_connector.ranges import Offsets, StreamRange, limit_offsets, ordered
 
 if TYPE_CHECKING:
@@ -27,17 +29,33 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 
-class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Plans micro-batches on the driver; `read()` works from the partition alone."""
+def read_limits_supported() -> bool:
+    """Returns whether this PySpark has the data source read limits (4.2 and newer)."""
+    return importlib.util.find_spec("pyspark.sql.streaming.datasource") is not None
+
+
+def new_stream_reader(options: SourceOptions) -> DataSourceStreamReader:
+    """Returns the stream reader for this PySpark: with read limits where it has them."""
+    if read_limits_supported():
+        from spark_connector.admission_control import StreamReader
+
+        return StreamReader(options)
+    return LegacyStreamReader(options)
+
+
+class StreamPlanner(DataSourceStreamReader):
+    """What both readers share: offsets and partitions planned on the driver; `read()` works
+    from the partition alone."""
 
     def __init__(self, options: SourceOptions) -> None:
         self._options = options
         self._target: Offsets | None = None  # the availableNow end, once prepared
         self._bounds: dict[str, StreamBounds] = {}
+        self._sampled_entry_bytes: dict[str, float] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         # Executors get a pickled copy for read(); the driver-side state stays behind.
-        return {"_options": self._options, "_target": None, "_bounds": {}}
+        return {"_options": self._options}
 
     def _catalog(self) -> StreamCatalog:
         # Imported here: Spark's planning process makes a reader but never plans with it.
@@ -51,22 +69,15 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def initialOffset(self) -> dict:
         catalog = self._catalog()
         self._bounds = catalog.all_bounds(missing_ok=False)
-        return catalog.resolve(self._options.starting, "startingOffsets", self._bounds, "latest")
-
-    def getDefaultReadLimit(self) -> ReadLimit:
-        if self._options.max_entries_per_trigger is not None:
-            return ReadMaxRows(self._options.max_entries_per_trigger)
-        return ReadAllAvailable()
+        return catalog.resolve_start(self._bounds, "latest")
 
     def _latest(self) -> Offsets:
         self._bounds = self._catalog().all_bounds(missing_ok=True)
         return {name: b.next_entry_id for name, b in self._bounds.items()}
 
-    def prepareForTriggerAvailableNow(self) -> None:
-        self._target = self._latest()
-        log.info("spark.available_now_target", target=self._target)
-
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def _next_end(self, start: dict, max_entries: int | None, max_bytes: int | None) -> Offsets:
+        """Returns the next batch's end offsets from `start`: everything committed (up to
+        the availableNow target), or as much of it as the limits allow (None: no limit)."""
         latest = self._latest()
         if self._target is not None:
             latest = {n: min(v, self._target[n]) for n, v in latest.items() if n in self._target}
@@ -79,9 +90,24 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         latest = {n: max(v, base[n]) for n, v in latest.items()}
         for name, entry_id in base.items():
             latest.setdefault(name, entry_id)
-        if isinstance(limit, ReadMaxRows):
-            return limit_offsets(base, latest, limit.max_rows)
-        return ordered(latest)
+        if max_entries is None and max_bytes is None:
+            return ordered(latest)
+        sizes = None if max_bytes is None else self._entry_sizes(base, latest)
+        return limit_offsets(base, latest, max_entries, max_bytes, sizes)
+
+    def _entry_sizes(self, base: Offsets, latest: Offsets) -> dict[str, EntrySizes]:
+        """Returns each stream's entry sizes: its fragments' recorded bytes, else a sample of
+        its entries (read once per stream and reader)."""
+        sizes: dict[str, EntrySizes] = {}
+        for name in latest:
+            bounds = self._bounds.get(name)
+            known = bounds.fragment_bytes if bounds is not None else ()
+            if not known and name not in self._sampled_entry_bytes and latest[name] > base[name]:
+                sampled = self._catalog().sampled_entry_bytes(name, base[name], latest[name] - 1)
+                if sampled is not None:
+                    self._sampled_entry_bytes[name] = sampled
+            sizes[name] = EntrySizes.of(known, self._sampled_entry_bytes.get(name))
+        return sizes
 
     def reportLatestOffset(self) -> dict | None:
         return ordered({n: b.next_entry_id for n, b in self._bounds.items()}) or None
@@ -98,3 +124,35 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def commit(self, end: dict) -> None:
         # Arrives while the next batch is planned; nothing may depend on it being current.
         log.debug("spark.committed", end=end)
+
+
+class LegacyStreamReader(StreamPlanner):
+    """The reader of PySpark 4.0 and 4.1, whose `latestOffset()` is not told where the batch
+    starts: it starts where the last batch this reader planned (or was asked to replay)
+    ended. After a restart from a checkpoint whose last batch was committed, Spark names no
+    start before the first new batch, so that batch reads everything committed (logged)."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        super().__init__(options)
+        self._position: Offsets | None = None
+
+    def initialOffset(self) -> dict:
+        self._position = super().initialOffset()
+        return self._position
+
+    def latestOffset(self) -> dict:  # type: ignore[override]
+        options = self._options
+        if self._position is None:
+            if options.max_entries_per_trigger or options.max_bytes_per_trigger:
+                log.warning("spark.batch_unbounded", reason="start unknown after a restart")
+            end = self._next_end({}, None, None)
+        else:
+            end = self._next_end(
+                self._position, options.max_entries_per_trigger, options.max_bytes_per_trigger
+            )
+        self._position = end
+        return end
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        self._position = dict(end)
+        return super().partitions(start, end)

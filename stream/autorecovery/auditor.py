@@ -300,7 +300,7 @@ class Auditor:
             created_ms=current.created_ms,
             last_entry_id=result.last_entry_id,
             bytes=current.bytes,
-            first_timestamp_ms=current.first_timestamp_ms,
+            first_timestamp_ms=result.first_timestamp_ms or current.first_timestamp_ms,
             last_timestamp_ms=result.last_timestamp_ms or current.last_timestamp_ms,
         )
         fresh = Fragment(result.last_entry_id + 1, ensemble, created_ms=now_ms)

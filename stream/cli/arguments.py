@@ -4,7 +4,9 @@ code 2) naming the option, before anything connects."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+import datetime
+import time
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from stream.errors import InvalidArgumentError
@@ -69,6 +71,51 @@ def _start(text: str) -> str | int:
         ) from None
 
 
+def _time_ms(text: str) -> int:
+    """Returns milliseconds since the Unix epoch for an ISO 8601 time (`2026-11-24T10:00Z`;
+    without an offset it is UTC) or a time before now (`-1h`, `-90m`, `-7d`)."""
+    compact = text.strip()
+    if compact.startswith("-"):
+        try:
+            seconds = _duration(compact[1:])
+        except InvalidArgumentError:
+            raise InvalidArgumentError(
+                "expected a time before now such as -1h, -90m or -7d", value=text
+            ) from None
+        return max(time.time_ns() // 1_000_000 - round(seconds * 1000), 0)
+    try:
+        moment = datetime.datetime.fromisoformat(compact)
+    except ValueError:
+        raise InvalidArgumentError(
+            "expected an ISO 8601 time such as 2026-11-24T10:00Z, or -1h", value=text
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.UTC)
+    ms = round(moment.timestamp() * 1000)
+    if ms < 0:
+        raise InvalidArgumentError("expected a time after 1970-01-01", value=text)
+    return ms
+
+
+def join_dash_values(argv: Sequence[str], options: Sequence[str]) -> list[str]:
+    """Returns `argv` with `OPTION -VALUE` written `OPTION=-VALUE` for `options` whose values
+    may start with a dash (`--from-time -1h`): argparse takes `-1h` for an option otherwise."""
+    joined: list[str] = []
+    tokens = iter(argv)
+    for token in tokens:
+        if token in options:
+            value = next(tokens, None)
+            if value is not None and value.startswith("-") and not value.startswith("--"):
+                joined.append(f"{token}={value}")
+                continue
+            joined.append(token)
+            if value is not None:
+                joined.append(value)
+            continue
+        joined.append(token)
+    return joined
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -85,3 +132,4 @@ duration = _usage(_duration, "duration")  # seconds: 7d, 12h, 90m, 1.5, 500ms
 entry_id = _usage(_entry_id, "entry id")
 start_position = _usage(_start, "start")  # earliest | latest | entry id
 positive_int = _usage(_positive_int, "count")
+time_ms = _usage(_time_ms, "time")  # 2026-11-24T10:00Z | -1h

@@ -22,6 +22,8 @@ METADATA_AUTH_ENV = "STREAMKEEPER_METADATA_AUTH_FILE"
 # Unreachable metadata is reported within 3 s of starting: imports and the connect attempt.
 DEFAULT_CONNECT_TIMEOUT_S = 1.5
 
+# Options whose values may start with a dash (a time before now: `--from-time -1h`).
+DASH_VALUE_OPTIONS = ("--from-time",)
 # Modules under stream.cli that add subcommands, in help order.
 COMMAND_MODULES = (
     "bookie",
@@ -126,7 +128,8 @@ def _quiet_kazoo(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(arguments.join_dash_values(argv, DASH_VALUE_OPTIONS))
     if args.output == "json" and not getattr(args, "json_output", False):
         parser.error(f"{args.command}: --output json is not supported here")
     configure_logging(json=True if args.log_json else None, level=args.log_level)

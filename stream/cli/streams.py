@@ -4,6 +4,7 @@ over `StreamClient`."""
 from __future__ import annotations
 
 import argparse
+import base64
 import collections
 import concurrent.futures
 import contextlib
@@ -19,7 +20,14 @@ from rich.console import Console
 from rich.progress import Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from stream.cli.arguments import duration, entry_id, positive_int, size, start_position
+from stream.cli.arguments import (
+    duration,
+    entry_id,
+    positive_int,
+    size,
+    start_position,
+    time_ms,
+)
 from stream.cli.connect import open_client
 from stream.cli.exit_codes import ExitCode
 from stream.cli.output import console as output_console
@@ -28,6 +36,7 @@ from stream.errors import StreamError
 
 if TYPE_CHECKING:
     from stream.client import StreamWriter
+    from stream.client.entries import Entry
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -59,8 +68,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     tail = subparsers.add_parser("tail", help="print entries as they are acknowledged")
     tail.add_argument("name")
-    tail.add_argument(
+    start = tail.add_mutually_exclusive_group()
+    start.add_argument(
         "--from", dest="start", type=start_position, default="latest", help="earliest|latest|ID"
+    )
+    start.add_argument(
+        "--from-time",
+        dest="start_time_ms",
+        type=time_ms,
+        default=None,
+        metavar="TIME",
+        help="the first entry stamped at or after TIME: 2026-11-24T10:00Z (UTC without an "
+        "offset) or before now: -1h, -90m, -7d",
     )
     tail.add_argument(
         "--timeout", type=float, default=None, help="stop after this many idle seconds"
@@ -73,6 +92,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="N",
         help="stop after printing N entries",
     )
+    supports_json(tail)
     tail.set_defaults(handler=_tail)
 
     info = subparsers.add_parser(
@@ -240,16 +260,39 @@ def _append_progress(console: Console) -> Iterator[Callable[[int], None]]:
 def _tail(args: argparse.Namespace) -> int:
     out = sys.stdout.buffer
     with _client(args) as client:
-        entries = client.open_reader(args.name).tail(args.start, timeout_s=args.timeout)
+        reader = client.open_reader(args.name)
+        if args.start_time_ms is None:
+            entries = reader.tail(args.start, timeout_s=args.timeout)
+        else:
+            entries = reader.tail(timeout_s=args.timeout, start_time_ms=args.start_time_ms)
         # Closed before the client: a tail cut short by --max-entries stops its reads on the
         # client's loop while that still runs.
         with contextlib.closing(cast(Generator[Any, None, None], entries)):
             for entry in itertools.islice(entries, args.max_entries):
+                if wants_json(args):
+                    out.write(_entry_json(entry))
+                    out.flush()
+                    continue
                 if args.show_ids:
                     out.write(f"{entry.entry_id}\t{entry.timestamp.isoformat()}\t".encode())
                 out.write(entry.payload + b"\n")
                 out.flush()
     return 0
+
+
+def _entry_json(entry: Entry) -> bytes:
+    """Returns `entry` as one JSON line: its id, timestamp (milliseconds and ISO 8601) and
+    payload (text when it is UTF-8, else `payload_base64`)."""
+    line: dict[str, Any] = {
+        "entry_id": entry.entry_id,
+        "timestamp_ms": entry.timestamp_ms,
+        "timestamp": entry.timestamp.isoformat(),
+    }
+    try:
+        line["payload"] = entry.payload.decode("utf-8")
+    except UnicodeDecodeError:
+        line["payload_base64"] = base64.b64encode(entry.payload).decode("ascii")
+    return (json.dumps(line, sort_keys=True) + "\n").encode()
 
 
 def _info(args: argparse.Namespace) -> int:

@@ -33,7 +33,7 @@ from stream.client.cursor import (
 from stream.client.entries import BookieStatus, Entry, EntryColumns, Fragment, StreamInfo
 from stream.client.grpc_transport import GrpcTransport
 from stream.client.options import ReaderOptions, WriterOptions
-from stream.client.ports import SystemClock
+from stream.client.ports import Clock, SystemClock
 from stream.client.reader import AsyncStreamReader
 from stream.client.recovery import (
     LossSurvey,
@@ -143,8 +143,11 @@ class StreamClient:
         reader_options: ReaderOptions | None = None,
         seed: int | None = None,
         tls: TLSConfig | None = None,
+        clock: Clock | None = None,
     ) -> None:
-        """`tls`: reach the bookies over TLS with these files (None: plaintext)."""
+        """`tls`: reach the bookies over TLS with these files (None: plaintext). `clock` stamps
+        the entries this client's writers append (default: the system's wall clock; tests
+        inject skewed ones)."""
         self._session = session
         self._tls = tls
         self._metadata = ZkMetadata(session)
@@ -152,7 +155,7 @@ class StreamClient:
         self._reader_options = reader_options or ReaderOptions()
         self._rng = random.Random(seed)
         self._rng_lock = threading.Lock()
-        self._clock = SystemClock()
+        self._clock = clock or SystemClock()
         self._loop = _LoopThread("streamkeeper-client")
         self._transport = self._loop.run(self._make_transport())
         self._writers: set[StreamWriter] = set()
@@ -171,6 +174,7 @@ class StreamClient:
         reader_options: ReaderOptions | None = None,
         tls: TLSConfig | None = None,
         metadata_auth_file: str | Path | None = None,
+        clock: Clock | None = None,
     ) -> StreamClient:
         """Returns a client connected to `HOSTS[/ROOT]` (ZooKeeper hosts and the metadata
         root, default `/streamkeeper`). `tls`: the CA, certificate and key for bookies that
@@ -184,7 +188,11 @@ class StreamClient:
         )
         try:
             return cls(
-                session, writer_options=writer_options, reader_options=reader_options, tls=tls
+                session,
+                writer_options=writer_options,
+                reader_options=reader_options,
+                tls=tls,
+                clock=clock,
             )
         except BaseException:
             session.close()
@@ -354,7 +362,14 @@ class StreamClient:
             if last is None and index + 1 < len(fragments):
                 last = fragments[index + 1].first_entry_id - 1
             shown.append(
-                Fragment(fragment.first_entry_id, last, list(fragment.ensemble), fragment.bytes)
+                Fragment(
+                    fragment.first_entry_id,
+                    last,
+                    list(fragment.ensemble),
+                    fragment.bytes,
+                    fragment.first_timestamp_ms,
+                    fragment.last_timestamp_ms,
+                )
             )
         bookies = await self._ensemble_status(meta.id, fragments[-1].ensemble if fragments else ())
         waiting_for = None
@@ -694,26 +709,33 @@ class StreamReader:
         *,
         cursor: Cursor | None = None,
         auto_commit_interval_s: float = 5.0,
+        start_time_ms: int | None = None,
     ) -> Iterator[Entry]:
         """Yields entries as they are acknowledged, from `start` ("earliest", "latest" or an
         entry id), until none arrived for `timeout_s` seconds (None: forever) or, on a sealed
         stream, after its last entry. A tail that
         retention overtakes raises `EntryTrimmedError` (with the first retained entry id), or
-        with `on_trimmed="skip"` continues from the first retained entry.
+        with `on_trimmed="skip"` continues from the first retained entry. `start_time_ms`
+        (instead of `start`) starts at the first entry stamped at or after that time
+        (milliseconds since the Unix epoch; see `seek_time`) and yields nothing earlier.
 
         With `cursor` (of this stream), the tail starts after the cursor's committed position
-        (at `start` when it was never committed) and commits, at most once every
-        `auto_commit_interval_s` and when the iteration ends, the last entry the application
-        came back for the next one after: at-least-once, a restart repeats at most what came
-        after the last commit."""
+        (at `start` or `start_time_ms` when it was never committed) and commits, at most once
+        every `auto_commit_interval_s` and when the iteration ends, the last entry the
+        application came back for the next one after: at-least-once, a restart repeats at
+        most what came after the last commit."""
         if cursor is None:
-            return self._iterate(lambda: self._core.tail(start, timeout_s, on_trimmed))
+            return self._iterate(
+                lambda: self._core.tail(start, timeout_s, on_trimmed, start_time_ms=start_time_ms)
+            )
         if cursor.stream != self.stream:
             raise InvalidArgumentError(
                 "the cursor belongs to another stream", stream=self.stream, cursor=cursor.name
             )
         interval_s = check_interval(auto_commit_interval_s)
-        return self._tail_committing(cursor, start, timeout_s, on_trimmed, interval_s)
+        return self._tail_committing(
+            cursor, start, timeout_s, on_trimmed, interval_s, start_time_ms
+        )
 
     def _tail_committing(
         self,
@@ -722,15 +744,19 @@ class StreamReader:
         timeout_s: float | None,
         on_trimmed: str,
         interval_s: float,
+        start_time_ms: int | None,
     ) -> Iterator[Entry]:
         position = cursor.position
         committer = AutoCommitter(cursor.core, interval_s, position)
         begin = start if position is None else position + 1
+        from_time = start_time_ms if position is None else None
         loop = self._client._loop
         task = loop.submit(committer.run())
         pending: int | None = None
         try:
-            for entry in self._iterate(lambda: self._core.tail(begin, timeout_s, on_trimmed)):
+            for entry in self._iterate(
+                lambda: self._core.tail(begin, timeout_s, on_trimmed, start_time_ms=from_time)
+            ):
                 # Asked for the next entry: the application is done with the previous one.
                 committer.done = pending
                 if committer.error is not None:
@@ -742,6 +768,19 @@ class StreamReader:
             task.cancel()
             if not loop.loop.is_closed():
                 loop.run(committer.flush())
+
+    def seek_time(self, ts_ms: int) -> int:
+        """Returns the id of the first entry stamped at or after `ts_ms` (milliseconds since
+        the Unix epoch): the first retained entry when all are that late, the id after the
+        LAC (where the next entry goes) when all are earlier. Entry timestamps never go
+        backwards within a stream, so every entry from there on is at least that late. Costs
+        about log2(entries per fragment) single-entry reads (`last_seek_reads`)."""
+        return self._client._loop.run(self._core.seek_time(ts_ms))
+
+    @property
+    def last_seek_reads(self) -> int:
+        """Returns how many single-entry reads the last `seek_time` made."""
+        return self._core.last_seek_reads
 
     def last_add_confirmed(self) -> int:
         """Returns the stream's LAC as its bookies report it now."""

@@ -283,12 +283,15 @@ class Entry:
 @dataclass(frozen=True)
 class Fragment:
     """A fragment as `stream_info` shows it: `last_entry_id` is None for the open (last)
-    fragment; `bytes` is None when unknown (not closed by a roll)."""
+    fragment; `bytes` and the first and last entry timestamps are None when unknown (not
+    closed by a roll)."""
 
     first_entry_id: int
     last_entry_id: int | None
     ensemble: list[str]
     bytes: int | None = None
+    first_timestamp_ms: int | None = None
+    last_timestamp_ms: int | None = None
 
 
 @dataclass(frozen=True)

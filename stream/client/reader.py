@@ -17,6 +17,7 @@ from stream.client.answers import answer_or_none
 from stream.client.entries import Entry, EntryColumns, verified_columns
 from stream.client.options import ReaderOptions
 from stream.client.ports import BookieTransport, MetadataPort
+from stream.client.timeseek import first_at_or_after, search_range
 from stream.errors import (
     BookieError,
     ChecksumError,
@@ -68,6 +69,8 @@ class AsyncStreamReader:
         self._version = -1
         self._fragments: list[Fragment] = []
         self._firsts: list[tuple[int, tuple[str, ...]]] = []
+        # Single-entry reads the last `seek_time` made.
+        self.last_seek_reads = 0
 
     @property
     def meta(self) -> StreamMeta:
@@ -93,6 +96,15 @@ class AsyncStreamReader:
             raise StreamNotFoundError("stream not found", stream=self.name) from None
         self._meta, self._version, self._fragments = meta, version, fragments
         self._firsts = [(f.first_entry_id, tuple(f.ensemble)) for f in fragments]
+
+    async def _refresh_if_changed(self) -> None:
+        """Rereads the fragments only when the meta moved (every change to the fragments
+        rewrites the meta): one read instead of one per fragment."""
+        meta, version = await self._metadata.get_stream(self.name)
+        if self._meta is None or meta.id != self._meta.id or version != self._version:
+            await self.refresh()
+        else:
+            self._meta = meta
 
     def committed_floor(self) -> int:
         """Returns an LAC bound that metadata alone proves: every entry before the last
@@ -195,19 +207,23 @@ class AsyncStreamReader:
                 await self.refresh()
                 self._check_trimmed(failure.entry_id)
                 if refreshed:
-                    if failure.bad_checksum:
-                        raise ChecksumError(
-                            "every copy read failed its checksum",
-                            stream=self.name,
-                            entry_id=failure.entry_id,
-                        ) from None
-                    raise BookieError(
-                        "no bookie returned the entry",
-                        stream=self.name,
-                        entry_id=failure.entry_id,
-                        codes=",".join(failure.codes),
-                    ) from None
+                    raise self._read_error(failure) from None
                 refreshed = True
+
+    def _read_error(self, failure: _ReadFailed) -> ChecksumError | BookieError:
+        """Returns the error of an entry that no bookie of its write set returned."""
+        if failure.bad_checksum:
+            return ChecksumError(
+                "every copy read failed its checksum",
+                stream=self.name,
+                entry_id=failure.entry_id,
+            )
+        return BookieError(
+            "no bookie returned the entry",
+            stream=self.name,
+            entry_id=failure.entry_id,
+            codes=",".join(failure.codes),
+        )
 
     async def _read_ranges(
         self, first: int, last: int, ensemble: Sequence[str]
@@ -367,6 +383,60 @@ class AsyncStreamReader:
             for task in pending:
                 task.cancel()
 
+    # ------------------------------------------------------------------ reading by time
+
+    async def seek_time(self, ts_ms: int) -> int:
+        """Returns the id of the first entry stamped at or after `ts_ms` (milliseconds since
+        the Unix epoch): the first retained entry when every retained entry is that late, the
+        id after the LAC (where the next entry goes) when every entry is earlier. No-ops are
+        never the answer. About log2 of a fragment's entries single-entry reads: the fragment
+        comes from the recorded timestamps, the entry from a binary search in it; how many
+        reads it took is `last_seek_reads`."""
+        if type(ts_ms) is not int or ts_ms < 0:
+            raise InvalidArgumentError(
+                "ts_ms must be an int >= 0 (milliseconds since the Unix epoch)",
+                stream=self.name,
+                ts_ms=ts_ms,
+            )
+        while True:
+            try:
+                return await self._seek_once(ts_ms)
+            except _ReadFailed as failure:
+                await self.refresh()
+                if failure.entry_id < self.meta.first_entry_id:
+                    continue  # retention trimmed it meanwhile: search what is left
+                raise self._read_error(failure) from None
+
+    async def _seek_once(self, ts_ms: int) -> int:
+        """One `seek_time` on a fresh snapshot of the metadata; raises `_ReadFailed`."""
+        await self._refresh_if_changed()
+        first_retained = self.meta.first_entry_id
+        end = max(await self.lac() + 1, first_retained)
+        lo, hi = search_range(self._fragments, first_retained, end, ts_ms)
+        self.last_seek_reads = 0
+
+        async def probe(entry_id: int) -> tuple[int, int] | None:
+            for position in range(entry_id, end):
+                self.last_seek_reads += 1
+                ensemble = self._firsts[fragment_index_for(self._firsts, position)][1]
+                columns = await self._read_one(position, ensemble)
+                if columns.ids:
+                    return position, columns.timestamps_ms[0]
+            return None
+
+        found = await first_at_or_after(lo, hi, end, ts_ms, probe)
+        log.debug(
+            "reader.seek_time",
+            stream=self.name,
+            ts_ms=ts_ms,
+            entry_id=found,
+            reads=self.last_seek_reads,
+            searched_from=lo,
+            searched_to=hi,
+            end=end,
+        )
+        return found
+
     # ------------------------------------------------------------------ tailing
 
     async def tail(
@@ -374,17 +444,30 @@ class AsyncStreamReader:
         start: str | int = "earliest",
         idle_timeout_s: float | None = None,
         on_trimmed: str = "raise",
+        *,
+        start_time_ms: int | None = None,
     ) -> AsyncIterator[list[Entry]]:
         """Yields entry lists as the LAC moves, from `start` ("earliest": the first retained
         entry, "latest": the first after the current LAC, or an entry id), until no entry
         arrived for `idle_timeout_s` (None: forever) or, on a SEALED stream, after its last
         entry. When retention trims past the tail's
         position, `on_trimmed="raise"` raises `EntryTrimmedError` (its `first_entry_id` is
-        the first retained entry) and `"skip"` continues from the first retained entry."""
+        the first retained entry) and `"skip"` continues from the first retained entry.
+
+        `start_time_ms` (instead of `start`) starts at the first entry stamped at or after
+        that time (`seek_time`); entries stamped earlier are never yielded (a time after
+        every entry waits for entries that late)."""
         if idle_timeout_s is not None and not idle_timeout_s >= 0:
             raise InvalidArgumentError("timeout must be >= 0", timeout_s=idle_timeout_s)
         if on_trimmed not in ("raise", "skip"):
             raise InvalidArgumentError("on_trimmed must be 'raise' or 'skip'", value=on_trimmed)
+        not_before = start_time_ms
+        if start_time_ms is not None:
+            if start != "earliest":
+                raise InvalidArgumentError(
+                    "pass either start or start_time_ms", start=start, start_time_ms=start_time_ms
+                )
+            start = await self.seek_time(start_time_ms)
         await self.refresh()
         changed = asyncio.Event()
 
@@ -423,7 +506,13 @@ class AsyncStreamReader:
                             if columns.ids:
                                 if idle_timeout_s is not None:
                                     idle_deadline = loop.time() + idle_timeout_s
-                                yield columns.to_entries(self.name)
+                                entries = columns.to_entries(self.name)
+                                if not_before is not None:
+                                    entries = [e for e in entries if e.timestamp_ms >= not_before]
+                                    if not entries:
+                                        continue
+                                    not_before = None  # timestamps never go backwards
+                                yield entries
                     except EntryTrimmedError as trimmed:
                         if on_trimmed != "skip":
                             raise

@@ -38,6 +38,7 @@ from stream.client.ports import (
     PreparedEntry,
 )
 from stream.client.recovery_reads import BulkSource, RecoveryReads
+from stream.client.timestamps import stamp, timestamp_in_write_set
 from stream.errors import (
     BookieError,
     EntryTrimmedError,
@@ -94,12 +95,17 @@ class TakeoverResult:
     term: int
     last_fragment: Fragment
     last_entry_id: int
-    # Payload bytes and last timestamp of the entries this recovery wrote into the last
-    # fragment (what the writer knows of the fragment's size; earlier terms' are not known).
+    # Payload bytes of the entries this recovery wrote into the last fragment (what the
+    # writer knows of the fragment's size; earlier terms' are not known).
     written_bytes: int
+    # The timestamp of the stream's last entry (the truncate no-op): the next entries are
+    # stamped at least this (timestamps never go backwards within a stream). None when the
+    # stream has no entry or it could not be read.
     last_timestamp_ms: int | None
     # What an accept-loss recovery gave up (recorded in the meta), None when nothing.
     accepted_loss: AcceptedLoss | None = None
+    # The timestamp of `last_fragment`'s first entry; None when it is empty (or unreadable).
+    first_timestamp_ms: int | None = None
 
 
 class _RetryLater(Exception):
@@ -331,8 +337,11 @@ class Takeover:
                 meta, version, accepted = await self._record_loss(
                     meta, version, end, frozen_lac, limbo
                 )
+            if last_ts is None:
+                last_ts = await self._timestamp_before(meta, last, start)
             if self._protections.truncate_noop:
-                noop = prepare_entry(meta.id, end, NOOP_TRUNCATE, self._clock.now_ms(), b"")
+                last_ts = stamp(self._clock, last_ts)
+                noop = prepare_entry(meta.id, end, NOOP_TRUNCATE, last_ts, b"")
                 await self._wait_room(pipeline, owner, meta)
                 pipeline.add(noop)
                 pipeline.flush()
@@ -371,9 +380,59 @@ class Takeover:
         )
         if current.first_entry_id > last.first_entry_id:
             written_bytes = 0  # the write-backs went to an earlier fragment
+        first_ts = None
+        if current.first_entry_id == last_entry_id:
+            first_ts = last_ts  # the fragment starts with the no-op
+        elif current.first_entry_id < last_entry_id:
+            first_ts = await timestamp_in_write_set(
+                self._transport,
+                meta.id,
+                config,
+                current.ensemble,
+                current.first_entry_id,
+                self._options.recovery_read_timeout_s,
+            )
         return TakeoverResult(
-            meta, version, term, current, last_entry_id, written_bytes, last_ts, accepted
+            meta, version, term, current, last_entry_id, written_bytes, last_ts, accepted, first_ts
         )
+
+    async def _timestamp_before(self, meta: StreamMeta, last: Fragment, start: int) -> int | None:
+        """Returns the timestamp of entry `start`, the last one before the recovered range
+        (none was recovered): the floor of the new term's timestamps. From the last fragment,
+        or, when that one is empty, from the fragment before (its recorded last timestamp,
+        else a read). None when there is no such entry or no bookie answers with it: the new
+        term's clock alone then stamps it."""
+        if start < max(meta.first_entry_id, 0):
+            return None
+        holder = last
+        recorded = None
+        if start < last.first_entry_id:
+            _, _, fragments = await self._metadata.get_snapshot(meta.id)
+            before = [f for f in fragments if f.first_entry_id <= start]
+            if not before:
+                return None
+            holder = before[-1]
+            if holder.last_entry_id == start:
+                # A fragment closed at a no-op records its last data entry's timestamp.
+                recorded = holder.last_timestamp_ms
+        found = await timestamp_in_write_set(
+            self._transport,
+            meta.id,
+            meta.quorum,
+            holder.ensemble,
+            start,
+            self._options.recovery_read_timeout_s,
+        )
+        if found is None and recorded is not None:
+            return recorded
+        if found is None:
+            log.warning(
+                "recovery.last_timestamp_unknown",
+                stream=self.name,
+                term=meta.term,
+                entry_id=start,
+            )
+        return found
 
     async def _record_loss(
         self, meta: StreamMeta, version: int, end: int, frozen_lac: int, limbo: Sequence[str]

@@ -36,6 +36,7 @@ from stream.client.recovery import (
     replacement_choice,
     truncate_members,
 )
+from stream.client.timestamps import stamp
 from stream.errors import (
     EntryTrimmedError,
     InvalidArgumentError,
@@ -145,7 +146,14 @@ class AsyncStreamWriter:
         self._fragment: Fragment | None = None
         self._fragment_bytes = 0
         self._fragment_first_ts: int | None = None
+        # False when the current fragment held entries of an earlier term whose first
+        # timestamp the takeover could not read: the roll then records none (a later guess
+        # would claim the fragment starts later than it does, and mislead `seek_time`).
+        self._fragment_first_known = True
         self._fragment_last_ts: int | None = None
+        # The stream's last entry timestamp: entries are stamped at least this, so that
+        # timestamps never go backwards within the stream, across terms and clocks.
+        self._last_ts: int | None = None
 
     # ------------------------------------------------------------------ views
 
@@ -207,8 +215,13 @@ class AsyncStreamWriter:
             max_in_flight=self._options.window_entries,
         )
         self._fragment_bytes = result.written_bytes
-        self._fragment_first_ts = fragment.first_timestamp_ms
+        self._fragment_first_ts = result.first_timestamp_ms
+        self._fragment_first_known = (
+            result.first_timestamp_ms is not None or result.last_entry_id < fragment.first_entry_id
+        )
         self._fragment_last_ts = result.last_timestamp_ms
+        if result.last_timestamp_ms is not None:
+            self._last_ts = max(self._last_ts or 0, result.last_timestamp_ms)
         # Readers see the recovered entries (up to the no-op) without waiting for an add.
         self._pipeline.schedule_explicit_lac()
         log.info(
@@ -340,7 +353,7 @@ class AsyncStreamWriter:
         assert pipeline is not None and self._meta is not None
         queue = self._queue
         stream_id = self._meta.id
-        now_ms = self._clock.now_ms()
+        now_ms = stamp(self._clock, self._last_ts)
         added = 0
         added_bytes = 0
         unresolved = self._unresolved
@@ -379,7 +392,7 @@ class AsyncStreamWriter:
             if self._fragment_first_ts is None:
                 self._fragment_first_ts = now_ms
                 self._arm_age_timer()
-            self._fragment_last_ts = now_ms
+            self._fragment_last_ts = self._last_ts = now_ms
             self._fragment_bytes += added_bytes
             pipeline.flush()
         if not queue:
@@ -669,6 +682,7 @@ class AsyncStreamWriter:
             self._fragment_bytes = pipeline.held_payload_bytes(change.first_entry_id)
             held = pipeline.held.get(change.first_entry_id)
             self._fragment_first_ts = None if held is None else held.timestamp_ms
+            self._fragment_first_known = True
             pipeline.unstored_away.discard(failed)  # the metadata holds the change now
             pipeline.unblock(replacement)
             return
@@ -764,7 +778,7 @@ class AsyncStreamWriter:
                 created_ms=fragment.created_ms,
                 last_entry_id=last,
                 bytes=self._fragment_bytes,
-                first_timestamp_ms=self._fragment_first_ts,
+                first_timestamp_ms=self._fragment_first_ts if self._fragment_first_known else None,
                 last_timestamp_ms=self._fragment_last_ts,
             )
             new = Fragment(last + 1, ensemble, created_ms=now_ms)
@@ -776,6 +790,7 @@ class AsyncStreamWriter:
             self._fragment = new
             self._fragment_bytes = 0
             self._fragment_first_ts = None
+            self._fragment_first_known = True
             self._fragment_last_ts = None
             log.info(
                 "writer.rolled",

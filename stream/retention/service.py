@@ -49,12 +49,12 @@ from kazoo.exceptions import CancelledError as KazooCancelledError
 from kazoo.exceptions import KazooException
 
 from stream.client.cursor import cursor_lags
-from stream.client.entries import checksum_ok
 from stream.client.grpc_transport import GrpcTransport
 from stream.client.options import WriterOptions
 from stream.client.ports import BookieTransport, Clock, SystemClock
 from stream.client.reader import AsyncStreamReader
 from stream.client.recovery import Takeover, WriterIdentity, close_after_takeover, send_lac
+from stream.client.timestamps import read_timestamp, timestamp_in_write_set
 from stream.client.zk_metadata import ZkMetadata
 from stream.errors import (
     InvalidArgumentError,
@@ -731,42 +731,7 @@ class RetentionService:
             # "Nothing here" needs EC answers: fewer could miss an entry on the silent ones.
             coverage = meta.ensemble - meta.ack_quorum + 1
             return (-1 if answered >= coverage else None), None
-        return highest, await self._timestamp_of(meta, holder, highest)
-
-    async def _timestamp_of(self, meta: StreamMeta, bookie_id: str, entry_id: int) -> int | None:
-        """Returns the timestamp of entry `entry_id` read from `bookie_id`, None on failure."""
-        transport = self._transport
-        if transport is None or entry_id < 0:
-            return None
-        timeout_s = self.settings.bookie_timeout_s
-        try:
-            response = await asyncio.wait_for(
-                transport.read(bookie_id, meta.id, entry_id, timeout_s=timeout_s), timeout_s
-            )
-        except Exception as e:  # unknown answer
-            log.debug("retention.read_failed", bookie=bookie_id, error=repr(e))
-            return None
-        entry = response.entry
-        # Deletion will go by this timestamp: only a verified entry counts.
-        if response.code != Code.OK or entry.entry_id != entry_id:
-            return None
-        if not checksum_ok(meta.id, entry):
-            log.warning("retention.bad_checksum", bookie=bookie_id, entry_id=entry_id)
-            return None
-        return int(entry.timestamp_ms)
-
-    async def _timestamp_in(
-        self, meta: StreamMeta, fragment: Fragment, entry_id: int
-    ) -> int | None:
-        """Returns the timestamp of `entry_id` from the first bookie of its write set that
-        has it, None when none does."""
-        if entry_id < fragment.first_entry_id:
-            return None
-        for bookie_id in meta.quorum.write_set_bookies(fragment.ensemble, entry_id):
-            found = await self._timestamp_of(meta, bookie_id, entry_id)
-            if found is not None:
-                return found
-        return None
+        return highest, await read_timestamp(transport, meta.id, holder, highest, timeout_s)
 
     async def _take_over_and_close(self, meta: StreamMeta, newest_ts: int | None) -> bool:
         """Takes the stream over (new term; the recovery ends with the truncate no-op), then
@@ -794,14 +759,23 @@ class RetentionService:
                 # fragment is closed already.
                 return True
             # The fragment's newest real entry ages it (the no-op is stamped now).
-            last_ts = await self._timestamp_in(meta, current, result.last_entry_id - 1)
+            last_ts = None
+            if result.last_entry_id - 1 >= current.first_entry_id:
+                last_ts = await timestamp_in_write_set(
+                    transport,
+                    meta.id,
+                    meta.quorum,
+                    current.ensemble,
+                    result.last_entry_id - 1,
+                    self.settings.bookie_timeout_s,
+                )
             closed = Fragment(
                 current.first_entry_id,
                 current.ensemble,
                 created_ms=current.created_ms,
                 last_entry_id=result.last_entry_id,
                 bytes=current.bytes,
-                first_timestamp_ms=current.first_timestamp_ms,
+                first_timestamp_ms=result.first_timestamp_ms,
                 last_timestamp_ms=last_ts if last_ts is not None else newest_ts,
             )
             fresh = Fragment(

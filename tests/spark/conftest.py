@@ -49,16 +49,21 @@ def stream_name() -> str:
     return f"s-{uuid.uuid4().hex[:10]}"
 
 
-def payload(stream: str, i: int) -> bytes:
-    """Returns a distinct, checkable payload for entry number `i` of `stream`."""
-    return f"{stream}:{i:08d}".encode()
+def payload(stream: str, i: int, size: int = 0) -> bytes:
+    """Returns a distinct, checkable payload for entry number `i` of `stream`, padded to
+    `size` bytes."""
+    return f"{stream}:{i:08d}".encode().ljust(size, b".")
 
 
-def append(client: StreamClient, stream: str, count: int, start: int = 0, **create: Any) -> None:
-    """Creates `stream` (if needed) and appends payload(stream, start..start+count-1)."""
+def append(
+    client: StreamClient, stream: str, count: int, start: int = 0, size: int = 0, **create: Any
+) -> None:
+    """Creates `stream` (if needed) and appends payload(stream, start..start+count-1, size)."""
     client.create_stream(stream, **create)
     with client.open_writer(stream) as writer:
-        futures = [writer.append_async(payload(stream, i)) for i in range(start, start + count)]
+        futures = [
+            writer.append_async(payload(stream, i, size)) for i in range(start, start + count)
+        ]
         writer.flush()
         for f in futures:
             f.result()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,17 +49,41 @@ def local_session(app_name: str, local_dir: Path, *, fast_start: bool = False) -
     return session
 
 
-def start_query(spark: Any, metadata: str, out: Path, trigger: dict[str, Any],
-                **options: str) -> Any:
-    """Starts a `streamkeeper` read with `options` into a parquet file sink at `out/data`
-    (checkpoint `out/checkpoint`) and returns the StreamingQuery."""
+def _reader(spark: Any, metadata: str, options: dict[str, str]) -> Any:
     frame = spark.readStream.format("streamkeeper").option("metadata", metadata)
     for key, value in options.items():
         frame = frame.option(key, value)
+    return frame.load()
+
+
+def start_query(
+    spark: Any, metadata: str, out: Path, trigger: dict[str, Any], **options: str
+) -> Any:
+    """Starts a `streamkeeper` read with `options` into a parquet file sink at `out/data`
+    (checkpoint `out/checkpoint`) and returns the StreamingQuery."""
     return (
-        frame.load()
+        _reader(spark, metadata, options)
         .writeStream.format("parquet")
         .option("path", str(out / "data"))
+        .option("checkpointLocation", str(out / "checkpoint"))
+        .trigger(**trigger)
+        .start()
+    )
+
+
+def start_batch_query(
+    spark: Any,
+    metadata: str,
+    out: Path,
+    trigger: dict[str, Any],
+    on_batch: Callable[[Any, int], None],
+    **options: str,
+) -> Any:
+    """Starts a `streamkeeper` read with `options` whose micro-batches go to
+    `on_batch(frame, batch_id)` (foreachBatch; checkpoint `out/checkpoint`)."""
+    return (
+        _reader(spark, metadata, options)
+        .writeStream.foreachBatch(on_batch)
         .option("checkpointLocation", str(out / "checkpoint"))
         .trigger(**trigger)
         .start()

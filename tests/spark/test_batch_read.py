@@ -25,11 +25,16 @@ def read(spark: Any, metadata: str, **options: str) -> list[tuple[str, int, byte
     return [(r.stream, r.entry_id, bytes(r.payload)) for r in rows]
 
 
-def test_schema_is_the_documented_one(spark: Any, spark_cluster: Any, client: StreamClient,
-                                      stream_name: str) -> None:
+def test_schema_is_the_documented_one(
+    spark: Any, spark_cluster: Any, client: StreamClient, stream_name: str
+) -> None:
     append(client, stream_name, 3)
-    frame = spark.read.format("streamkeeper").option("metadata", spark_cluster.metadata) \
-        .option("streams", stream_name).load()
+    frame = (
+        spark.read.format("streamkeeper")
+        .option("metadata", spark_cluster.metadata)
+        .option("streams", stream_name)
+        .load()
+    )
     assert frame.schema.simpleString() == (
         "struct<stream:string,entry_id:bigint,payload:binary,timestamp:timestamp>"
     )
@@ -44,8 +49,9 @@ def test_batch_read_returns_every_entry_once_across_fragments_and_streams(
     other = stream_name + "-b"
     append(client, stream_name, 1000, fragment_max_entries=300)
     append(client, other, 50)
-    rows = read(spark, spark_cluster.metadata, streams=f"{stream_name},{other}",
-                entriesPerPartition="128")
+    rows = read(
+        spark, spark_cluster.metadata, streams=f"{stream_name},{other}", entriesPerPartition="128"
+    )
     assert sorted(rows) == sorted(
         [(stream_name, i, payload(stream_name, i)) for i in range(1000)]
         + [(other, i, payload(other, i)) for i in range(50)]
@@ -56,18 +62,30 @@ def test_starting_and_ending_offsets_bound_the_read(
     spark: Any, spark_cluster: Any, client: StreamClient, stream_name: str
 ) -> None:
     append(client, stream_name, 100)
-    rows = read(spark, spark_cluster.metadata, streams=stream_name,
-                startingOffsets=json.dumps({stream_name: 10}),
-                endingOffsets=json.dumps({stream_name: 20}))
+    rows = read(
+        spark,
+        spark_cluster.metadata,
+        streams=stream_name,
+        startingOffsets=json.dumps({stream_name: 10}),
+        endingOffsets=json.dumps({stream_name: 20}),
+    )
     assert sorted(r[1] for r in rows) == list(range(10, 20))
-    rows = read(spark, spark_cluster.metadata, streams=stream_name,
-                startingOffsets=json.dumps({stream_name: -2}),
-                endingOffsets=json.dumps({stream_name: 5}))
+    rows = read(
+        spark,
+        spark_cluster.metadata,
+        streams=stream_name,
+        startingOffsets=json.dumps({stream_name: -2}),
+        endingOffsets=json.dumps({stream_name: 5}),
+    )
     assert sorted(r[1] for r in rows) == list(range(5))
     for option, value in (("startingOffsets", 101), ("endingOffsets", 101)):
         with pytest.raises(Exception, match=f"option '{option}' asks for stream .* beyond"):
-            read(spark, spark_cluster.metadata, streams=stream_name,
-                 **{option: json.dumps({stream_name: value})})
+            read(
+                spark,
+                spark_cluster.metadata,
+                streams=stream_name,
+                **{option: json.dumps({stream_name: value})},
+            )
 
 
 def test_noop_entries_of_a_takeover_never_appear(
@@ -93,10 +111,14 @@ def test_noop_entries_of_a_takeover_never_appear(
         ({"streams": "no/slash"}, "streams"),
         ({"streamPattern": "("}, "streamPattern"),
         ({"streams": "x", "entriesPerPartition": "0"}, "entriesPerPartition"),
+        ({"streams": "x", "minPartitions": "many"}, "minPartitions"),
+        ({"streams": "x", "startingTimestamp": "noon"}, "startingTimestamp"),
+        ({"streams": "x", "startingOffsetsByTimestampStrategy": "x"}, "TimestampStrategy"),
     ],
 )
-def test_bad_options_fail_naming_the_option(spark: Any, spark_cluster: Any,
-                                            options: dict[str, str], named: str) -> None:
+def test_bad_options_fail_naming_the_option(
+    spark: Any, spark_cluster: Any, options: dict[str, str], named: str
+) -> None:
     with pytest.raises(Exception, match=named):
         read(spark, spark_cluster.metadata, **options)
 

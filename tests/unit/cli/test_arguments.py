@@ -3,11 +3,14 @@ error (exit code 2) before anything connects."""
 
 from __future__ import annotations
 
+import datetime
 import json
+import time
 
 import pytest
 
-from stream.cli.main import build_parser
+from stream.cli.arguments import join_dash_values
+from stream.cli.main import DASH_VALUE_OPTIONS, build_parser
 from tests.unit.cli.conftest import Streamctl
 
 
@@ -63,3 +66,48 @@ def test_create_takes_the_units_of_retention_set(
     report = json.loads(capsys.readouterr().out)
     assert (report["max_age_s"], report["max_bytes"]) == (7 * 86400, 10 << 30)
     assert _usage_error("create", "s", "--retention-max-age", "7 fortnights")
+
+
+def _from_time(*value: str) -> int:
+    argv = ["tail", "s", "--from-time", *value]
+    return build_parser().parse_args(join_dash_values(argv, DASH_VALUE_OPTIONS)).start_time_ms
+
+
+def test_from_time_takes_iso_8601_utc_by_default() -> None:
+    ten = int(datetime.datetime(2026, 11, 24, 10, tzinfo=datetime.UTC).timestamp() * 1000)
+    assert _from_time("2026-11-24T10:00Z") == ten
+    assert _from_time("2026-11-24T10:00") == ten  # no offset: UTC
+    assert _from_time("2026-11-24T12:00:00+02:00") == ten
+    assert _from_time("2026-11-24T10:00:00.250Z") == ten + 250
+    assert build_parser().parse_args(["tail", "s"]).start_time_ms is None
+
+
+def test_from_time_takes_a_time_before_now() -> None:
+    before = time.time_ns() // 1_000_000
+    hour_ago = _from_time("-1h")
+    after = time.time_ns() // 1_000_000
+    assert before - 3_600_000 <= hour_ago <= after - 3_600_000
+    week_ago = _from_time("-7d")
+    assert before - 7 * 86_400_000 <= week_ago <= time.time_ns() // 1_000_000 - 7 * 86_400_000
+    written_with_equals = build_parser().parse_args(["tail", "s", "--from-time=-90m"])
+    assert written_with_equals.start_time_ms <= time.time_ns() // 1_000_000 - 90 * 60_000
+
+
+def test_bad_from_time_is_a_usage_error(streamctl: Streamctl) -> None:
+    for bad in ("yesterday", "-1x", "-", "2026-13-01T00:00Z", "-0s", "1969-12-31T00:00Z"):
+        argv = join_dash_values(["tail", "s", "--from-time", bad], DASH_VALUE_OPTIONS)
+        assert _usage_error(*argv), bad
+    # Either an entry position or a time, not both; no stream is looked up before that.
+    assert _usage_error("tail", "s", "--from", "earliest", "--from-time", "2026-11-24T10:00Z")
+    assert streamctl("tail", "nosuch", "--from-time", "-1x") == 2
+
+
+def test_dash_values_are_joined_only_for_their_options() -> None:
+    argv = ["tail", "s", "--from-time", "-1h", "--timeout", "1"]
+    assert join_dash_values(argv, ("--from-time",)) == [
+        "tail", "s", "--from-time=-1h", "--timeout", "1",
+    ]  # fmt: skip
+    assert join_dash_values(["tail", "--from-time", "--timeout"], ("--from-time",)) == [
+        "tail", "--from-time", "--timeout",
+    ]  # fmt: skip
+    assert join_dash_values(["tail", "--from-time"], ("--from-time",)) == ["tail", "--from-time"]
