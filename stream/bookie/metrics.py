@@ -83,3 +83,9 @@ REPAIR_STREAM_SECONDS = Histogram(
     "Time from the start of a stream's repair to its limbo being cleared",
     buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0),
 )
+REFUSED = Counter(
+    "streamkeeper_bookie_refused_total",
+    "Requests refused because metadata or the stored entries do not justify them, by RPC and "
+    "reason",
+    ["rpc", "reason"],
+)  # reason: unjustified_term | unjustified_trim | overwrite | stream_deleted | metadata_unavailable
