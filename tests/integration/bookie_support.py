@@ -177,3 +177,20 @@ class BookieFactory:
                 bookie.close()
             except Exception:  # keep stopping the others; the test already failed or passed
                 bookie.kill9()
+
+
+def metric_value(bookie: BookieProcess, name: str, **labels: str) -> float:
+    """Returns the sum of the samples of `name` on `bookie`'s Prometheus endpoint whose labels
+    include `labels` (0 when none)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://{bookie.metrics_address}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and labels.items() <= sample.labels.items()
+    )
