@@ -6,7 +6,6 @@ requests arriving together; deleted streams refused; metadata unavailable -> try
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,7 @@ from stream.errors import MetadataError, StorageError
 from stream.wire import bookie_pb2 as pb
 
 from .storage_support import make_config
-from .test_server import Harness, add, run
+from .test_server import Harness, add, add_codes, run
 
 BELOW = 10
 # Metadata's terms (None: deleted). Stream 6 fails its first read; stream 10 was created after
@@ -61,14 +60,6 @@ def run_wiped(tmp_path: Path, body, metadata: FakeMetadata) -> None:  # type: ig
         return MetadataTerms(storage, metadata.read_facts, forgotten_below=BELOW)
 
     run(tmp_path, body, metadata_terms=terms)
-
-
-async def add_codes(h: Harness, request: pb.AddRequest) -> tuple[list[int], int]:
-    async def one() -> AsyncIterator[pb.AddRequest]:
-        yield request
-
-    responses = [r async for r in h.stub.Add(one())]
-    return list(responses[0].codes), responses[0].bookie_term
 
 
 def test_a_superseded_writer_of_a_forgotten_stream_gets_invalid_term(tmp_path: Path) -> None:

@@ -6,7 +6,6 @@ retained entry (a deleted stream may be trimmed entirely); metadata unavailable 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 from prometheus_client import REGISTRY
@@ -16,7 +15,7 @@ from stream.bookie.terms import MetadataTerms, StreamFacts
 from stream.errors import MetadataError
 from stream.wire import bookie_pb2 as pb
 
-from .test_server import Harness, add, run
+from .test_server import Harness, add, add_codes, run
 
 
 class FakeMetadata:
@@ -45,14 +44,6 @@ def run_checked(tmp_path: Path, body, metadata: FakeMetadata) -> None:  # type: 
 def refused(rpc: str, reason: str) -> float:
     labels = {"rpc": rpc, "reason": reason}
     return REGISTRY.get_sample_value("streamkeeper_bookie_refused_total", labels) or 0.0
-
-
-async def add_codes(h: Harness, request: pb.AddRequest) -> tuple[list[int], int]:
-    async def one() -> AsyncIterator[pb.AddRequest]:
-        yield request
-
-    responses = [r async for r in h.stub.Add(one())]
-    return list(responses[0].codes), responses[0].bookie_term
 
 
 def test_a_term_metadata_never_handed_out_is_refused_and_changes_nothing(tmp_path: Path) -> None:

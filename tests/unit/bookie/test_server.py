@@ -86,6 +86,16 @@ class Harness:
     channel: grpc.aio.Channel
 
 
+async def add_codes(h: Harness, request: pb.AddRequest) -> tuple[list[int], int]:
+    """Sends one add batch on its own Add stream; returns its codes and the bookie's term."""
+
+    async def one() -> AsyncIterator[pb.AddRequest]:
+        yield request
+
+    responses = [r async for r in h.stub.Add(one())]
+    return list(responses[0].codes), responses[0].bookie_term
+
+
 async def start(
     data_dir: Path,
     *,
