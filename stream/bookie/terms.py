@@ -231,6 +231,9 @@ class MetadataTerms:
         stream may be trimmed entirely."""
         if not self._checks.justify_trims or stream_id in self._deleted:
             return None
+        state = self._storage.stream_state(stream_id)
+        if state is None or before_entry_id <= state.first_entry_id:
+            return None  # moves nothing here: no metadata read
         facts = await self._facts(stream_id, "first retained entry", deleted_ok=True)
         if isinstance(facts, Refusal):
             return facts

@@ -85,12 +85,14 @@ def test_deleted_streams_and_unavailable_metadata_are_refused(tmp_path: Path) ->
 
     async def body(h: Harness) -> None:
         assert await add_codes(h, add(9, 1, range(1))) == ([pb.NO_SUCH_STREAM], 0)
+        assert await add_codes(h, add(4, 1, range(2), lac=1)) == ([pb.OK, pb.OK], 1)
         metadata.unavailable = True
         busy = await h.stub.Fence(pb.FenceRequest(stream_id=3, term=1))
         assert busy.code == pb.TOO_BUSY and "cannot read the term" in busy.message
         assert h.storage.stream_state(3) is None
         trim = await h.stub.Trim(pb.TrimRequest(stream_id=4, before_entry_id=1))
         assert trim.code == pb.TOO_BUSY
+        assert h.storage.stream_state(4).first_entry_id == 0
         metadata.unavailable = False
         assert (await h.stub.Fence(pb.FenceRequest(stream_id=3, term=1))).code == pb.OK
 
@@ -110,6 +112,9 @@ def test_a_trim_never_goes_beyond_metadatas_first_retained_entry(tmp_path: Path)
         assert (await h.stub.Read(pb.ReadRequest(stream_id=4, entry_id=15))).code == pb.OK
         trim = await h.stub.Trim(pb.TrimRequest(stream_id=4, before_entry_id=10))
         assert (trim.code, trim.first_entry_id) == (pb.OK, 10)
+        reads = len(metadata.reads)  # a trim that moves nothing here reads no metadata
+        trim = await h.stub.Trim(pb.TrimRequest(stream_id=4, before_entry_id=10))
+        assert (trim.code, trim.first_entry_id, len(metadata.reads)) == (pb.OK, 10, reads)
         # Deleted from metadata: everything may go (the client trims it all after a delete).
         del metadata.facts[4]
         trim = await h.stub.Trim(pb.TrimRequest(stream_id=4, before_entry_id=(1 << 63) - 1))
