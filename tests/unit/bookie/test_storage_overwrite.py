@@ -39,46 +39,41 @@ def test_a_forged_entry_below_the_lac_is_refused(storage: StreamStorage, flushed
     real = acknowledged(storage, 4, lac=3)
     if flushed:
         flush(storage)
-    batch = [entry(S, 2, b"FORGED"), entry(S, 4)]
+    # The forgery, the same entry again (a retried add) and an entry above the LAC.
+    batch = [entry(S, 2, b"FORGED"), real[1], entry(S, 4)]
     outcome = storage.add_batch(add_request(S, 1, batch, lac=3, lafr=4))
     wait(outcome.durable)
-    assert outcome.codes == [pb.BAD_REQUEST, pb.OK]
+    assert outcome.codes == [pb.BAD_REQUEST, pb.OK, pb.OK]
     assert "entry 2 is at or below the LAC 3" in outcome.refused_overwrite
     assert outcome.refused_overwrite in outcome.message
-    assert storage.read(S, 2).entry == real[2]
+    assert [storage.read(S, i).entry for i in range(4)] == real
     assert storage.read(S, 4).code == pb.OK
+    # Above the LAC an earlier term's unacknowledged entry is overwritten (recovery).
+    rewritten = entry(S, 4, b"rewritten")
+    wait(storage.add_batch(add_request(S, 2, [rewritten], recovery=True)).durable)
+    assert storage.read(S, 4).entry == rewritten
 
 
-def test_the_same_entry_again_and_entries_above_the_lac_are_stored(
-    storage: StreamStorage,
-) -> None:
-    real = acknowledged(storage, 4, lac=1)
-    outcome = storage.add_batch(add_request(S, 1, [real[1], entry(S, 2, b"rewritten")], lac=1))
-    wait(outcome.durable)
-    assert outcome.codes == [pb.OK, pb.OK] and not outcome.refused_overwrite
-    assert storage.read(S, 2).entry.payload == b"rewritten"
-
-
-def test_a_truncate_noop_written_back_as_a_plain_noop(storage: StreamStorage) -> None:
+def test_truncate_entries_below_the_lac(storage: StreamStorage) -> None:
     acknowledged(storage, 2, lac=1)
     noop = entry(S, 2, b"", flags=NOOP_TRUNCATE)
     wait(storage.add_batch(add_request(S, 1, [noop])).durable)
-    wait(storage.add_batch(add_request(S, 2, [entry(S, 3)], lac=3, lafr=3)).durable)
+    real = entry(S, 3)
+    wait(storage.add_batch(add_request(S, 2, [real], lac=3, lafr=3)).durable)
+    # An earlier term's truncate no-op written back as a plain no-op: taken, deletes nothing.
     plain = entry(S, 2, b"", flags=NOOP)
     outcome = storage.add_batch(add_request(S, 3, [plain], recovery=True))
     wait(outcome.durable)
     assert outcome.codes == [pb.OK]
     assert storage.read(S, 2).entry == plain
-    assert storage.read(S, 3).code == pb.OK  # the acknowledged entry after it stays
-
-
-def test_a_truncate_entry_below_the_lac_deletes_nothing(storage: StreamStorage) -> None:
-    real = acknowledged(storage, 4, lac=3)
-    truncate = entry(S, 1, b"", flags=NOOP_TRUNCATE)
-    outcome = storage.add_batch(add_request(S, 1, [truncate], recovery=True))
-    assert outcome.codes == [pb.BAD_REQUEST]
-    assert "would delete acknowledged entries" in outcome.refused_overwrite
-    assert [storage.read(S, i).entry for i in range(4)] == real
+    # A truncate entry at or below the LAC, held here or not: refused, deletes nothing.
+    for entry_id in (2, 1):
+        truncate = entry(S, entry_id, b"", flags=NOOP_TRUNCATE)
+        outcome = storage.add_batch(add_request(S, 3, [truncate], recovery=True))
+        assert outcome.codes == [pb.BAD_REQUEST]
+        assert "would delete acknowledged entries" in outcome.refused_overwrite
+    assert storage.read(S, 3).entry == real
+    assert storage.read(S, 2).entry == plain
     assert storage.stream_state(S).last_entry_id == 3
 
 
