@@ -196,7 +196,7 @@ class MetadataTerms:
     def must_check(self, stream_id: int, term: int) -> bool:
         """Returns whether a request carrying `term` for `stream_id` must wait for `check`:
         False for a term the bookie holds already (every request but a takeover's first)."""
-        if stream_id in self._deleted or self.must_learn(stream_id):
+        if self.must_learn(stream_id):
             return True
         return self._checks.justify_terms and must_justify_term(
             term,

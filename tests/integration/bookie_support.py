@@ -147,6 +147,15 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float = 20.0, what: str 
         time.sleep(0.02)
 
 
+def without_metadata_streams(monkeypatch: Any) -> None:
+    """For tests of a bookie alone, whose streams exist in no metadata: the bookies started from
+    now on do not check terms and trims against metadata (test-only switch; the checks have
+    their own tests in test_bookie_refusals.py and tests/unit/bookie/test_metadata_checks.py)."""
+    from stream.bookie.unsafe import UNSAFE_SKIP_ENV
+
+    monkeypatch.setenv(UNSAFE_SKIP_ENV, "metadata_term_check,trim_check")
+
+
 class BookieFactory:
     """Starts bookie processes in a test's temporary directory against one metadata root, and
     stops every one of them at the end."""
