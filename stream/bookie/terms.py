@@ -32,9 +32,7 @@ import structlog
 from stream.bookie.config import BookieConfig
 from stream.bookie.storage.fsutil import fsync_dir
 from stream.errors import StorageError, StreamError, StreamNotFoundError
-from stream.protocol import must_learn_term
-from stream.protocol.justified import trim_refusal
-from stream.protocol.terms import must_justify_term, term_justified
+from stream.protocol import must_justify_term, must_learn_term, term_justified, trim_refusal
 from stream.wire import bookie_pb2 as pb
 
 log = structlog.get_logger(__name__)
@@ -174,7 +172,7 @@ class MetadataTerms:
         self._below = forgotten_below
         self._read_facts = read_facts
         self._checks = checks
-        self._reading: dict[int, asyncio.Future[StreamFacts | None]] = {}
+        self._reading: dict[int, asyncio.Future[StreamFacts | Refusal | None]] = {}
         # stream id -> the highest term metadata was seen to hold (it never goes down).
         self._justified: dict[int, int] = {}
         # Deleted streams (ids are never reused): refused without reading metadata again.
