@@ -54,6 +54,7 @@ from stream.bookie.cookie import (
     inspect_cookies,
 )
 from stream.bookie.storage.fsutil import fsync_dir
+from stream.bookie.unsafe import UNSAFE_SKIP_ENV, unsafe_skip
 from stream.client.entries import good_run
 from stream.client.options import WriterOptions
 from stream.client.ports import BookieTransport, SystemClock
@@ -72,16 +73,11 @@ from stream.wire import bookie_pb2 as pb
 
 if TYPE_CHECKING:
     from stream.bookie.storage import StreamStorage
-    from stream.bookie.terms import ForgottenTerms
+    from stream.bookie.terms import MetadataTerms
 
 log = structlog.get_logger(__name__)
 
 JOURNAL_BYPASS_MARKER = "JOURNAL_BYPASSED"
-# Test-only switch, read by nothing else: "phase_one" skips phase one, "limbo" runs it without
-# setting limbo (terms only), "wiped_term_check" does not learn forgotten terms from metadata.
-# It exists so that the real-process tests can show that their checks fail without these
-# protections. Never set it in production.
-UNSAFE_SKIP_ENV = "STREAMKEEPER_UNSAFE_BP46_SKIP"
 
 # Phase two bounds: streams repaired at once, ids scanned per index pass, entries per copy
 # read, copy reads in flight per stream, payload bytes per ReadRange message, stored bytes
@@ -104,30 +100,36 @@ _FOREIGN_RECOVERY_PATIENCE_S = 15.0
 _PROGRESS_LOG_EVERY_ENTRIES = 50_000
 
 
-def _unsafe_skip() -> set[str]:
-    return {p.strip() for p in os.environ.get(UNSAFE_SKIP_ENV, "").split(",") if p.strip()}
-
-
-def forgotten_terms(
-    config: BookieConfig, storage: StreamStorage, session: Any
-) -> ForgottenTerms | None:
-    """Returns the check of terms a lost disk took (`stream.bookie.terms.ForgottenTerms`) for
-    the service, or None when this bookie never lost a directory. Call after `protect_at_boot`,
-    on the event loop."""
-    from stream.bookie.terms import ForgottenTerms, forgotten_terms_bound, read_stream_term
+def metadata_terms(config: BookieConfig, storage: StreamStorage, session: Any) -> MetadataTerms:
+    """Returns the service's checks against metadata (`stream.bookie.terms.MetadataTerms`):
+    terms a lost disk took (when this bookie lost a directory), terms and trims metadata cannot
+    justify. Call after `protect_at_boot`, on the event loop."""
+    from stream.bookie.terms import (
+        Checks,
+        MetadataTerms,
+        StreamFacts,
+        forgotten_terms_bound,
+        read_stream_facts,
+    )
 
     below = forgotten_terms_bound(config)
-    if below == 0:
-        return None
-    if "wiped_term_check" in _unsafe_skip():
+    skip = unsafe_skip()
+    if below and "wiped_term_check" in skip:
         log.warning("integrity.wiped_term_check_skipped_unsafe", env=UNSAFE_SKIP_ENV)
-        return None
+        below = 0
+    checks = Checks(
+        justify_terms="metadata_term_check" not in skip,
+        justify_trims="trim_check" not in skip,
+    )
+    if checks != Checks():
+        log.warning("integrity.metadata_checks_skipped_unsafe", env=UNSAFE_SKIP_ENV, checks=checks)
 
-    async def read_term(stream_id: int) -> int | None:
-        return await asyncio.to_thread(read_stream_term, session, stream_id)
+    async def read_facts(stream_id: int) -> StreamFacts | None:
+        return await asyncio.to_thread(read_stream_facts, session, stream_id)
 
-    log.info("integrity.forgotten_terms", below_stream_id=below)
-    return ForgottenTerms(storage, below, read_term)
+    if below:
+        log.info("integrity.forgotten_terms", below_stream_id=below)
+    return MetadataTerms(storage, read_facts, forgotten_below=below, checks=checks)
 
 
 def _note_forgotten_terms(config: BookieConfig, decision: CookieDecision, session: Any) -> None:
@@ -207,7 +209,7 @@ async def run_phase_one(
     and returns once all of it is durable (one journal group commit for many streams). Call on
     the storage's thread, before serving."""
     started = time.monotonic()
-    skip = _unsafe_skip()
+    skip = unsafe_skip()
     limbo = "limbo" not in skip
     if "phase_one" in skip:
         log.warning("integrity.phase_one_skipped_unsafe", env=UNSAFE_SKIP_ENV, reason=reason)
@@ -817,7 +819,7 @@ __all__ = [
     "StreamRepair",
     "fix_cookie",
     "fixed_end",
-    "forgotten_terms",
+    "metadata_terms",
     "ids_to_hold",
     "limbo_bounds",
     "make_repairer",

@@ -88,3 +88,9 @@ AUDIT_EVENTS = Counter(
     "Audited requests (Fence, Truncate, Trim, recovery adds, refusals) by action and principal",
     ["action", "principal"],
 )
+REFUSED = Counter(
+    "streamkeeper_bookie_refused_total",
+    "Requests refused because metadata or the stored entries do not justify them, by RPC and "
+    "reason",
+    ["rpc", "reason"],
+)  # reason: unjustified_term | unjustified_trim | overwrite | stream_deleted | metadata_unavailable

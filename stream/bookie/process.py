@@ -200,7 +200,7 @@ class Bookie:
             instance_id=instance_id,
             start_report=start_report,
             disk_status=disk,
-            forgotten_terms=integrity.forgotten_terms(config, storage, self._session),
+            metadata_terms=integrity.metadata_terms(config, storage, self._session),
         )
         self._service.set_disk_status(disk)
         add_to_server(self._service, server)

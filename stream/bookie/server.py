@@ -24,10 +24,10 @@ import structlog
 from google.protobuf.message import DecodeError
 
 from stream.bookie import metrics
-from stream.bookie.access import audit_recovery_add
+from stream.bookie.access import ANONYMOUS, CALLER, audit_recovery_add
 from stream.bookie.config import BookieConfig
 from stream.bookie.disk import DiskStatus
-from stream.bookie.terms import ForgottenTerms, Refusal
+from stream.bookie.terms import OVERWRITE, MetadataTerms, Refusal
 from stream.client.entries import varint
 from stream.protocol.invariant import invariant
 from stream.wire import bookie_pb2 as pb
@@ -74,6 +74,7 @@ class Storage(Protocol):
     def stream_state(self, stream_id: int) -> Any: ...
     def stream_ids(self) -> Iterable[int]: ...
     def knows(self, stream_id: int) -> bool: ...
+    def term(self, stream_id: int) -> int: ...
     def record_term(self, stream_id: int, term: int) -> concurrent.futures.Future[None]: ...
 
 
@@ -179,14 +180,14 @@ class BookieService(bookie_pb2_grpc.BookieServicer):
         instance_id: str,
         start_report: StartReport,
         disk_status: DiskStatus | None = None,
-        forgotten_terms: ForgottenTerms | None = None,
+        metadata_terms: MetadataTerms | None = None,
     ) -> None:
-        """`forgotten_terms`: after a disk loss, the check that learns a stream's term from
-        metadata before a term-bearing request for a stream this bookie holds no state for
-        (`stream.bookie.terms`); None when no disk was lost."""
+        """`metadata_terms`: the checks against metadata before the term rule and trims
+        (terms a lost disk took, terms and trims metadata cannot justify:
+        `stream.bookie.terms`); None serves without them (no metadata)."""
         self._config = config
         self._storage = storage
-        self._terms = forgotten_terms
+        self._terms = metadata_terms
         self._instance_id = instance_id
         self._start_report = start_report
         self._disk = disk_status
@@ -278,14 +279,39 @@ class BookieService(bookie_pb2_grpc.BookieServicer):
             counter = self._read_counters[code] = metrics.READ_ENTRIES.labels(code=_code_name(code))
         counter.inc(entries)
 
-    async def _refusal(self, stream_id: int) -> Refusal | None:
-        """Returns why a term-bearing request for `stream_id` must be refused before the term
-        rule (its term may have been lost with the disk and metadata cannot tell it now, or
-        the stream was deleted), else None once its term is known here."""
+    async def _refusal(
+        self, rpc: str, stream_id: int, term: int, context: grpc.aio.ServicerContext
+    ) -> Refusal | None:
+        """Returns why a request carrying `term` for `stream_id` must be refused before the
+        term rule (metadata does not justify the term, cannot tell it now, or the stream was
+        deleted), logged and counted, else None (cheap unless the term rises)."""
         terms = self._terms
-        if terms is None or not terms.must_learn(stream_id):
+        if terms is None or not terms.must_check(stream_id, term):
             return None
-        return await terms.learn(stream_id)
+        refusal = await terms.check(stream_id, term)
+        if refusal is not None:
+            self._log_refusal(rpc, stream_id, refusal.reason, refusal.message, context)
+        return refusal
+
+    def _log_refusal(
+        self, rpc: str, stream_id: int, reason: str, message: str, context: Any
+    ) -> None:
+        """One event and one count per refused request, naming who asked (the principal the
+        access interceptor found; `anonymous` without mutual TLS)."""
+        caller = CALLER.get()
+        principal = caller.principal if caller is not None else ANONYMOUS
+        peer = caller.peer if caller is not None else context.peer() if context else None
+        log.warning(
+            "bookie.request_refused",
+            rpc=rpc,
+            stream_id=stream_id,
+            reason=reason,
+            message=message,
+            principal=principal,
+            peer=peer,
+        )
+        metrics.REFUSED.labels(rpc=rpc, reason=reason).inc()
+        metrics.AUDIT_EVENTS.labels(action="refused", principal=principal).inc()
 
     def _stream_term(self, stream_id: int) -> int:
         state = self._storage.stream_state(stream_id) if stream_id else None
@@ -318,7 +344,9 @@ class BookieService(bookie_pb2_grpc.BookieServicer):
         response.codes.extend(codes)
         return response, None, codes
 
-    def _start_add(self, request: pb.AddRequest, raw: bytes | None) -> _PendingAdd:
+    def _start_add(
+        self, request: pb.AddRequest, raw: bytes | None, context: Any = None
+    ) -> _PendingAdd:
         """Hands one batch to storage; returns its response (to send once `durable` completes),
         the durability future and the codes. `raw` is the batch as received: the storage
         journals it as is instead of serializing the batch again."""
@@ -333,6 +361,10 @@ class BookieService(bookie_pb2_grpc.BookieServicer):
             # on a read-only bookie: a takeover must be able to finish.
             return self._add_rejected(request, READ_ONLY, self._read_only_reason())
         outcome = self._storage.add_batch(request, raw)
+        if outcome.refused_overwrite:
+            self._log_refusal(
+                "Add", request.stream_id, OVERWRITE, outcome.refused_overwrite, context
+            )
         codes: list[int] = outcome.codes
         response = pb.AddResponse(
             stream_id=request.stream_id,
@@ -361,6 +393,7 @@ class BookieService(bookie_pb2_grpc.BookieServicer):
         self,
         requests: AsyncIterator[bytes],
         pending: asyncio.Queue[_PendingAdd | None],
+        context: grpc.aio.ServicerContext,
     ) -> None:
         """Reads batches and hands each to storage at once (many batches in flight), queueing
         its response; stops reading while the queue is full (backpressure to the writer)."""
@@ -376,13 +409,16 @@ class BookieService(bookie_pb2_grpc.BookieServicer):
                     await pending.put((response, None, [BAD_REQUEST]))
                     continue
                 try:
-                    refusal = None
-                    if self._terms is not None:  # only a bookie that lost its disk
-                        refusal = await self._refusal(request.stream_id)
+                    terms = self._terms  # a sync test first: no coroutine per batch
+                    refusal = (
+                        await self._refusal("Add", request.stream_id, request.term, context)
+                        if terms is not None and terms.must_check(request.stream_id, request.term)
+                        else None
+                    )
                     if refusal is not None:
                         item = self._add_rejected(request, refusal.code, refusal.message)
                     else:
-                        item = self._start_add(request, raw)
+                        item = self._start_add(request, raw, context)
                 except Exception as e:
                     log.exception("rpc.internal_error", rpc="Add", stream_id=request.stream_id)
                     item = self._add_rejected(request, INTERNAL, f"internal error: {e!r}")
@@ -402,7 +438,7 @@ class BookieService(bookie_pb2_grpc.BookieServicer):
         pending: asyncio.Queue[_PendingAdd | None] = asyncio.Queue(
             maxsize=self._config.add_max_inflight_batches
         )
-        reader = asyncio.create_task(self._read_adds(request_iterator, pending))
+        reader = asyncio.create_task(self._read_adds(request_iterator, pending, context))
         self._add_streams += 1
         metrics.ADD_STREAMS.inc()
         try:
@@ -440,9 +476,13 @@ class BookieService(bookie_pb2_grpc.BookieServicer):
                 bookie_term=self._stream_term(request.stream_id),
                 message="Fence needs a stream_id and a term >= 1",
             )
-        refusal = await self._refusal(request.stream_id)
+        refusal = await self._refusal("Fence", request.stream_id, request.term, context)
         if refusal is not None:
-            return pb.FenceResponse(code=refusal.code, message=refusal.message)
+            return pb.FenceResponse(
+                code=refusal.code,
+                bookie_term=self._stream_term(request.stream_id),
+                message=refusal.message,
+            )
         outcome = self._storage.fence(request.stream_id, request.term)
         await _await_durable(outcome.durable)
         return pb.FenceResponse(
@@ -465,10 +505,15 @@ class BookieService(bookie_pb2_grpc.BookieServicer):
                 code=BAD_REQUEST, message="Read needs a stream_id and an entry_id >= 0"
             )
         if request.term:  # a recovery read
-            refusal = await self._refusal(request.stream_id)
+            refusal = await self._refusal("Read", request.stream_id, request.term, context)
             if refusal is not None:
                 self._count_read(refusal.code, 1)
-                return pb.ReadResponse(code=refusal.code, lac=-1, message=refusal.message)
+                return pb.ReadResponse(
+                    code=refusal.code,
+                    lac=-1,
+                    bookie_term=self._stream_term(request.stream_id),
+                    message=refusal.message,
+                )
         outcome = self._storage.read(request.stream_id, request.entry_id, request.term)
         await _await_durable(outcome.durable)
         response = pb.ReadResponse(
@@ -548,9 +593,13 @@ class BookieService(bookie_pb2_grpc.BookieServicer):
                 bookie_term=self._stream_term(request.stream_id),
                 message=self._read_only_reason(),
             )
-        refusal = await self._refusal(request.stream_id)
+        refusal = await self._refusal("Truncate", request.stream_id, request.term, context)
         if refusal is not None:
-            return pb.TruncateResponse(code=refusal.code, message=refusal.message)
+            return pb.TruncateResponse(
+                code=refusal.code,
+                bookie_term=self._stream_term(request.stream_id),
+                message=refusal.message,
+            )
         outcome = self._storage.truncate(request.stream_id, request.term, request.after_entry_id)
         await _await_durable(outcome.durable)
         return pb.TruncateResponse(
@@ -563,11 +612,24 @@ class BookieService(bookie_pb2_grpc.BookieServicer):
     async def Trim(  # noqa: N802
         self, request: pb.TrimRequest, context: grpc.aio.ServicerContext
     ) -> pb.TrimResponse:
-        """Drops every entry below `before_entry_id` (allowed when read-only: it frees space)."""
+        """Drops every entry below `before_entry_id` (allowed when read-only: it frees space),
+        never beyond metadata's first retained entry."""
         if request.stream_id == 0 or request.before_entry_id < 0:
             return pb.TrimResponse(
                 code=BAD_REQUEST, message="Trim needs a stream_id and a before_entry_id >= 0"
             )
+        if self._terms is not None:
+            refusal = await self._terms.trim_refusal(request.stream_id, request.before_entry_id)
+            if refusal is not None:
+                self._log_refusal(
+                    "Trim", request.stream_id, refusal.reason, refusal.message, context
+                )
+                state = self._storage.stream_state(request.stream_id)
+                return pb.TrimResponse(
+                    code=refusal.code,
+                    first_entry_id=state.first_entry_id if state is not None else 0,
+                    message=refusal.message,
+                )
         outcome = self._storage.trim(request.stream_id, request.before_entry_id)
         await _await_durable(outcome.durable)
         return pb.TrimResponse(

@@ -1,6 +1,8 @@
-"""Terms a wiped disk took (docs/design.md §4: "a bookie never answers a term-bearing request with a
-term it may have forgotten").
+"""What a bookie checks against metadata before it serves a request (docs/design.md §4): terms a
+wiped disk took, terms metadata never handed out, and trims beyond metadata's first retained entry.
 
+Terms a wiped disk took ("a bookie never answers a term-bearing request with a term it may have
+forgotten").
 Terms are journaled with fsync, so a crash forgets none; a wiped or replaced disk forgets all of
 them. BP-46 phase one fences only the non-sealed streams whose fragments name the bookie, so the
 term of a SEALED stream, or of one a recovery replaced the bookie away from, is gone, and a
@@ -10,6 +12,10 @@ lost a directory, the bookie keeps, durably, the stream id counter of that momen
 state for (`stream.protocol.must_learn_term`) waits until metadata's term for that stream is read
 and recorded (journal, fsync); then the term rule applies as always. Each stream is read once,
 also when many requests for it arrive together; a stream the bookie knows never waits.
+
+Terms and trims metadata cannot justify ("bookies refuse what metadata cannot justify"): one
+`Fence` with an absurd term would fence a stream for good, and a `Trim` (it carries no term) could
+delete entries metadata still promises. The same metadata read serves both checks (`MetadataTerms`).
 """
 
 from __future__ import annotations
@@ -26,24 +32,28 @@ import structlog
 from stream.bookie.config import BookieConfig
 from stream.bookie.storage.fsutil import fsync_dir
 from stream.errors import StorageError, StreamError, StreamNotFoundError
-from stream.protocol import must_learn_term
+from stream.protocol import must_justify_term, must_learn_term, term_justified, trim_refusal
 from stream.wire import bookie_pb2 as pb
 
 log = structlog.get_logger(__name__)
 
 FORGOTTEN_TERMS_FILE = "FORGOTTEN_TERMS_BELOW"
 
-# Reads metadata's term of a stream; None when the stream was deleted. Raises StreamError when
-# metadata cannot tell now.
-TermReader = Callable[[int], Awaitable[int | None]]
+# Why a request was refused, as logged and counted (`streamkeeper_bookie_refused_total`).
+UNJUSTIFIED_TERM = "unjustified_term"
+UNJUSTIFIED_TRIM = "unjustified_trim"
+OVERWRITE = "overwrite"
+STREAM_DELETED = "stream_deleted"
+METADATA_UNAVAILABLE = "metadata_unavailable"
 
 
 @dataclass(frozen=True)
 class Refusal:
-    """Why a term-bearing request is not served: its code and message."""
+    """Why a request is not served: its code, message and reason (one of the names above)."""
 
     code: int
     message: str
+    reason: str
 
 
 def _path(config: BookieConfig) -> Path:
@@ -97,9 +107,18 @@ def read_next_stream_id(session: Any) -> int:
         raise MetadataError("malformed stream id counter", path=paths.STREAMS_NEXT_ID) from exc
 
 
-def read_stream_term(session: Any, stream_id: int) -> int | None:
-    """Returns metadata's term of `stream_id`, None when it was deleted. Blocking. Synced
-    first: a lagging ZooKeeper server could give a term older than one this bookie forgot."""
+@dataclass(frozen=True)
+class StreamFacts:
+    """What metadata tells a bookie about a stream: its term and its first retained entry."""
+
+    term: int
+    first_entry_id: int
+
+
+def read_stream_facts(session: Any, stream_id: int) -> StreamFacts | None:
+    """Returns metadata's term and first retained entry of `stream_id`, None when it was
+    deleted (or never created). Blocking. Synced first: a lagging ZooKeeper server could give
+    a term older than one this bookie forgot, or than the one a writer just took."""
     from stream.metadata import paths
     from stream.metadata.streams import StreamStore
 
@@ -108,18 +127,54 @@ def read_stream_term(session: Any, stream_id: int) -> int | None:
         meta, _ = StreamStore(session).get_stream_by_id(stream_id)
     except StreamNotFoundError:
         return None
-    return meta.term
+    return StreamFacts(meta.term, meta.first_entry_id)
 
 
-class ForgottenTerms:
-    """The check in front of the storage's term rule (call on the storage's thread, the event
-    loop): `must_learn(stream_id)` is the cheap test, `learn(stream_id)` reads and records."""
+# Reads metadata's facts of a stream; None when the stream was deleted. Raises StreamError when
+# metadata cannot tell now.
+FactsReader = Callable[[int], Awaitable[StreamFacts | None]]
 
-    def __init__(self, storage: Any, below: int, read_term: TermReader) -> None:
+
+@dataclass(frozen=True)
+class Checks:
+    """Which refusals are on: all of them but in tests that show an attack succeeding
+    (`stream.bookie.unsafe`)."""
+
+    justify_terms: bool = True
+    justify_trims: bool = True
+
+
+class MetadataTerms:
+    """The checks in front of the storage's term rule and trims, against metadata (call on
+    the storage's thread, the event loop).
+
+    - A term-bearing request for a stream whose term a lost disk may have taken
+      (`forgotten_below`, see the module doc) waits until metadata's term is recorded.
+    - A term above the bookie's is served only when metadata's term is at least as high:
+      a writer raises metadata's term before any bookie sees it, so a higher one was never
+      handed out (`stream.protocol.term_justified`). The highest term metadata was seen to
+      hold is remembered, so metadata is read once per takeover, not per request.
+    - A trim beyond metadata's first retained entry is refused (metadata read on each trim;
+      trims are rare).
+
+    `must_check(stream_id, term)` is the cheap test, `check(stream_id, term)` reads metadata;
+    requests arriving together share one read."""
+
+    def __init__(
+        self,
+        storage: Any,
+        read_facts: FactsReader,
+        *,
+        forgotten_below: int = 0,
+        checks: Checks = Checks(),
+    ) -> None:
         self._storage = storage
-        self._below = below
-        self._read_term = read_term
-        self._learning: dict[int, asyncio.Future[Refusal | None]] = {}
+        self._below = forgotten_below
+        self._read_facts = read_facts
+        self._checks = checks
+        self._reading: dict[int, asyncio.Future[StreamFacts | Refusal | None]] = {}
+        # stream id -> the highest term metadata was seen to hold (it never goes down).
+        self._justified: dict[int, int] = {}
         # Deleted streams (ids are never reused): refused without reading metadata again.
         self._deleted: set[int] = set()
 
@@ -128,65 +183,125 @@ class ForgottenTerms:
         return self._below
 
     def must_learn(self, stream_id: int) -> bool:
-        """Returns whether a term-bearing request for `stream_id` must wait for `learn`."""
+        """Returns whether a term-bearing request for `stream_id` must wait for metadata's term
+        to be recorded first (a lost disk may have taken it)."""
         if stream_id >= self._below:  # the usual case, and every stream after a while
             return False
         return must_learn_term(
             stream_id, known=self._storage.knows(stream_id), forgotten_below=self._below
         )
 
-    async def learn(self, stream_id: int) -> Refusal | None:
-        """Returns once metadata's term of `stream_id` is recorded durably (None: serve the
-        request by the term rule), or why the request must be refused: NO_SUCH_STREAM for a
-        deleted stream, TOO_BUSY (try again) when metadata or the journal cannot tell now.
-        Requests arriving together share one metadata read."""
+    def must_check(self, stream_id: int, term: int) -> bool:
+        """Returns whether a request carrying `term` for `stream_id` must wait for `check`:
+        False for a term the bookie holds already (every request but a takeover's first)."""
+        if self.must_learn(stream_id):
+            return True
+        return self._checks.justify_terms and must_justify_term(
+            term,
+            local_term=self._storage.term(stream_id),
+            justified_term=self._justified.get(stream_id, 0),
+        )
+
+    async def check(self, stream_id: int, term: int) -> Refusal | None:
+        """Returns None once a request carrying `term` may be served by the term rule (a
+        forgotten term recorded first), or why it is refused: NO_SUCH_STREAM for a deleted
+        stream, TOO_BUSY (try again) when metadata or the journal cannot tell now,
+        BAD_REQUEST for a term metadata never handed out (nothing recorded)."""
+        if not self.must_check(stream_id, term):
+            return None
         if stream_id in self._deleted:
             return _deleted(stream_id)
-        pending = self._learning.get(stream_id)
-        if pending is None:
-            pending = asyncio.ensure_future(self._learn(stream_id))
-            self._learning[stream_id] = pending
-            pending.add_done_callback(lambda _: self._learning.pop(stream_id, None))
-        # Shielded: one cancelled request must not cancel the read the others wait for.
-        return await asyncio.shield(pending)
+        facts = await self._facts(stream_id, "term")
+        if isinstance(facts, Refusal):
+            return facts
+        if not self._checks.justify_terms or term_justified(term, facts.term):
+            return None
+        return Refusal(
+            pb.BAD_REQUEST,
+            f"metadata's term for stream {stream_id} is {facts.term}: it does not justify "
+            f"term {term}",
+            UNJUSTIFIED_TERM,
+        )
 
-    async def _learn(self, stream_id: int) -> Refusal | None:
+    async def trim_refusal(self, stream_id: int, before_entry_id: int) -> Refusal | None:
+        """Returns why a Trim of `stream_id` below `before_entry_id` is refused (beyond
+        metadata's first retained entry, or metadata cannot tell now), else None. A deleted
+        stream may be trimmed entirely."""
+        if not self._checks.justify_trims or stream_id in self._deleted:
+            return None
+        state = self._storage.stream_state(stream_id)
+        if state is None or before_entry_id <= state.first_entry_id:
+            return None  # moves nothing here: no metadata read
+        facts = await self._facts(stream_id, "first retained entry", deleted_ok=True)
+        if isinstance(facts, Refusal):
+            return facts
+        reason = trim_refusal(before_entry_id, None if facts is None else facts.first_entry_id)
+        return None if reason is None else Refusal(pb.BAD_REQUEST, reason, UNJUSTIFIED_TRIM)
+
+    async def _facts(self, stream_id: int, what: str, *, deleted_ok: bool = False) -> Any:
+        """Returns metadata's facts of `stream_id` (None for a deleted stream with
+        `deleted_ok`), once a forgotten term is recorded durably, or the refusal when metadata
+        or the journal cannot tell now or the stream was deleted."""
+        pending = self._reading.get(stream_id)
+        if pending is None:
+            pending = asyncio.ensure_future(self._fetch(stream_id, what))
+            self._reading[stream_id] = pending
+            pending.add_done_callback(lambda _: self._reading.pop(stream_id, None))
+        # Shielded: one cancelled request must not cancel the read the others wait for.
+        facts = await asyncio.shield(pending)
+        if facts is None and not deleted_ok:
+            return _deleted(stream_id)
+        return facts
+
+    async def _fetch(self, stream_id: int, what: str) -> StreamFacts | Refusal | None:
         try:
-            term = await self._read_term(stream_id)
+            facts = await self._read_facts(stream_id)
         except StreamError as e:
             log.warning("terms.metadata_unavailable", stream_id=stream_id, error=str(e))
             return Refusal(
                 pb.TOO_BUSY,
-                f"cannot read the term of stream {stream_id} from metadata ({e}); this bookie "
-                "lost its disk and may have forgotten it",
+                f"cannot read the {what} of stream {stream_id} from metadata ({e})",
+                METADATA_UNAVAILABLE,
             )
-        if term is None:
+        if facts is None:
             self._deleted.add(stream_id)
             log.info("terms.stream_deleted", stream_id=stream_id)
-            return _deleted(stream_id)
-        try:
-            await asyncio.wrap_future(self._storage.record_term(stream_id, term))
-        except StorageError as e:
-            return Refusal(pb.INTERNAL, f"cannot record the term of stream {stream_id}: {e}")
-        log.info("terms.learned", stream_id=stream_id, term=term)
-        return None
+            return None
+        if facts.term > self._justified.get(stream_id, 0):
+            self._justified[stream_id] = facts.term
+        if self.must_learn(stream_id):
+            try:
+                await asyncio.wrap_future(self._storage.record_term(stream_id, facts.term))
+            except StorageError as e:
+                return Refusal(
+                    pb.INTERNAL, f"cannot record the term of stream {stream_id}: {e}", "internal"
+                )
+            log.info("terms.learned", stream_id=stream_id, term=facts.term)
+        return facts
 
 
 def _deleted(stream_id: int) -> Refusal:
     return Refusal(
         pb.NO_SUCH_STREAM,
-        f"stream {stream_id} was deleted (metadata has no such stream); this bookie lost its "
-        "disk and cannot tell its term",
+        f"stream {stream_id} was deleted (metadata has no such stream)",
+        STREAM_DELETED,
     )
 
 
 __all__ = [
     "FORGOTTEN_TERMS_FILE",
-    "ForgottenTerms",
+    "METADATA_UNAVAILABLE",
+    "OVERWRITE",
+    "STREAM_DELETED",
+    "UNJUSTIFIED_TERM",
+    "UNJUSTIFIED_TRIM",
+    "Checks",
+    "FactsReader",
+    "MetadataTerms",
     "Refusal",
-    "TermReader",
+    "StreamFacts",
     "forgotten_terms_bound",
     "note_forgotten_terms",
     "read_next_stream_id",
-    "read_stream_term",
+    "read_stream_facts",
 ]

@@ -25,6 +25,7 @@ from stream.protocol.fragments import (
     fragment_index_for,
 )
 from stream.protocol.invariant import InvariantViolation, invariant
+from stream.protocol.justified import overwrite_refusal, trim_refusal
 from stream.protocol.placement import (
     DEFAULT_MAX_ENTRY_BYTES,
     BookieCandidate,
@@ -46,7 +47,13 @@ from stream.protocol.recovery import (
     recovery_waits_for,
     scan_recovery_reads,
 )
-from stream.protocol.terms import TermDecision, must_learn_term, term_decision
+from stream.protocol.terms import (
+    TermDecision,
+    must_justify_term,
+    must_learn_term,
+    term_decision,
+    term_justified,
+)
 
 __all__ = [
     "ENTRY_HEADER",
@@ -84,12 +91,16 @@ __all__ = [
     "journal_required",
     "limbo_blocked",
     "limbo_code",
+    "must_justify_term",
     "must_learn_term",
     "next_to_replace",
+    "overwrite_refusal",
     "pinned_bookies",
     "plan_ensemble_change",
     "read_outcome",
     "recovery_waits_for",
     "scan_recovery_reads",
     "term_decision",
+    "term_justified",
+    "trim_refusal",
 ]

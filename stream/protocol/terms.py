@@ -67,3 +67,18 @@ def must_learn_term(stream_id: int, *, known: bool, forgotten_below: int) -> boo
     A stream the bookie holds state for (`known`) kept its term or learned it since."""
     invariant(forgotten_below >= 0, "a stream id bound is never negative")
     return not known and 0 < stream_id < forgotten_below
+
+
+def must_justify_term(request_term: int, *, local_term: int, justified_term: int) -> bool:
+    """Return whether a bookie must read metadata's term for a stream before it serves a
+    request carrying `request_term`: the request would raise the bookie's term (`local_term`)
+    beyond the highest term metadata was already seen to hold (`justified_term`, 0: none).
+    Metadata's term only grows, so one read per takeover suffices (docs/design.md §4)."""
+    return request_term > local_term and request_term > justified_term
+
+
+def term_justified(request_term: int, metadata_term: int) -> bool:
+    """Return whether metadata's term for a stream justifies a bookie taking `request_term`:
+    a writer raises metadata's term (CAS) before any bookie sees it, so a higher term was
+    never handed out and is refused (a poisoned term would fence the stream for good)."""
+    return request_term <= metadata_term

@@ -147,6 +147,15 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float = 20.0, what: str 
         time.sleep(0.02)
 
 
+def without_metadata_streams(monkeypatch: Any) -> None:
+    """For tests of a bookie alone, whose streams exist in no metadata: the bookies started from
+    now on do not check terms and trims against metadata (test-only switch; the checks have
+    their own tests in test_bookie_refusals.py and tests/unit/bookie/test_metadata_checks.py)."""
+    from stream.bookie.unsafe import UNSAFE_SKIP_ENV
+
+    monkeypatch.setenv(UNSAFE_SKIP_ENV, "metadata_term_check,trim_check")
+
+
 class BookieFactory:
     """Starts bookie processes in a test's temporary directory against one metadata root, and
     stops every one of them at the end."""
@@ -177,3 +186,20 @@ class BookieFactory:
                 bookie.close()
             except Exception:  # keep stopping the others; the test already failed or passed
                 bookie.kill9()
+
+
+def metric_value(bookie: BookieProcess, name: str, **labels: str) -> float:
+    """Returns the sum of the samples of `name` on `bookie`'s Prometheus endpoint whose labels
+    include `labels` (0 when none)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://{bookie.metrics_address}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and labels.items() <= sample.labels.items()
+    )

@@ -23,6 +23,7 @@ from tests.integration.bookie_support import (
     make_entry,
     payload_of,
     wait_until,
+    without_metadata_streams,
 )
 
 pytestmark = pytest.mark.integration
@@ -31,7 +32,10 @@ STREAM = 11
 
 
 @pytest.fixture
-def bookies(tmp_path: Path, metadata_root: str) -> Iterator[BookieFactory]:
+def bookies(
+    tmp_path: Path, metadata_root: str, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[BookieFactory]:
+    without_metadata_streams(monkeypatch)
     factory = BookieFactory(tmp_path, metadata_root)
     try:
         yield factory

@@ -16,13 +16,21 @@ from stream.metadata import paths
 from stream.sandbox.ports import free_port
 from stream.sandbox.zookeeper import ZooKeeperServer
 from stream.wire import bookie_pb2 as pb
-from tests.integration.bookie_support import BookieFactory, add_all, add_request
+from tests.integration.bookie_support import (
+    BookieFactory,
+    add_all,
+    add_request,
+    without_metadata_streams,
+)
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def bookies(tmp_path: Path, metadata_root: str) -> Iterator[BookieFactory]:
+def bookies(
+    tmp_path: Path, metadata_root: str, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[BookieFactory]:
+    without_metadata_streams(monkeypatch)
     factory = BookieFactory(tmp_path, metadata_root)
     try:
         yield factory

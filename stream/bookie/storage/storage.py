@@ -46,10 +46,12 @@ from stream.bookie.storage.index import Index
 from stream.bookie.storage.journal import Journal, JournalPosition, replay
 from stream.bookie.storage.state import StreamState, StreamStateView
 from stream.bookie.storage.write_cache import WriteCache
+from stream.bookie.unsafe import unsafe_skip
 from stream.errors import StorageError
 from stream.protocol.checksum import ENTRY_HEADER
 from stream.protocol.codes import limbo_code
 from stream.protocol.invariant import invariant
+from stream.protocol.justified import overwrite_refusal
 from stream.protocol.terms import TermDecision, term_decision
 from stream.wire import bookie_pb2 as pb
 
@@ -128,6 +130,8 @@ class AddOutcome:
     durable: Future[None] | None
     message: str = ""
     entry_ids: list[int] = field(default_factory=list)
+    # Why an entry of the batch was refused for replacing an acknowledged one ("": none).
+    refused_overwrite: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,6 +283,8 @@ class StreamStorage:
         self.unclean_shutdown_detected = False
         self._write_data = config.journal_write_data
         self._max_entry_bytes = config.max_entry_bytes
+        # Off only in tests that show the forged overwrite succeeding (`stream.bookie.unsafe`).
+        self._refuse_overwrites = "overwrite_check" not in unsafe_skip()
         self._cache_max_bytes = config.write_cache_max_bytes
         self._flush_trigger_bytes = max(config.write_cache_max_bytes // 2, 1)
         # Jitter of the flush interval, seeded per bookie: the bookies of an ensemble start
@@ -429,8 +435,10 @@ class StreamStorage:
         BAD_REQUEST, lower -> INVALID_TERM, higher -> recorded durably first); a full write
         cache -> TOO_BUSY for all; then per entry: negative id, oversized payload or checksum
         mismatch -> BAD_REQUEST, below the first retained entry -> TRIMMED (the rest of the
-        batch proceeds). An entry with the TRUNCATE flag deletes every higher entry. `raw`,
-        when given, must be `request` serialized (it is journaled as is, saving a copy)."""
+        batch proceeds), at or below the LAC and replacing the stored entry with other bytes ->
+        BAD_REQUEST (`stream.protocol.justified.overwrite_refusal`). An entry with the TRUNCATE
+        flag deletes every higher entry. `raw`, when given, must be `request` serialized (it is
+        journaled as is, saving a copy)."""
         entries = list(request.entries)
         count = len(entries)
         stream_id = request.stream_id
@@ -469,6 +477,15 @@ class StreamStorage:
                 if entry_id < first_retained and codes[i] == OK:
                     codes[i] = TRIMMED
                     all_stored = False
+        refused = ""
+        # Only ids at or below the LAC are compared: a writer's adds are above it.
+        if count and state is not None and min(ids) <= state.lac and self._refuse_overwrites:
+            refused = self._refuse_overwrites_at_or_below_lac(stream_id, state.lac, entries, codes)
+            if refused:
+                all_stored = False
+                truncates = truncates and any(
+                    e.flags & FLAG_TRUNCATE for e, c in zip(entries, codes, strict=True) if c == OK
+                )
         if not all_stored:
             stored = [e for e, c in zip(entries, codes, strict=True) if c == OK]
             stored_ids = [i for i, c in zip(ids, codes, strict=True) if c == OK]
@@ -524,8 +541,28 @@ class StreamStorage:
             self._flush_wakeup.set()
         if lac_advanced and self.on_lac_advanced is not None:
             self._notify_lac(stream_id, state.lac)
-        message = "" if all_stored else self._add_message(codes)
-        return AddOutcome(codes or [OK], state.term, durable, message, ids)
+        message = "" if all_stored else self._add_message(codes, refused)
+        return AddOutcome(codes or [OK], state.term, durable, message, ids, refused)
+
+    def _refuse_overwrites_at_or_below_lac(
+        self, stream_id: int, lac: int, entries: list[Entry], codes: list[int]
+    ) -> str:
+        """Sets BAD_REQUEST in `codes` for the entries at or below `lac` that would replace an
+        acknowledged entry with other bytes; returns the first reason ("": none)."""
+        first = ""
+        for i, e in enumerate(entries):
+            if e.entry_id > lac or codes[i] != OK:
+                continue
+            try:
+                stored = self._lookup(stream_id, e.entry_id)
+            except StorageError as error:
+                reason: str | None = f"entry {e.entry_id} cannot be compared: {error}"
+            else:
+                reason = overwrite_refusal(stored, e, lac)
+            if reason is not None:
+                codes[i] = BAD_REQUEST
+                first = first or reason
+        return first
 
     @staticmethod
     def _add_rejected(entries: list[Entry], code: int, term: int, message: str) -> AddOutcome:
@@ -533,10 +570,10 @@ class StreamStorage:
         return AddOutcome([code] * max(len(ids), 1), term, None, message, ids)
 
     @staticmethod
-    def _add_message(codes: list[int]) -> str:
+    def _add_message(codes: list[int], refused: str = "") -> str:
         bad = codes.count(BAD_REQUEST)
         trimmed = codes.count(TRIMMED)
-        parts = []
+        parts = [refused] if refused else []
         if bad:
             parts.append(f"{bad} entries refused (negative id, oversized or checksum mismatch)")
         if trimmed:
@@ -1026,6 +1063,11 @@ class StreamStorage:
         """Returns an immutable view of the stream's state, or None when unknown."""
         state = self._states.get(stream_id)
         return state.view() if state is not None else None
+
+    def term(self, stream_id: int) -> int:
+        """Returns the stream's term (0: unknown; cheap: no view is built)."""
+        state = self._states.get(stream_id)
+        return state.term if state is not None else 0
 
     def knows(self, stream_id: int) -> bool:
         """Returns whether the bookie holds state for the stream (cheap: no view is built)."""

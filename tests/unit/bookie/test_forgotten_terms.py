@@ -6,14 +6,14 @@ requests arriving together; deleted streams refused; metadata unavailable -> try
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from stream.bookie.storage import StreamStorage
 from stream.bookie.terms import (
-    ForgottenTerms,
+    MetadataTerms,
+    StreamFacts,
     forgotten_terms_bound,
     note_forgotten_terms,
 )
@@ -21,11 +21,12 @@ from stream.errors import MetadataError, StorageError
 from stream.wire import bookie_pb2 as pb
 
 from .storage_support import make_config
-from .test_server import Harness, add, run
+from .test_server import Harness, add, add_codes, run
 
 BELOW = 10
-# Metadata's terms (None: deleted). Stream 6 fails its first read.
-METADATA = {3: 5, 4: None, 6: 2, 7: 2, 8: 3, 9: 2}
+# Metadata's terms (None: deleted). Stream 6 fails its first read; stream 10 was created after
+# the disk's loss.
+METADATA = {3: 5, 4: None, 6: 2, 7: 2, 8: 3, 9: 2, 10: 1}
 
 
 def test_the_bound_is_durable_and_only_rises(tmp_path: Path) -> None:
@@ -44,28 +45,21 @@ class FakeMetadata:
         self.reads: list[int] = []
         self.failed: set[int] = set()
 
-    async def read_term(self, stream_id: int) -> int | None:
+    async def read_facts(self, stream_id: int) -> StreamFacts | None:
         self.reads.append(stream_id)
         await asyncio.sleep(0.05)  # requests arriving meanwhile must share this read
         if stream_id == 6 and stream_id not in self.failed:
             self.failed.add(stream_id)
             raise MetadataError("ZooKeeper unavailable")
-        return METADATA[stream_id]
+        term = METADATA[stream_id]
+        return None if term is None else StreamFacts(term, 0)
 
 
 def run_wiped(tmp_path: Path, body, metadata: FakeMetadata) -> None:  # type: ignore[no-untyped-def]
-    def terms(storage: StreamStorage) -> ForgottenTerms:
-        return ForgottenTerms(storage, BELOW, metadata.read_term)
+    def terms(storage: StreamStorage) -> MetadataTerms:
+        return MetadataTerms(storage, metadata.read_facts, forgotten_below=BELOW)
 
-    run(tmp_path, body, forgotten_terms=terms)
-
-
-async def add_codes(h: Harness, request: pb.AddRequest) -> tuple[list[int], int]:
-    async def one() -> AsyncIterator[pb.AddRequest]:
-        yield request
-
-    responses = [r async for r in h.stub.Add(one())]
-    return list(responses[0].codes), responses[0].bookie_term
+    run(tmp_path, body, metadata_terms=terms)
 
 
 def test_a_superseded_writer_of_a_forgotten_stream_gets_invalid_term(tmp_path: Path) -> None:
@@ -82,13 +76,14 @@ def test_a_superseded_writer_of_a_forgotten_stream_gets_invalid_term(tmp_path: P
         truncate = await h.stub.Truncate(pb.TruncateRequest(stream_id=7, term=1, after_entry_id=-1))
         assert (truncate.code, truncate.bookie_term) == (pb.INVALID_TERM, 2)
         assert metadata.reads == [3, 9, 8, 7]
-        # No metadata read: a normal read carries no term; a stream created after the disk's
-        # loss (id >= the bound) never had a term here.
+        # No metadata read: a normal read carries no term. A stream created after the disk's
+        # loss (id >= the bound) never had a term here: read once to justify its first term.
         assert (await h.stub.Read(pb.ReadRequest(stream_id=5, entry_id=0))).code == (
             pb.NO_SUCH_STREAM
         )
         assert await add_codes(h, add(BELOW, 1, range(1))) == ([pb.OK], 1)
-        assert metadata.reads == [3, 9, 8, 7]
+        assert await add_codes(h, add(BELOW, 1, range(1, 2))) == ([pb.OK], 1)
+        assert metadata.reads == [3, 9, 8, 7, BELOW]
 
     run_wiped(tmp_path, body, metadata)
 
@@ -100,9 +95,11 @@ def test_requests_arriving_together_share_one_read(tmp_path: Path) -> None:
         fences = [h.stub.Fence(pb.FenceRequest(stream_id=7, term=t)) for t in (1, 2, 3, 1, 2)]
         codes = [(r.code, r.bookie_term) for r in await asyncio.gather(*fences)]
         assert metadata.reads == [7]
-        # In whatever order they arrive, term 1 is below metadata's term 2, term 3 above it.
-        assert codes[0][0] == codes[3][0] == pb.INVALID_TERM and codes[2] == (pb.OK, 3)
-        assert h.storage.stream_state(7).term == 3
+        # In whatever order they arrive, term 1 is below metadata's term 2, and term 3 above
+        # it was never handed out: refused, nothing recorded.
+        assert codes[0][0] == codes[3][0] == pb.INVALID_TERM
+        assert codes[1] == codes[4] == (pb.OK, 2) and codes[2] == (pb.BAD_REQUEST, 2)
+        assert h.storage.stream_state(7).term == 2
 
     run_wiped(tmp_path, body, metadata)
 

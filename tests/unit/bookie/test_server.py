@@ -20,7 +20,7 @@ from stream.bookie.disk import DiskStatus
 from stream.bookie.server import BookieService, StartReport, add_to_server, server_options
 from stream.bookie.storage import StreamStorage
 from stream.bookie.storage.journal import Journal
-from stream.bookie.terms import ForgottenTerms
+from stream.bookie.terms import MetadataTerms
 from stream.sandbox.ports import free_port
 from stream.wire import bookie_pb2 as pb
 from stream.wire import bookie_pb2_grpc
@@ -86,10 +86,20 @@ class Harness:
     channel: grpc.aio.Channel
 
 
+async def add_codes(h: Harness, request: pb.AddRequest) -> tuple[list[int], int]:
+    """Sends one add batch on its own Add stream; returns its codes and the bookie's term."""
+
+    async def one() -> AsyncIterator[pb.AddRequest]:
+        yield request
+
+    responses = [r async for r in h.stub.Add(one())]
+    return list(responses[0].codes), responses[0].bookie_term
+
+
 async def start(
     data_dir: Path,
     *,
-    forgotten_terms: Callable[[StreamStorage], ForgottenTerms] | None = None,
+    metadata_terms: Callable[[StreamStorage], MetadataTerms] | None = None,
     **overrides: Any,
 ) -> tuple[Harness, grpc.aio.Server]:
     port = free_port()
@@ -117,7 +127,7 @@ async def start(
         instance_id="inst",
         start_report=StartReport(unclean_start=True, replayed_records=7, replayed_entries=5),
         disk_status=DiskStatus(False, 10, 100, "/d", 0.1),
-        forgotten_terms=forgotten_terms(storage) if forgotten_terms is not None else None,
+        metadata_terms=metadata_terms(storage) if metadata_terms is not None else None,
     )
     server = grpc.aio.server(options=server_options(config))
     add_to_server(service, server)
@@ -129,7 +139,7 @@ async def start(
 
 def run(data_dir: Path, coro_fn: Callable[[Harness], Awaitable[None]], **overrides: Any) -> None:
     """Runs `coro_fn` against a started service; `overrides` are config keys, and
-    `forgotten_terms`, a factory of the service's check of forgotten terms."""
+    `metadata_terms`, a factory of the service's checks against metadata."""
 
     async def main() -> None:
         h, server = await start(data_dir, **overrides)

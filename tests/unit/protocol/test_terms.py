@@ -8,7 +8,13 @@ from hypothesis import strategies as st
 
 from stream.protocol.codes import Code
 from stream.protocol.invariant import InvariantViolation
-from stream.protocol.terms import TermDecision, must_learn_term, term_decision
+from stream.protocol.terms import (
+    TermDecision,
+    must_justify_term,
+    must_learn_term,
+    term_decision,
+    term_justified,
+)
 
 
 def oracle(local: int, request: int) -> TermDecision:
@@ -77,3 +83,26 @@ def test_a_bookie_that_never_lost_its_disk_never_reads_metadata() -> None:
     assert not must_learn_term(1, known=False, forgotten_below=0)
     with pytest.raises(InvariantViolation):
         must_learn_term(1, known=False, forgotten_below=-1)
+
+
+def test_a_term_is_checked_against_metadata_only_when_it_would_raise_the_bookies() -> None:
+    # Exhaustively for small terms: a read only for a term above both the bookie's term and
+    # the highest term metadata was already seen to hold (one read per takeover).
+    for request in range(0, 6):
+        for local in range(0, 6):
+            for justified in range(0, 6):
+                expected = request > max(local, justified)
+                assert (
+                    must_justify_term(request, local_term=local, justified_term=justified)
+                    is expected
+                ), (request, local, justified)
+
+
+@given(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1))
+def test_only_a_term_metadata_handed_out_is_justified(request: int, metadata: int) -> None:
+    assert term_justified(request, metadata) is (request <= metadata)
+
+
+def test_the_poisoned_term_of_the_issue_is_not_justified() -> None:
+    assert must_justify_term(2**64 - 1, local_term=3, justified_term=3)
+    assert not term_justified(2**64 - 1, 4)
