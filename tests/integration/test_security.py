@@ -31,7 +31,13 @@ from stream.security.roles import Role
 from stream.security.tls import InsecureFileError, TLSConfig, sync_channel
 from stream.wire import bookie_pb2 as pb
 from stream.wire import bookie_pb2_grpc
-from tests.integration.bookie_support import add_request, wait_until
+from tests.integration.bookie_support import (
+    add_all,
+    add_request,
+    make_entry,
+    wait_until,
+    without_metadata_streams,
+)
 from tests.integration.conftest import running_cluster
 
 pytestmark = pytest.mark.integration
@@ -43,9 +49,24 @@ STREAM_ID = 77
 def secure(
     zookeeper: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[SandboxCluster]:
-    """Three bookies serving mutual TLS with roles (no auto-recovery)."""
-    with running_cluster(zookeeper, tmp_path_factory.mktemp("secure"), secure=True) as cluster:
-        yield cluster
+    """Three bookies serving mutual TLS with roles (no auto-recovery). The role tests send raw
+    requests for stream STREAM_ID, which no metadata holds: these bookies do not check terms
+    and trims against metadata (test_the_attacks_with_a_writer_certificate_are_refused
+    does)."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        without_metadata_streams(monkeypatch)
+        cluster = running_cluster(zookeeper, tmp_path_factory.mktemp("secure"), secure=True)
+        started = cluster.__enter__()
+    try:
+        yield started
+    finally:
+        cluster.__exit__(None, None, None)
+
+
+@pytest.fixture
+def unchecked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bookies started by the test do not check raw requests against metadata."""
+    without_metadata_streams(monkeypatch)
 
 
 def stub_as(cluster: SandboxCluster, role: Role | None, bookie: int = 0) -> Any:
@@ -247,7 +268,7 @@ def test_loose_key_permissions_are_refused(secure: SandboxCluster, tmp_path: Pat
 
 
 def test_an_insecure_bookie_beyond_loopback_refuses_to_start(
-    secure: SandboxCluster, tmp_path: Path
+    secure: SandboxCluster, tmp_path: Path, unchecked: None
 ) -> None:
     """On loopback it starts; without TLS no role applies, and a Fence is still audited."""
     bookie = BookieProcess(
@@ -417,7 +438,7 @@ def test_streamctl_reaches_a_tls_bookie_with_the_tls_options(
 
 
 def test_tls_without_client_auth_encrypts_and_applies_no_role(
-    secure: SandboxCluster, tmp_path: Path
+    secure: SandboxCluster, tmp_path: Path, unchecked: None
 ) -> None:
     assert secure.tls is not None
     bookie = BookieProcess(
@@ -445,3 +466,89 @@ def test_tls_without_client_auth_encrypts_and_applies_no_role(
             plaintext.Info(pb.InfoRequest(), timeout=5)
     finally:
         bookie.close()
+
+
+POISON = (1 << 64) - 1
+REAL = [f"real-{i}".encode() for i in range(4)]
+
+
+def test_the_attacks_with_a_writer_certificate_are_refused(
+    zookeeper: ZooKeeperServer, tmp_path: Path
+) -> None:
+    """An authenticated caller gets no more than metadata justifies: with a valid writer
+    certificate, the poisoned term and the overwrite below the LAC are refused (the trim is
+    beyond a writer's role; a service's unjustified trim is refused too), nothing changes,
+    each refusal names the principal, and the stream keeps working."""
+    with running_cluster(zookeeper, tmp_path / "attacked", secure=True) as cluster:
+        assert cluster.tls is not None
+        files = cluster.tls.client(Role.WRITER)
+        with StreamClient.connect(
+            cluster.metadata, tls=files, metadata_auth_file=cluster.metadata_auth_file
+        ) as client:
+            client.create_stream("victim", ensemble=3, write_quorum=3, ack_quorum=2)
+            writer = client.open_writer("victim")
+            for payload in REAL:
+                writer.append(payload)
+            stream_id = client.stream_info("victim").stream_id
+            term = writer.term
+            stubs = [stub_as(cluster, Role.WRITER, i) for i in range(3)]
+            wait_until(
+                lambda: all(snapshot_state(s, stream_id).lac >= 3 for s in stubs), what="LAC 3"
+            )
+            before = [snapshot(s, stream_id) for s in stubs]
+
+            forged = pb.AddRequest(
+                stream_id=stream_id,
+                term=term,
+                lac=3,
+                lafr=3,
+                entries=[make_entry(stream_id, 2, b"FORGED")],
+            )
+            for stub in stubs:
+                (response,) = add_all(stub, [forged])
+                assert list(response.codes) == [pb.BAD_REQUEST], response
+            poisoned = stubs[0].Fence(pb.FenceRequest(stream_id=stream_id, term=POISON), timeout=10)
+            assert poisoned.code == pb.BAD_REQUEST and poisoned.bookie_term == term, poisoned
+            denied(
+                lambda: stubs[0].Trim(
+                    pb.TrimRequest(stream_id=stream_id, before_entry_id=2), timeout=10
+                ),
+                "Trim",
+                "writer",
+            )
+            service = stub_as(cluster, Role.SERVICE)
+            trimmed = service.Trim(
+                pb.TrimRequest(stream_id=stream_id, before_entry_id=1_000_000), timeout=10
+            )
+            assert trimmed.code == pb.BAD_REQUEST, trimmed
+
+            assert [snapshot(s, stream_id) for s in stubs] == before
+            assert [e.payload for e in client.open_reader("victim").read(0, 3)] == REAL
+            bookie = cluster.bookies[0]
+            wait_until(
+                lambda: (
+                    {(e["rpc"], e["principal"]) for e in logged(bookie, "bookie.request_refused")}
+                    >= {("Add", "writer"), ("Fence", "writer"), ("Trim", "service")}
+                ),
+                what="the refusals logged with their principals",
+            )
+
+            assert writer.append(b"real-4") == 4
+            writer.close()
+            with client.open_writer("victim") as second:
+                assert second.term == term + 1
+                fifth = second.append(b"real-5")
+            payloads = [e.payload for e in client.open_reader("victim").read(0, fifth)]
+            assert payloads == [*REAL, b"real-4", b"real-5"]
+
+
+def snapshot_state(stub: Any, stream_id: int) -> pb.StreamStateResponse:
+    return stub.StreamState(pb.StreamStateRequest(stream_id=stream_id), timeout=10)
+
+
+def logged(bookie: BookieProcess, event: str) -> list[dict[str, Any]]:
+    return [
+        json.loads(line)
+        for line in bookie.log_path.read_text().splitlines()
+        if f'"{event}"' in line
+    ]
