@@ -110,7 +110,8 @@ def _run(
 
 def _print_tls(cluster: SandboxCluster, console: Console) -> None:
     """Tells how to reach the secure sandbox: the environment of a writer's streamctl (the
-    other roles' certificates sit beside it)."""
+    other roles' certificates sit beside it; the metadata auth file is the cluster's
+    identity)."""
     from stream.security.roles import Role
 
     assert cluster.tls is not None
@@ -120,7 +121,8 @@ def _print_tls(cluster: SandboxCluster, console: Console) -> None:
         "admin). As a writer:\n"
         f"  export STREAMKEEPER_TLS_CA_FILE={files.ca_file} "
         f"STREAMKEEPER_TLS_CERT_FILE={files.cert_file} "
-        f"STREAMKEEPER_TLS_KEY_FILE={files.key_file}",
+        f"STREAMKEEPER_TLS_KEY_FILE={files.key_file}"
+        f" STREAMKEEPER_METADATA_AUTH_FILE={cluster.metadata_auth_file}",
         soft_wrap=True,
     )
 
