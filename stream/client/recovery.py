@@ -74,6 +74,9 @@ T = TypeVar("T")
 
 # Bound on the replacements tried for one failed bookie before the attempt gives up.
 _MAX_CANDIDATES_TRIED = 8
+# Rounds over the write set to read the timestamp the new term starts from, before falling back
+# to the new writer's clock (a lost message must not turn the stream's time back).
+_FLOOR_READ_ROUNDS = 4
 
 
 @dataclass(frozen=True)
@@ -415,24 +418,27 @@ class Takeover:
             if holder.last_entry_id == start:
                 # A fragment closed at a no-op records its last data entry's timestamp.
                 recorded = holder.last_timestamp_ms
-        found = await timestamp_in_write_set(
-            self._transport,
-            meta.id,
-            meta.quorum,
-            holder.ensemble,
-            start,
-            self._options.recovery_read_timeout_s,
-        )
-        if found is None and recorded is not None:
-            return recorded
-        if found is None:
+        for round_ in range(_FLOOR_READ_ROUNDS):
+            if round_:
+                await asyncio.sleep(self._options.retry_backoff_s * round_)
+            found = await timestamp_in_write_set(
+                self._transport,
+                meta.id,
+                meta.quorum,
+                holder.ensemble,
+                start,
+                self._options.recovery_read_timeout_s,
+            )
+            if found is not None:
+                return found
+        if recorded is None:
             log.warning(
                 "recovery.last_timestamp_unknown",
                 stream=self.name,
                 term=meta.term,
                 entry_id=start,
             )
-        return found
+        return recorded
 
     async def _record_loss(
         self, meta: StreamMeta, version: int, end: int, frozen_lac: int, limbo: Sequence[str]

@@ -1,5 +1,6 @@
 """The simulation's checker: the four safety properties of docs/design.md §10, evaluated from what
-the application saw (acknowledgments, reads) and from the bookies' contents.
+the application saw (acknowledgments, reads) and from the bookies' contents, and the
+timestamps' order.
 
 1. `durability`: no acknowledged entry is ever lost or changed. Two acknowledgments of one
    entry id with different payloads, or a final read (after a last takeover fixed the end)
@@ -13,6 +14,9 @@ the application saw (acknowledgments, reads) and from the bookies' contents.
 4. `superseded-writer`: a writer whose term was superseded gets no acknowledgment for an entry
    at or after the first entry id of a newer term once that term's recovery fixed the end
    (its `finish_recovery` committed).
+5. `monotone-time`: entry timestamps never go backwards within the stream (docs/design.md
+   "Time"): every read returns non-decreasing timestamps in entry id order, although each
+   client's clock is skewed (`Simulation` gives each its own offset).
 
 A violation carries the property, the virtual time and the details. The checker only
 observes: it never changes what the simulation does.
@@ -32,6 +36,7 @@ DURABILITY = "durability"
 NO_DIVERGENCE = "no-divergence"
 READER_AGREEMENT = "reader-agreement"
 SUPERSEDED_WRITER = "superseded-writer"
+MONOTONE_TIME = "monotone-time"
 # Not a safety property (docs/design.md §10 progress): with every fault healed and E writable
 # bookies up, a writer left appends neither acknowledged nor failed: a stall with no error.
 PROGRESS = "progress"
@@ -39,7 +44,7 @@ PROGRESS = "progress"
 # fault healed (a bug or a protocol that cannot make progress).
 LIVENESS = "liveness"
 
-PROPERTIES = (DURABILITY, NO_DIVERGENCE, READER_AGREEMENT, SUPERSEDED_WRITER)
+PROPERTIES = (DURABILITY, NO_DIVERGENCE, READER_AGREEMENT, SUPERSEDED_WRITER, MONOTONE_TIME)
 
 _NOOP = int(EntryFlag.NOOP)
 # A reader that skipped an id saw a no-op there.
@@ -158,6 +163,17 @@ class Checker:
                     f"{'a no-op' if earlier[0] is None else repr(earlier[0])}, reader {reader} "
                     f"saw {'a no-op' if payload is None else repr(payload)}",
                 )
+
+    def on_timestamps(self, reader: str, stamps: Sequence[tuple[int, int]]) -> None:
+        """Checks property 5 on a read's `(entry id, timestamp)` pairs, in id order."""
+        for (before, earlier), (after, later) in zip(stamps, stamps[1:], strict=False):
+            if later < earlier:
+                self.violate(
+                    MONOTONE_TIME,
+                    f"reader {reader}: entry {after} is stamped {later}, before entry "
+                    f"{before} ({earlier})",
+                )
+                return
 
     # ------------------------------------------------------------------ bookie scans
 

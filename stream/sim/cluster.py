@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import zlib
 from collections import Counter
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field, replace
@@ -33,7 +34,7 @@ from stream.metadata.streams import StreamStore
 from stream.protocol import EntryFlag, fragment_index_for
 from stream.sim.bookie import BookieProtections, SimBookie
 from stream.sim.checker import LIVENESS, PROGRESS, Checker
-from stream.sim.network import NetworkFaults, SimClock, SimNetwork, SimTransport
+from stream.sim.network import NetworkFaults, SimClock, SimNetwork, SimTransport, SkewedClock
 from stream.sim.trace import Trace
 from stream.sim.zookeeper import (
     FakeKazooClient,
@@ -75,6 +76,8 @@ PROTECTIONS = (
 # (acknowledged, or failed with an error): far above the writer's own timeouts and deadlines
 # (`fast_writer_options`), so that only a stall is judged.
 PROGRESS_S = 5.0
+# Clients' wall clocks are off by up to this much, each its own way.
+CLOCK_SKEW_MS = 120_000
 
 # A property the checker reports when the real client raised something it never should (a bug
 # outside the four safety properties).
@@ -177,6 +180,10 @@ class SimClient:
         self.zk = FakeKazooClient(sim.zk, now=sim.loop.time, lose_reply=self._lose_reply)
         self.session = SimMetadataSession(self.zk)
         self.metadata = SimMetadata(sim.network, name, self.session)
+        # Each client's wall clock is off by its own amount: timestamps must not go backwards
+        # when writers take over from one another (checker property 5).
+        offset_ms = zlib.crc32(name.encode()) % (2 * CLOCK_SKEW_MS + 1) - CLOCK_SKEW_MS
+        self.clock = SkewedClock(sim.clock, offset_ms)
         self.writers: list[AsyncStreamWriter] = []
         self.opening: asyncio.Task[Any] | None = None
         self.sequence = 0
@@ -366,7 +373,7 @@ class Simulation:
             STREAM_NAME,
             transport=client.transport,
             metadata=client.metadata,
-            clock=self.clock,
+            clock=client.clock,
             rng=client.rng,
             options=self.writer_options,
             identity=WriterIdentity(name),
@@ -488,8 +495,10 @@ class Simulation:
                 return None
             first = max(reader.meta.first_entry_id, lac - span + 1)
             got: list[tuple[int, bytes]] = []
+            stamps: list[tuple[int, int]] = []
             async for batch in reader.read(first, lac):
                 got.extend((e.entry_id, e.payload) for e in batch)
+                stamps.extend((e.entry_id, e.timestamp_ms) for e in batch)
         except StreamError as e:
             self.trace.record("read_failed", c=name, error=type(e).__name__)
             return None
@@ -499,6 +508,7 @@ class Simulation:
             self._unexpected(f"{name}'s read", e)
             return None
         self.checker.on_read(name, first, lac, got)
+        self.checker.on_timestamps(name, stamps)
         return first, lac, got
 
     # ------------------------------------------------------------------ faults

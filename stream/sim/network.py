@@ -579,3 +579,14 @@ class SimClock:
 
     def now_ms(self) -> int:
         return self._net.now_ms()
+
+
+class SkewedClock:
+    """A client's wall clock, off from `clock` by `offset_ms` (ahead or behind)."""
+
+    def __init__(self, clock: SimClock, offset_ms: int) -> None:
+        self._clock = clock
+        self.offset_ms = offset_ms
+
+    def now_ms(self) -> int:
+        return max(self._clock.now_ms() + self.offset_ms, 0)

@@ -8,6 +8,8 @@ entries instead, still over 50 fragments)."""
 from __future__ import annotations
 
 import bisect
+import concurrent.futures
+import contextlib
 import datetime
 import itertools
 import json
@@ -15,11 +17,15 @@ import logging
 import math
 import os
 import random
+import threading
 import time
+from collections.abc import Generator
+from typing import cast
 
 import pytest
 
 from stream.client import StreamClient
+from stream.client.entries import Entry
 from stream.client.ports import SystemClock
 from stream.sandbox.cluster import SandboxCluster
 from tests.integration.cli_support import streamctl
@@ -236,3 +242,54 @@ def test_streamctl_tail_from_time(cluster: SandboxCluster) -> None:
     bad = streamctl(metadata, "tail", "recent", "--from-time", "an hour ago")
     assert bad.returncode == 2
     assert "--from-time" in bad.stderr
+
+
+class _Seen(logging.Handler):
+    """Sets `event` once a record of the structlog event `name` is logged."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(logging.DEBUG)
+        self.name_wanted = name
+        self.event = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if isinstance(record.msg, dict) and record.msg.get("event") == self.name_wanted:
+            self.event.set()
+
+
+def test_tail_from_a_time_after_every_entry_waits_for_entries_that_late(
+    cluster: SandboxCluster,
+) -> None:
+    ten = _iso_ms("2026-11-24T10:00Z")
+    clock = ManualClock(ten)
+    logger = logging.getLogger("stream.client.reader")
+    seen = _Seen("reader.seek_time")
+    level = logger.level
+    logger.addHandler(seen)
+    logger.setLevel(logging.DEBUG)
+    try:
+        with (
+            StreamClient.connect(cluster.metadata, clock=clock) as client,
+            concurrent.futures.ThreadPoolExecutor(1) as pool,
+        ):
+            client.create_stream("later")
+            with client.open_writer("later") as writer:
+                writer.append(b"early")
+                reader = client.open_reader("later")
+
+                def first_entry() -> bytes:
+                    tail = reader.tail(start_time_ms=ten + HOUR_MS, timeout_s=60)
+                    with contextlib.closing(cast(Generator[Entry, None, None], tail)):
+                        return next(tail).payload
+
+                got = pool.submit(first_entry)
+                # The tail sought past every entry before these are appended.
+                assert seen.event.wait(60)
+                clock.now = ten + 1
+                writer.append(b"still early")
+                clock.now = ten + HOUR_MS
+                writer.append(b"on time")
+                assert got.result(60) == b"on time"
+    finally:
+        logger.removeHandler(seen)
+        logger.setLevel(level)

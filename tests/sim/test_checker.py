@@ -8,6 +8,7 @@ from stream.metadata.model import Fragment, StreamMeta
 from stream.protocol import QuorumConfig
 from stream.sim.checker import (
     DURABILITY,
+    MONOTONE_TIME,
     NO_DIVERGENCE,
     READER_AGREEMENT,
     SUPERSEDED_WRITER,
@@ -116,3 +117,12 @@ def test_bookie_scan_finds_divergent_copies_in_the_write_set_only() -> None:
     assert "b3" in checker.violations[0].details and "no-op" in checker.violations[0].details
     checker.scan_bookies(1, QuorumConfig(3, 3, 2), fragments, lookup)
     assert len(checker.violations) == 1  # reported once
+
+
+def test_timestamps_that_go_backwards_are_a_violation() -> None:
+    checker, _ = _checker()
+    checker.on_timestamps("r1", [(0, 10), (1, 10), (3, 12)])
+    assert checker.violations == []
+    checker.on_timestamps("r2", [(0, 10), (1, 12), (3, 11), (4, 9)])
+    assert _props(checker) == [MONOTONE_TIME]
+    assert "entry 3 is stamped 11, before entry 1 (12)" in checker.violations[0].details
