@@ -10,7 +10,7 @@ from typing import Any
 
 from rich.table import Table
 
-from stream.cli.arguments import start_position
+from stream.cli.arguments import start_position, time_ms
 from stream.cli.connect import open_client
 from stream.cli.output import console as output_console
 from stream.cli.output import print_json, supports_json, wants_json
@@ -40,12 +40,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="move a cursor so that its consumer reads TO next",
         description="Moves the cursor backwards or forwards (creating it when absent) so that "
         "its consumer reads TO next: earliest (the first retained entry), latest (the entry "
-        "after the LAC) or an entry id. A consumer running meanwhile commits over it: stop "
-        "it first.",
+        "after the LAC), an entry id, or with --to-time the first entry stamped at or after a "
+        "time. A consumer running meanwhile commits over it: stop it first.",
     )
     reset.add_argument("stream")
     reset.add_argument("cursor")
-    reset.add_argument("--to", required=True, type=start_position, help="earliest|latest|ID")
+    to = reset.add_mutually_exclusive_group(required=True)
+    to.add_argument("--to", type=start_position, help="earliest|latest|ID")
+    to.add_argument(
+        "--to-time",
+        dest="to_time_ms",
+        type=time_ms,
+        metavar="TIME",
+        help="the first entry stamped at or after TIME: 2026-11-24T10:00Z or -1h",
+    )
     supports_json(reset)
     reset.set_defaults(handler=_reset)
 
@@ -112,7 +120,11 @@ def _show(args: argparse.Namespace) -> int:
 
 def _reset(args: argparse.Namespace) -> int:
     with open_client(args) as client:
-        position = client.cursor(args.stream, args.cursor).reset(args.to)
+        cursor = client.cursor(args.stream, args.cursor)
+        if args.to_time_ms is not None:
+            position = cursor.reset_time(args.to_time_ms)
+        else:
+            position = cursor.reset(args.to)
     if wants_json(args):
         print_json({"stream": args.stream, "cursor": args.cursor, "position": position})
     else:

@@ -23,7 +23,7 @@ METADATA_AUTH_ENV = "STREAMKEEPER_METADATA_AUTH_FILE"
 DEFAULT_CONNECT_TIMEOUT_S = 1.5
 
 # Options whose values may start with a dash (a time before now: `--from-time -1h`).
-DASH_VALUE_OPTIONS = ("--from-time",)
+DASH_VALUE_OPTIONS = ("--from-time", "--to-time")
 # Modules under stream.cli that add subcommands, in help order.
 COMMAND_MODULES = (
     "bookie",

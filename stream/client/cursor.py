@@ -108,6 +108,14 @@ class AsyncCursor:
         await self.commit(position, reset=True)
         return position
 
+    async def reset_time(self, ts_ms: int) -> int:
+        """Moves the cursor so that its consumer reads next the first entry stamped at or after
+        `ts_ms` (milliseconds since the epoch; `seek_time`); returns the new position."""
+        reader = await self._reader()
+        position = await reader.seek_time(ts_ms) - 1
+        await self.commit(position, reset=True)
+        return position
+
     async def lag(self) -> CursorLag:
         """Returns how far the cursor is behind the LAC (see `cursor_lag` for the bytes)."""
         reader = await self._reader()
@@ -213,6 +221,12 @@ class Cursor:
         """Makes the consumer read `to` next ("earliest", "latest" or an entry id); returns the
         new position."""
         result: int = self._run(self.core.reset(to))
+        return result
+
+    def reset_time(self, ts_ms: int) -> int:
+        """Makes the consumer read next the first entry stamped at or after `ts_ms`
+        (milliseconds since the epoch); returns the new position."""
+        result: int = self._run(self.core.reset_time(ts_ms))
         return result
 
     @property

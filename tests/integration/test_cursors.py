@@ -5,6 +5,7 @@ duplicates only after the last commit."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import signal
@@ -205,6 +206,19 @@ def test_streamctl_cursors_list_show_reset_delete(
     assert table.returncode == 0 and "lag entries" in table.stdout and "b" in table.stdout
     shown = streamctl(metadata, "cursors", "show", "cli", "b", "--output", "json")
     assert json.loads(shown.stdout)["position"] == 19
+
+    # By time: the first entry stamped at or after it is read next.
+    reader = client.open_reader("cli")
+    stamp_ms = next(iter(reader.read(12, 12))).timestamp_ms
+    iso = datetime.datetime.fromtimestamp(stamp_ms / 1000, datetime.UTC).isoformat()
+    at_time = streamctl(metadata, "cursors", "reset", "cli", "b", "--to-time", iso)
+    assert at_time.returncode == 0, at_time.stderr
+    assert client.cursor("cli", "b").position == reader.seek_time(stamp_ms) - 1 <= 11
+    an_hour = streamctl(metadata, "cursors", "reset", "cli", "b", "--to-time", "-1h")
+    assert an_hour.returncode == 0, an_hour.stderr
+    assert client.cursor("cli", "b").position == -1  # every entry is younger than an hour
+    both = streamctl(metadata, "cursors", "reset", "cli", "b", "--to", "1", "--to-time", "-1h")
+    assert both.returncode == 2
 
     for to, position in (("earliest", -1), ("latest", 24), ("7", 6)):
         reset = streamctl(metadata, "cursors", "reset", "cli", "b", "--to", to)
