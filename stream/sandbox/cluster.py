@@ -1,4 +1,4 @@
-"""A local cluster on 127.0.0.1: one ZooKeeper, N bookie processes and (optionally) the
+"""A local cluster on 127.0.0.1: one ZooKeeper (or an ensemble), N bookie processes and (optionally) the
 retention service. Used by `streamctl sandbox`, the integration tests and the benchmarks."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import Any
 import structlog
 from kazoo.client import KazooClient
 
-from stream.errors import StreamError
+from stream.errors import InvalidArgumentError, StreamError
 from stream.retention.process import RetentionProcess
 from stream.sandbox.bookies import BookieProcess, stop_all
-from stream.sandbox.zookeeper import ZooKeeperServer
+from stream.sandbox.zookeeper import ZooKeeperEnsemble, ZooKeeperServer
 
 log = structlog.get_logger(__name__)
 
@@ -37,7 +37,8 @@ class SandboxCluster:
 
     With `zookeeper` given, the cluster uses that server (and a root of its own) instead of
     starting one, so tests can share one ZooKeeper. With `retention_interval_s`, a retention
-    service process (`streamctl retention run`) runs too, once the bookies serve."""
+    service process (`streamctl retention run`) runs too, once the bookies serve. With
+    `zookeepers` > 1, it starts an ensemble of that many servers on distinct ports."""
 
     def __init__(
         self,
@@ -49,13 +50,22 @@ class SandboxCluster:
         bookie_settings: dict[str, Any] | None = None,
         zookeeper: ZooKeeperServer | None = None,
         retention_interval_s: float | None = None,
+        zookeepers: int = 1,
     ) -> None:
         if bookies < 1:
             raise StreamError("a sandbox needs at least one bookie", bookies=bookies)
         self.data_dir = Path(data_dir)
         self.root = root
         self._own_zookeeper = zookeeper is None
-        self.zookeeper = zookeeper or ZooKeeperServer(self.data_dir / "zookeeper", port=zk_port)
+        if zookeepers < 1 or (zookeepers > 1 and (zk_port is not None or zookeeper is not None)):
+            raise InvalidArgumentError(
+                "an ensemble takes neither a fixed port nor a given server", zookeepers=zookeepers
+            )
+        self.zookeeper: ZooKeeperServer | ZooKeeperEnsemble = zookeeper or (
+            ZooKeeperEnsemble(self.data_dir / "zookeeper", zookeepers)
+            if zookeepers > 1
+            else ZooKeeperServer(self.data_dir / "zookeeper", port=zk_port)
+        )
         self.bookie_settings = dict(bookie_settings or {})
         self.bookies: list[BookieProcess] = []
         self._bookie_count = bookies
@@ -140,7 +150,11 @@ class SandboxCluster:
             (b.bookie_id, b.process, b.log_path) for b in self.bookies
         ]
         if self._own_zookeeper:
-            watched.insert(0, ("ZooKeeper", self.zookeeper.process, self.zookeeper.log_path))
+            servers = getattr(self.zookeeper, "servers", [self.zookeeper])
+            watched[:0] = [
+                ("ZooKeeper" if len(servers) == 1 else f"ZooKeeper {s.hosts}", s.process, s.log_path)
+                for s in servers
+            ]
         if self.retention is not None:
             watched.append(("retention service", self.retention.process, self.retention.log_path))
         return [
@@ -148,6 +162,12 @@ class SandboxCluster:
             for name, process, log_path in watched
             if process is not None and process.poll() is not None
         ]
+
+    def zookeeper_quorum(self) -> bool:
+        """Whether a majority of the ZooKeeper servers still runs."""
+        servers = getattr(self.zookeeper, "servers", [self.zookeeper])
+        running = [s for s in servers if s.process is not None and s.process.poll() is None]
+        return 2 * len(running) > len(servers)
 
     def _ensure_root(self) -> None:
         zk = KazooClient(hosts=self.zookeeper.hosts)
