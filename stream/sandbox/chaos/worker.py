@@ -1,0 +1,138 @@
+"""A workload process of the chaos harness (run on a host of its own): a writer that appends
+and takes the stream over again when superseded, or a reader that tails it. Every append's
+invocation and outcome and every entry read go to the history file.
+
+    python -m stream.sandbox.chaos.worker writer|reader --metadata M --stream S --name N
+        --history FILE [--reengage] [--seed N] [--without-protection NAME]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import random
+import signal
+import threading
+from pathlib import Path
+
+from stream.client import StreamClient
+from stream.client.options import Protections, ReaderOptions, WriterOptions
+from stream.errors import AppendTimeoutError, EntryTrimmedError, StreamError
+from stream.metadata.streams import StreamSealedError
+from stream.sandbox.chaos.history import ACK, ERROR, FAIL, INVOKE, OPEN, READ, HistoryWriter
+
+# A superseded writer waits this long (at random) before it takes the stream over again.
+_RETAKE_S = (1.0, 4.0)
+# An append not acknowledged within this is recorded as failed (it may still be written).
+_APPEND_TIMEOUT_S = 5.0
+# Pause between appends: a steady trickle keeps the CPU of the shared machine for the faults.
+_APPEND_PAUSE_S = 0.02
+
+
+def _writer_options(without: list[str]) -> WriterOptions:
+    protections = dataclasses.replace(Protections(), **{name: False for name in without})
+    return WriterOptions(protections=protections)
+
+
+def _connect(metadata: str, stop: threading.Event, history: HistoryWriter) -> StreamClient | None:
+    while not stop.is_set():
+        try:
+            return StreamClient.connect(metadata, timeout_s=10.0)
+        except StreamError as e:
+            history.record(ERROR, op="connect", error=type(e).__name__)
+            stop.wait(1.0)
+    return None
+
+
+def run_writer(args: argparse.Namespace, stop: threading.Event, history: HistoryWriter) -> None:
+    rng = random.Random(args.seed)
+    client = _connect(args.metadata, stop, history)
+    if client is None:
+        return
+    options = _writer_options(args.without_protection)
+    sequence = 0
+    try:
+        while not stop.is_set():
+            try:
+                writer = client.open_writer(args.stream, reengage=args.reengage, options=options)
+            except StreamError as e:
+                history.record(ERROR, op="open", error=type(e).__name__, detail=str(e)[:200])
+                if isinstance(e, StreamSealedError):
+                    return
+                stop.wait(rng.uniform(*_RETAKE_S))
+                continue
+            history.record(OPEN, term=writer.term)
+            while not stop.is_set():
+                sequence += 1
+                payload = f"{args.name}-{sequence}"
+                history.record(INVOKE, v=payload)
+                term = writer.term
+                try:
+                    entry_id = writer.append(payload.encode(), timeout_s=_APPEND_TIMEOUT_S)
+                except AppendTimeoutError:
+                    history.record(FAIL, v=payload, term=term, error="AppendTimeoutError")
+                    continue
+                except StreamError as e:
+                    history.record(FAIL, v=payload, term=term, error=type(e).__name__)
+                    break
+                history.record(ACK, v=payload, e=entry_id, term=term)
+                stop.wait(_APPEND_PAUSE_S)
+            writer.abort()
+            stop.wait(rng.uniform(*_RETAKE_S))
+    finally:
+        client.close()
+
+
+def run_reader(args: argparse.Namespace, stop: threading.Event, history: HistoryWriter) -> None:
+    client = _connect(args.metadata, stop, history)
+    if client is None:
+        return
+    # A segment is a stretch of ids read without a gap; a trim that overtakes the reader
+    # starts a new one at the first retained entry.
+    segment, start = 0, 0
+    try:
+        reader = None
+        while not stop.is_set():
+            try:
+                if reader is None:
+                    reader = client.open_reader(args.stream, options=ReaderOptions())
+                for entry in reader.tail(start=start, timeout_s=1.0):
+                    history.record(READ, seg=segment, e=entry.entry_id, v=entry.payload.decode())
+                    start = entry.entry_id + 1
+                    if stop.is_set():
+                        return
+            except EntryTrimmedError as e:
+                segment += 1
+                start = int(e.context.get("first_entry_id", start))
+                history.record(ERROR, op="tail", error="EntryTrimmedError", restart=start)
+            except StreamError as e:
+                history.record(ERROR, op="tail", error=type(e).__name__, detail=str(e)[:200])
+                reader = None
+                stop.wait(0.5)
+    finally:
+        client.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="stream.sandbox.chaos.worker")
+    parser.add_argument("role", choices=["writer", "reader"])
+    parser.add_argument("--metadata", required=True)
+    parser.add_argument("--stream", required=True)
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--history", type=Path, required=True)
+    parser.add_argument("--reengage", action="store_true")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--without-protection", action="append", default=[])
+    args = parser.parse_args(argv)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    history = HistoryWriter(args.history, args.name)
+    try:
+        (run_writer if args.role == "writer" else run_reader)(args, stop, history)
+    finally:
+        history.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
