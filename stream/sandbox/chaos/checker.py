@@ -54,6 +54,7 @@ class Verdict:
     appends: int = 0
     reads: int = 0
     checked_entries: int = 0
+    read_back: int = 0
     faults: dict[str, int] = field(default_factory=dict)
     availability: list[Availability] = field(default_factory=list)
 
@@ -65,7 +66,8 @@ class Verdict:
         state = "OK" if self.ok else f"{len(self.violations)} VIOLATION(S)"
         return (
             f"{state}: {self.appends} appends, {self.acks} acknowledged, {self.reads} reads, "
-            f"{self.checked_entries} acknowledged entries checked by the final read, faults "
+            f"{self.read_back} acknowledged entries read back by readers, "
+            f"{self.checked_entries} checked by the final read, faults "
             + (", ".join(f"{k}={v}" for k, v in sorted(self.faults.items())) or "none")
         )
 
@@ -125,6 +127,8 @@ def _check_reads(events: Sequence[Event], acked: dict[int, Event], verdict: Verd
         entry_id = event["e"]
         segments[(event["p"], event["seg"])][entry_id] = event["v"]
         ack = acked.get(entry_id)
+        if ack is not None and ack["v"] == event["v"] and entry_id not in seen:
+            verdict.read_back += 1
         if ack is not None and ack["v"] != event["v"]:
             _violate(
                 verdict,

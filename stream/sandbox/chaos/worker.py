@@ -18,6 +18,7 @@ from pathlib import Path
 from stream.client import StreamClient
 from stream.client.options import Protections, ReaderOptions, WriterOptions
 from stream.errors import AppendTimeoutError, EntryTrimmedError, StreamError
+from stream.logging import configure_logging
 from stream.metadata.streams import StreamSealedError
 from stream.sandbox.chaos.history import ACK, ERROR, FAIL, INVOKE, OPEN, READ, HistoryWriter
 
@@ -124,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--without-protection", action="append", default=[])
     args = parser.parse_args(argv)
+    configure_logging(json=True, level="info")  # into the worker's log file
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     history = HistoryWriter(args.history, args.name)
