@@ -1,5 +1,6 @@
-"""A local cluster on 127.0.0.1: one ZooKeeper (or an ensemble), N bookie processes and (optionally) the
-retention service. Used by `streamctl sandbox`, the integration tests and the benchmarks."""
+"""A local cluster on 127.0.0.1: one ZooKeeper (or an ensemble), N bookie processes and
+(optionally) the retention service. Used by `streamctl sandbox`, the integration tests and the
+benchmarks."""
 
 from __future__ import annotations
 
@@ -151,9 +152,11 @@ class SandboxCluster:
         ]
         if self._own_zookeeper:
             servers = getattr(self.zookeeper, "servers", [self.zookeeper])
+            names = (
+                ["ZooKeeper"] if len(servers) == 1 else [f"ZooKeeper {s.hosts}" for s in servers]
+            )
             watched[:0] = [
-                ("ZooKeeper" if len(servers) == 1 else f"ZooKeeper {s.hosts}", s.process, s.log_path)
-                for s in servers
+                (name, s.process, s.log_path) for name, s in zip(names, servers, strict=True)
             ]
         if self.retention is not None:
             watched.append(("retention service", self.retention.process, self.retention.log_path))

@@ -132,8 +132,21 @@ class Host:
         if not 0 < percent < 100:
             raise NetnsError("loss must be between 1 and 99 percent", percent=percent)
         self.run(
-            ["nft", "add", "rule", "inet", "chaos", "loss", "numgen", "random", "mod", "100", "<",
-             str(percent), "drop"]  # fmt: skip
+            [
+                "nft",
+                "add",
+                "rule",
+                "inet",
+                "chaos",
+                "loss",
+                "numgen",
+                "random",
+                "mod",
+                "100",
+                "<",
+                str(percent),
+                "drop",
+            ]  # fmt: skip
         )
 
     def set_netem(self, spec: Sequence[str]) -> None:

@@ -202,12 +202,13 @@ class ZooKeeperEnsemble:
         self.data_dir = Path(data_dir)
         places = list(hosts) or [("127.0.0.1", ())] * servers
         ports = [
-            (2181, 2888, 3888) if hosts else (free_port(), free_port(), free_port())
-            for _ in places
+            (2181, 2888, 3888) if hosts else (free_port(), free_port(), free_port()) for _ in places
         ]
         peers = [
             Peer(i + 1, address, quorum, election)
-            for i, ((address, _), (_, quorum, election)) in enumerate(zip(places, ports, strict=True))
+            for i, ((address, _), (_, quorum, election)) in enumerate(
+                zip(places, ports, strict=True)
+            )
         ]
         self.servers = [
             ZooKeeperServer(

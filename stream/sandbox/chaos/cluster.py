@@ -37,9 +37,21 @@ class Worker:
     def start(self, metadata: str, log_dir: Path) -> None:
         with open(log_dir / f"{self.name}.log", "ab") as logfile:
             self.process = self.host.popen(
-                [sys.executable, "-m", "stream.sandbox.chaos.worker", self.role,
-                 "--metadata", metadata, "--stream", STREAM, "--name", self.name,
-                 "--history", str(self.history), *self.args],  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "stream.sandbox.chaos.worker",
+                    self.role,
+                    "--metadata",
+                    metadata,
+                    "--stream",
+                    STREAM,
+                    "--name",
+                    self.name,
+                    "--history",
+                    str(self.history),
+                    *self.args,
+                ],  # fmt: skip
                 stdout=logfile,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

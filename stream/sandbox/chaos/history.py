@@ -5,6 +5,7 @@ namespaces included)."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -26,18 +27,22 @@ ERROR = "error"  # anything else that went wrong in a process: op, error
 
 class HistoryWriter:
     """Appends events of one process to its file (flushed per event: a process may be
-    killed)."""
+    killed). Thread-safe: appends complete on the client's thread."""
 
     def __init__(self, path: Path, process: str) -> None:
         self.process = process
         self._file: IO[str] = open(path, "a", buffering=1)  # noqa: SIM115 - closed in close()
+        self._lock = threading.Lock()
 
     def record(self, kind: str, **fields: Any) -> None:
-        event = {"t": time.monotonic(), "p": self.process, "type": kind, **fields}
-        self._file.write(json.dumps(event, separators=(",", ":")) + "\n")
+        with self._lock:
+            event = {"t": time.monotonic(), "p": self.process, "type": kind, **fields}
+            if not self._file.closed:
+                self._file.write(json.dumps(event, separators=(",", ":")) + "\n")
 
     def close(self) -> None:
-        self._file.close()
+        with self._lock:
+            self._file.close()
 
 
 def load(paths: Iterable[Path]) -> list[dict[str, Any]]:

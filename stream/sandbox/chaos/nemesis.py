@@ -79,7 +79,9 @@ def schedule(
         if elapsed + quiet + hold > duration_s:
             return steps
         fault = rng.choice(usable)
-        steps.append(Step(round(quiet, 1), fault, _target(rng, fault, bookies, writers), round(hold, 1)))
+        steps.append(
+            Step(round(quiet, 1), fault, _target(rng, fault, bookies, writers), round(hold, 1))
+        )
         elapsed += quiet + hold
 
 
@@ -209,15 +211,25 @@ class Nemesis:
         def heal() -> None:
             # The bookie refuses to start on a wiped disk until its cookie is fixed (BP-46).
             result = subprocess.run(
-                [*host.command_prefix, sys.executable, "-m", "stream.cli.main", "bookie",
-                 "fix-cookie", "--config", str(bookie.config_path)],  # fmt: skip
+                [
+                    *host.command_prefix,
+                    sys.executable,
+                    "-m",
+                    "stream.cli.main",
+                    "bookie",
+                    "fix-cookie",
+                    "--config",
+                    str(bookie.config_path),
+                ],  # fmt: skip
                 capture_output=True,
                 text=True,
                 check=False,
             )
             if result.returncode != 0:
                 raise StreamError(
-                    "fix-cookie failed", bookie=target, output=(result.stdout + result.stderr)[-500:]
+                    "fix-cookie failed",
+                    bookie=target,
+                    output=(result.stdout + result.stderr)[-500:],
                 )
             bookie.start()
             bookie.wait_ready(60)

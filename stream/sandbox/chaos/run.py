@@ -170,4 +170,3 @@ def _final_read(client: StreamClient, record: HistoryWriter, path: Path) -> None
         final.record(FINAL, first=info.first_entry_id, last=info.lac)
     finally:
         final.close()
-

@@ -9,24 +9,27 @@ invocation and outcome and every entry read go to the history file.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
+import functools
+import itertools
 import random
 import signal
 import threading
 from pathlib import Path
 
-from stream.client import StreamClient
+from stream.client import StreamClient, StreamWriter
 from stream.client.options import Protections, ReaderOptions, WriterOptions
-from stream.errors import AppendTimeoutError, EntryTrimmedError, StreamError
+from stream.errors import EntryTrimmedError, StreamError
 from stream.logging import configure_logging
 from stream.metadata.streams import StreamSealedError
 from stream.sandbox.chaos.history import ACK, ERROR, FAIL, INVOKE, OPEN, READ, HistoryWriter
 
 # A superseded writer waits this long (at random) before it takes the stream over again.
 _RETAKE_S = (1.0, 4.0)
-# An append not acknowledged within this is recorded as failed (it may still be written).
+# How long the writer waits for one of its appends in flight before looking at `stop` again.
 _APPEND_TIMEOUT_S = 5.0
-# Pause between appends: a steady trickle keeps the CPU of the shared machine for the faults.
+# Pause between rounds of appends: a steady trickle leaves CPU for the faults.
 _APPEND_PAUSE_S = 0.02
 
 
@@ -45,13 +48,59 @@ def _connect(metadata: str, stop: threading.Event, history: HistoryWriter) -> St
     return None
 
 
+def _record_outcome(
+    history: HistoryWriter, writer: StreamWriter, payload: str, invoked_term: int,
+    future: concurrent.futures.Future[int],
+) -> None:  # fmt: skip
+    """Records an append's outcome with the writer's term when it came: a re-engaging writer
+    acknowledges appends made in its old term in the new one, after its own recovery."""
+    error = future.exception()
+    if error is None:
+        history.record(ACK, v=payload, e=future.result(), term=writer.term, invoked=invoked_term)
+    else:
+        history.record(FAIL, v=payload, term=writer.term, error=type(error).__name__)
+
+
+def _append_until_stopped(
+    writer: StreamWriter, name: str, counter: itertools.count[int], window: int,
+    stop: threading.Event, history: HistoryWriter,
+) -> None:  # fmt: skip
+    """Keeps `window` appends in flight until one fails (the writer stopped: superseded, the
+    stream sealed...) or `stop`. A stall shows in the history as appends never acknowledged."""
+    pending: set[concurrent.futures.Future[int]] = set()
+    try:
+        while not stop.is_set():
+            while len(pending) < window:
+                payload = f"{name}-{next(counter)}"
+                term = writer.term
+                history.record(INVOKE, v=payload)
+                try:
+                    future = writer.append_async(payload.encode())
+                except StreamError as e:
+                    history.record(FAIL, v=payload, term=term, error=type(e).__name__)
+                    return
+                future.add_done_callback(
+                    functools.partial(_record_outcome, history, writer, payload, term)
+                )
+                pending.add(future)
+            done, pending = concurrent.futures.wait(
+                pending, timeout=_APPEND_TIMEOUT_S, return_when=concurrent.futures.FIRST_COMPLETED
+            )
+            if any(f.exception() is not None for f in done):
+                return
+            stop.wait(_APPEND_PAUSE_S)
+    finally:
+        writer.abort()
+        concurrent.futures.wait(pending, timeout=_APPEND_TIMEOUT_S)
+
+
 def run_writer(args: argparse.Namespace, stop: threading.Event, history: HistoryWriter) -> None:
     rng = random.Random(args.seed)
     client = _connect(args.metadata, stop, history)
     if client is None:
         return
     options = _writer_options(args.without_protection)
-    sequence = 0
+    counter = itertools.count(1)
     try:
         while not stop.is_set():
             try:
@@ -63,22 +112,7 @@ def run_writer(args: argparse.Namespace, stop: threading.Event, history: History
                 stop.wait(rng.uniform(*_RETAKE_S))
                 continue
             history.record(OPEN, term=writer.term)
-            while not stop.is_set():
-                sequence += 1
-                payload = f"{args.name}-{sequence}"
-                history.record(INVOKE, v=payload)
-                term = writer.term
-                try:
-                    entry_id = writer.append(payload.encode(), timeout_s=_APPEND_TIMEOUT_S)
-                except AppendTimeoutError:
-                    history.record(FAIL, v=payload, term=term, error="AppendTimeoutError")
-                    continue
-                except StreamError as e:
-                    history.record(FAIL, v=payload, term=term, error=type(e).__name__)
-                    break
-                history.record(ACK, v=payload, e=entry_id, term=term)
-                stop.wait(_APPEND_PAUSE_S)
-            writer.abort()
+            _append_until_stopped(writer, args.name, counter, args.window, stop, history)
             stop.wait(rng.uniform(*_RETAKE_S))
     finally:
         client.close()
@@ -123,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--history", type=Path, required=True)
     parser.add_argument("--reengage", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--window", type=int, default=4, help="a writer's appends in flight")
     parser.add_argument("--without-protection", action="append", default=[])
     args = parser.parse_args(argv)
     configure_logging(json=True, level="info")  # into the worker's log file
