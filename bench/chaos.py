@@ -9,11 +9,13 @@ the violations (if any) and each fault's effect on availability."""
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
 import tempfile
 from pathlib import Path
 
+from stream.bookie.storage.storage import UNSAFE_ADD_TERM_CHECK_ENV
 from stream.logging import configure_logging
 from stream.sandbox.chaos.nemesis import FAULTS
 from stream.sandbox.chaos.run import run_chaos
@@ -31,6 +33,10 @@ def main() -> int:
         "--without-protection", action="append", default=[],
         help="switch a client protection off in the writers (to see the checker catch it)",
     )  # fmt: skip
+    parser.add_argument(
+        "--unsafe-add-term-check-off", action="store_true",
+        help="the bookies serve adds of a lower term (test-only switch): the checker must object",
+    )  # fmt: skip
     parser.add_argument("--keep", type=Path, default=None, help="keep data and history here")
     args = parser.parse_args()
     # Connection drops are the point of the exercise: only warnings and errors on stderr.
@@ -39,6 +45,8 @@ def main() -> int:
     if reason:
         print(f"chaos: cannot run: {reason}", file=sys.stderr)
         return 2
+    if args.unsafe_add_term_check_off:
+        os.environ[UNSAFE_ADD_TERM_CHECK_ENV] = "off"  # the bookie processes inherit it
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
     print(f"chaos: seed {seed}, {args.minutes} minutes of faults (replay: --seed {seed})")
     with tempfile.TemporaryDirectory(prefix="streamkeeper-chaos-") as tmp:
