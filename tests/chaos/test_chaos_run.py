@@ -49,7 +49,7 @@ def test_without_the_bookies_term_check_the_checker_finds_the_superseded_writer(
     # The bookie processes inherit the test-only switch: adds of a lower term are served.
     monkeypatch.setenv(UNSAFE_ADD_TERM_CHECK_ENV, "off")
     result = run_chaos(
-        tmp_path, seed=SEED, duration_s=15.0, progress_bound_s=10.0, faults=("pause-writer",)
+        tmp_path, seed=SEED, duration_s=20.0, progress_bound_s=10.0, faults=("pause-writer",)
     )
     print(_report(result))
     found = {violation.property for violation in result.verdict.violations}
