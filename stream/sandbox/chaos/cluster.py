@@ -24,6 +24,9 @@ log = structlog.get_logger(__name__)
 ROOT = "/streamkeeper"
 BOOKIE_PORT = 3181
 STREAM = "chaos"
+# One bookie keeps its data on a small tmpfs of its own, which the nemesis fills (a full disk).
+SMALL_DISK_BOOKIE = "bookie-2"
+SMALL_DISK_SIZE = "256m"
 
 
 class Worker:
@@ -90,6 +93,7 @@ class ChaosCluster:
         self.workers: list[Worker] = []
         self.history_dir = self.data_dir / "history"
         self.harness_history: HistoryWriter | None = None
+        self._mounts: list[Path] = []
 
     # ------------------------------------------------------------------ hosts
 
@@ -144,11 +148,13 @@ class ChaosCluster:
                 args += ["--without-protection", name]
             self._add_worker(f"writer-{i}", "writer", args)
         for i in range(1, self._readers + 1):
-            self._add_worker(f"reader-{i}", "reader", [])
+            self._add_worker(f"reader-{i}", "reader", ["--seed", str(self.seed * 100 + 50 + i)])
         log.info("chaos.cluster_started", metadata=self.metadata, bridge=self.network.bridge)
 
     def _add_bookie(self, bookie_id: str, *, journaled: bool) -> None:
         host = self.network.add_host(bookie_id.replace("bookie-", "b"))
+        if bookie_id == SMALL_DISK_BOOKIE:
+            self._mount_small_disk(self.data_dir / bookie_id / "data")
         settings: dict[str, Any] = {
             "journal_write_data": journaled,
             **self.bookie_settings,
@@ -166,6 +172,15 @@ class ChaosCluster:
         self.bookies.append(bookie)
         self.bookie_hosts[bookie_id] = host
         bookie.start()
+
+    def _mount_small_disk(self, path: Path) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={SMALL_DISK_SIZE}", "tmpfs", str(path)],
+            check=True,
+            capture_output=True,
+        )
+        self._mounts.append(path)
 
     def _add_worker(self, name: str, role: str, args: list[str]) -> None:
         host = self.network.add_host(name.replace("writer-", "w").replace("reader-", "r"))
@@ -194,6 +209,8 @@ class ChaosCluster:
         if self.harness_history is not None:
             self.harness_history.close()
         self.network.close()
+        for path in self._mounts:
+            subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
 
     def __enter__(self) -> ChaosCluster:
         return self.start()

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import structlog
 
 from stream.errors import StreamError
-from stream.sandbox.chaos.cluster import ChaosCluster
+from stream.sandbox.chaos.cluster import SMALL_DISK_BOOKIE, ChaosCluster
 from stream.sandbox.netns import Host
 
 log = structlog.get_logger(__name__)
@@ -30,6 +30,7 @@ Heal = Callable[[], None]
 FAULTS: dict[str, bool] = {
     "partition-halves": False,  # all hosts split in a majority and a minority
     "zookeeper-minority": False,  # one ZooKeeper server cut from every other host
+    "zookeeper-no-quorum": False,  # two ZooKeeper servers cut from everything: no quorum
     "zookeeper-bridge": False,  # zk1 and zk3 cut from each other, zk2 sees both
     "bookie-cut-from-zookeeper": False,  # one bookie cannot reach ZooKeeper, still serves
     "writer-cut-from-zookeeper": False,  # one writer's session expires, bookies reachable
@@ -40,6 +41,7 @@ FAULTS: dict[str, bool] = {
     "pause-writer": False,  # SIGSTOP a writer (a zombie once another takes over)
     "kill-zookeeper-leader": False,  # kill -9 the leader, restart at the heal
     "wipe-bookie": False,  # kill -9, data wiped, fix-cookie and restart at the heal
+    "fill-disk": False,  # the small-disk bookie's filesystem filled up, emptied at the heal
 }
 
 
@@ -86,6 +88,8 @@ def schedule(
 
 
 def _target(rng: random.Random, fault: str, bookies: int, writers: int) -> str:
+    if fault == "fill-disk":
+        return SMALL_DISK_BOOKIE
     if "bookie" in fault:
         return f"bookie-{rng.randint(1, bookies)}"
     if "writer" in fault:
@@ -128,6 +132,12 @@ class Nemesis:
     def _zookeeper_minority(self, target: str) -> Heal:
         cut = self.network.host(target)
         self.network.partition([cut], [h for h in self._hosts() if h is not cut])
+        return self.heal_network
+
+    def _zookeeper_no_quorum(self, target: str) -> Heal:
+        everyone = self._hosts()
+        for cut in self.cluster.zookeeper_hosts[:2]:
+            self.network.partition([cut], [h for h in everyone if h is not cut])
         return self.heal_network
 
     def _zookeeper_bridge(self, target: str) -> Heal:
@@ -200,12 +210,24 @@ class Nemesis:
 
         return heal
 
+    def _fill_disk(self, target: str) -> Heal:
+        data = self._bookie(target).data_dir / "data"
+        filler = data / "chaos-filler"
+        # All the free space but a little: the bookie's next writes fail or it turns read-only.
+        free = shutil.disk_usage(data).free - (1 << 20)
+        if free > 0:
+            subprocess.run(["fallocate", "-l", str(free), str(filler)], check=True)
+        return lambda: filler.unlink(missing_ok=True)
+
     def _wipe_bookie(self, target: str) -> Heal:
         bookie = self._bookie(target)
         bookie.kill9()
-        data = bookie.data_dir / "data"
-        shutil.rmtree(data, ignore_errors=True)
-        data.mkdir()
+        # The directory's contents, not the directory: it may be a mount point (small disk).
+        for child in (bookie.data_dir / "data").iterdir():
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
         host = self.cluster.bookie_hosts[target]
 
         def heal() -> None:

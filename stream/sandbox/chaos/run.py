@@ -40,6 +40,7 @@ class ChaosResult:
     verdict: Verdict
     duration_s: float
     history_dir: Path
+    events: list[dict[str, Any]]
 
 
 class _Watcher(threading.Thread):
@@ -104,24 +105,30 @@ def run_chaos(
     duration_s: float,
     progress_bound_s: float = 30.0,
     faults: tuple[str, ...] = tuple(FAULTS),
+    steps: list[Step] | None = None,
     without_protections: tuple[str, ...] = (),
     on_step: Callable[[str], None] = lambda line: None,
     **cluster_options: Any,
 ) -> ChaosResult:
-    """Runs the whole thing and returns the schedule and the checker's verdict. `on_step` gets
-    one line per step as it is applied (the benchmark prints them)."""
+    """Runs the whole thing and returns the schedule and the checker's verdict: the schedule
+    drawn from `seed` over `faults` for `duration_s`, or the given `steps`. `on_step` gets one
+    line per step as it is applied (the benchmark prints them)."""
     started = time.monotonic()
     cluster = ChaosCluster(
         data_dir, seed=seed, without_protections=without_protections, **cluster_options
     )
     with cluster:
-        steps = schedule(
-            seed,
-            duration_s,
-            bookies=len(cluster.bookies),
-            writers=len(cluster.writer_hosts()),
-            netem=netem_available(),
-            faults=faults,
+        steps = (
+            steps
+            if steps is not None
+            else schedule(
+                seed,
+                duration_s,
+                bookies=len(cluster.bookies),
+                writers=len(cluster.writer_hosts()),
+                netem=netem_available(),
+                faults=faults,
+            )
         )
         record = cluster.harness_history
         assert record is not None
@@ -153,7 +160,9 @@ def run_chaos(
             client.close()
         events = history.load(cluster.history_files())
     verdict = check(events, progress_bound_s=progress_bound_s)
-    return ChaosResult(seed, steps, verdict, time.monotonic() - started, cluster.history_dir)
+    return ChaosResult(
+        seed, steps, verdict, time.monotonic() - started, cluster.history_dir, events
+    )
 
 
 def _final_read(client: StreamClient, record: HistoryWriter, path: Path) -> None:

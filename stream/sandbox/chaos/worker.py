@@ -29,6 +29,11 @@ from stream.sandbox.chaos.history import ACK, ERROR, FAIL, INVOKE, OPEN, READ, H
 _RETAKE_S = (1.0, 4.0)
 # How long the writer waits for one of its appends in flight before looking at `stop` again.
 _APPEND_TIMEOUT_S = 5.0
+# A reader reads back up to `_REREAD_MAX` + 1 entries from the last `_REREAD_SPAN` it tailed,
+# every `_REREAD_EVERY_S`.
+_REREAD_EVERY_S = 1.0
+_REREAD_SPAN = 2000
+_REREAD_MAX = 49
 # Pause between rounds of appends: a steady trickle leaves CPU for the faults.
 _APPEND_PAUSE_S = 0.02
 
@@ -118,33 +123,82 @@ def run_writer(args: argparse.Namespace, stop: threading.Event, history: History
         client.close()
 
 
+class _Tail:
+    """Where the tailing reader is: the next id it wants, in which segment (a stretch of ids
+    read without a gap; a trim that overtakes the reader starts a new one)."""
+
+    def __init__(self) -> None:
+        self.segment = 0
+        self.next_id = 0
+
+
+def _tail(
+    client: StreamClient, name: str, tail: _Tail, stop: threading.Event, history: HistoryWriter
+) -> None:
+    reader = None
+    while not stop.is_set():
+        try:
+            if reader is None:
+                reader = client.open_reader(name, options=ReaderOptions())
+            for entry in reader.tail(start=tail.next_id, timeout_s=1.0):
+                history.record(READ, seg=tail.segment, e=entry.entry_id, v=entry.payload.decode())
+                tail.next_id = entry.entry_id + 1
+                if stop.is_set():
+                    return
+        except EntryTrimmedError as e:
+            tail.segment += 1
+            tail.next_id = int(e.context.get("first_entry_id", tail.next_id))
+            history.record(ERROR, op="tail", error="EntryTrimmedError", restart=tail.next_id)
+        except StreamError as e:
+            history.record(ERROR, op="tail", error=type(e).__name__, detail=str(e)[:200])
+            reader = None
+            stop.wait(0.5)
+
+
+def _reread(
+    client: StreamClient, name: str, tail: _Tail, rng: random.Random, stop: threading.Event,
+    history: HistoryWriter,
+) -> None:  # fmt: skip
+    """Reads back a random stretch of what the tail already saw, now and then: a later read of
+    an entry must return the same bytes (from whichever bookie answers), and committed entries
+    stay readable while ZooKeeper is out of reach."""
+    reader = None
+    count = 0
+    while not stop.wait(_REREAD_EVERY_S):
+        last = tail.next_id - 1
+        if last < 0:
+            continue
+        first = rng.randint(max(0, last - _REREAD_SPAN), last)
+        count += 1
+        try:
+            if reader is None:
+                reader = client.open_reader(name, options=ReaderOptions())
+            for entry in reader.read(first, min(last, first + _REREAD_MAX)):
+                history.record(READ, seg=f"re{count}", e=entry.entry_id, v=entry.payload.decode())
+        except EntryTrimmedError:
+            continue
+        except StreamError as e:
+            history.record(ERROR, op="reread", error=type(e).__name__, detail=str(e)[:200])
+            reader = None
+
+
 def run_reader(args: argparse.Namespace, stop: threading.Event, history: HistoryWriter) -> None:
     client = _connect(args.metadata, stop, history)
     if client is None:
         return
-    # A segment is a stretch of ids read without a gap; a trim that overtakes the reader
-    # starts a new one at the first retained entry.
-    segment, start = 0, 0
+    tail = _Tail()
+    rereader = threading.Thread(
+        target=_reread,
+        args=(client, args.stream, tail, random.Random(args.seed), stop, history),
+        name="reread",
+        daemon=True,
+    )
+    rereader.start()
     try:
-        reader = None
-        while not stop.is_set():
-            try:
-                if reader is None:
-                    reader = client.open_reader(args.stream, options=ReaderOptions())
-                for entry in reader.tail(start=start, timeout_s=1.0):
-                    history.record(READ, seg=segment, e=entry.entry_id, v=entry.payload.decode())
-                    start = entry.entry_id + 1
-                    if stop.is_set():
-                        return
-            except EntryTrimmedError as e:
-                segment += 1
-                start = int(e.context.get("first_entry_id", start))
-                history.record(ERROR, op="tail", error="EntryTrimmedError", restart=start)
-            except StreamError as e:
-                history.record(ERROR, op="tail", error=type(e).__name__, detail=str(e)[:200])
-                reader = None
-                stop.wait(0.5)
+        _tail(client, args.stream, tail, stop, history)
     finally:
+        stop.set()
+        rereader.join()
         client.close()
 
 
