@@ -39,8 +39,8 @@ def main() -> int:
     )  # fmt: skip
     parser.add_argument("--keep", type=Path, default=None, help="keep data and history here")
     args = parser.parse_args()
-    # Connection drops are the point of the exercise: only warnings and errors on stderr.
-    configure_logging(level="warning")
+    # Connection drops are the point of the exercise: only errors on stderr.
+    configure_logging(level="error")
     reason = unavailable_reason()
     if reason:
         print(f"chaos: cannot run: {reason}", file=sys.stderr)

@@ -36,7 +36,7 @@ def _report(result: ChaosResult) -> str:
 
 
 def test_a_short_chaos_run_breaks_no_property(tmp_path: Path) -> None:
-    result = run_chaos(tmp_path, seed=SEED, duration_s=35.0, progress_bound_s=15.0)
+    result = run_chaos(tmp_path, seed=SEED, duration_s=35.0, progress_bound_s=12.0)
     print(_report(result))
     assert result.steps, "the schedule applied no fault"
     assert result.verdict.ok, _report(result)

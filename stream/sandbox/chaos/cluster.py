@@ -157,6 +157,10 @@ class ChaosCluster:
             self._mount_small_disk(self.data_dir / bookie_id / "data")
         settings: dict[str, Any] = {
             "journal_write_data": journaled,
+            # Auto-recovery acts within the faults' holds: a bookie cut off or killed for a few
+            # seconds is counted lost and its fragments are re-replicated meanwhile.
+            "lost_bookie_recovery_delay_ms": 2000,
+            "audit_interval_ms": 20_000,
             **self.bookie_settings,
         }
         bookie = BookieProcess(
