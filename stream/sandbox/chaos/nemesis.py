@@ -8,6 +8,7 @@ fix-cookie`."""
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 import signal
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 import structlog
 
 from stream.errors import StreamError
+from stream.sandbox.bookies import BookieProcess
 from stream.sandbox.chaos.cluster import SMALL_DISK_BOOKIE, ChaosCluster
 from stream.sandbox.netns import Host
 
@@ -170,7 +172,7 @@ class Nemesis:
 
     # ------------------------------------------------------------------ processes
 
-    def _bookie(self, bookie_id: str):  # noqa: ANN202 - BookieProcess
+    def _bookie(self, bookie_id: str) -> BookieProcess:
         return next(b for b in self.cluster.bookies if b.bookie_id == bookie_id)
 
     def _kill_bookie(self, target: str) -> Heal:
@@ -184,9 +186,9 @@ class Nemesis:
         return heal
 
     def _pause_bookie(self, target: str) -> Heal:
-        bookie = self._bookie(target)
-        bookie.process.send_signal(signal.SIGSTOP)
-        return lambda: bookie.process.send_signal(signal.SIGCONT)
+        pid = self._bookie(target).pid
+        os.kill(pid, signal.SIGSTOP)
+        return lambda: os.kill(pid, signal.SIGCONT)
 
     def _pause_writer(self, target: str) -> Heal:
         worker = next(w for w in self.cluster.workers if w.name == target)
