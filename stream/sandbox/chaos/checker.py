@@ -39,8 +39,9 @@ FINAL = "final-range"  # event: the final read covered first..last
 
 @dataclass(frozen=True)
 class Availability:
-    """One fault's effect: seconds from the fault to the first failed append while it held,
-    and from its heal to the first acknowledged append (None: none happened)."""
+    """One fault's effect: seconds from the fault to the first append failed while it held
+    (for another reason than a takeover by the other writer), and from its heal to the first
+    acknowledged append (None: none happened)."""
 
     fault: str
     to_first_failure_s: float | None
@@ -185,7 +186,8 @@ def _check_progress(events: Sequence[Event], bound_s: float, verdict: Verdict) -
     """Each fault's availability; progress after each heal followed by a quiet `bound_s`."""
     faults = [e for e in events if e["type"] in (FAULT, HEAL)]
     acks = [e["t"] for e in events if e["type"] == ACK]
-    fails = [e["t"] for e in events if e["type"] == FAIL]
+    # A takeover by the other writer fails appends all the time, fault or not.
+    fails = [e["t"] for e in events if e["type"] == FAIL and e.get("error") != "InvalidTermError"]
     end = max((e["t"] for e in events), default=0.0)
     for i, event in enumerate(faults):
         if event["type"] != FAULT:
