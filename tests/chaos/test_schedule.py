@@ -29,3 +29,14 @@ def test_without_netem_no_delay_is_drawn() -> None:
     drawn = {step.fault for step in schedule(5, 3600.0, bookies=4, writers=2, netem=False)}
     assert netem_faults and not drawn & netem_faults
     assert len(drawn) > len(FAULTS) // 2
+
+
+def test_a_writer_is_cut_from_two_distinct_bookies() -> None:
+    steps = schedule(
+        9, 300.0, bookies=4, writers=2, netem=False, faults=("writer-cut-from-bookies",)
+    )
+    for step in steps:
+        writer, bookies = step.target.split(":")
+        assert writer in ("writer-1", "writer-2")
+        cut = bookies.split(",")
+        assert len(set(cut)) == 2 and all(b in {f"bookie-{i}" for i in range(1, 5)} for b in cut)

@@ -36,6 +36,9 @@ FAULTS: dict[str, bool] = {
     "zookeeper-bridge": False,  # zk1 and zk3 cut from each other, zk2 sees both
     "bookie-cut-from-zookeeper": False,  # one bookie cannot reach ZooKeeper, still serves
     "writer-cut-from-zookeeper": False,  # one writer's session expires, bookies reachable
+    # One writer cut from two bookies: its takeovers stall in recovery (no EC fences, unknown
+    # reads) and go on when the partition heals mid-recovery.
+    "writer-cut-from-bookies": False,
     "loss": False,  # 30 % of the packets of three hosts dropped
     "delay": True,  # netem delay with jitter (reorders) on three hosts
     "kill-bookie": False,  # kill -9, restart at the heal
@@ -90,6 +93,9 @@ def schedule(
 
 
 def _target(rng: random.Random, fault: str, bookies: int, writers: int) -> str:
+    if fault == "writer-cut-from-bookies":
+        cut = sorted(rng.sample(range(1, bookies + 1), 2))
+        return f"writer-{rng.randint(1, writers)}:" + ",".join(f"bookie-{i}" for i in cut)
     if fault == "fill-disk":
         return SMALL_DISK_BOOKIE
     if "bookie" in fault:
@@ -155,6 +161,14 @@ class Nemesis:
     def _writer_cut_from_zookeeper(self, target: str) -> Heal:
         worker = next(w for w in self.cluster.workers if w.name == target)
         self.network.partition([worker.host], self.cluster.zookeeper_hosts)
+        return self.heal_network
+
+    def _writer_cut_from_bookies(self, target: str) -> Heal:
+        writer, bookies = target.split(":")
+        worker = next(w for w in self.cluster.workers if w.name == writer)
+        self.network.partition(
+            [worker.host], [self.cluster.bookie_hosts[b] for b in bookies.split(",")]
+        )
         return self.heal_network
 
     def _some_hosts(self, target: str, count: int = 3) -> list[Host]:
