@@ -11,12 +11,14 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 from stream.bookie.storage.storage import UNSAFE_ADD_TERM_CHECK_ENV
 from stream.logging import configure_logging
+from stream.sandbox.chaos.checker import Availability, Verdict
 from stream.sandbox.chaos.nemesis import FAULTS
 from stream.sandbox.chaos.run import run_chaos
 from stream.sandbox.netns import unavailable_reason
@@ -69,7 +71,26 @@ def main() -> int:
         fail = "-" if a.to_first_failure_s is None else f"{a.to_first_failure_s:6.2f}"
         ack = "-" if a.to_first_ack_after_heal_s is None else f"{a.to_first_ack_after_heal_s:6.2f}"
         print(f"  {a.fault:28} {fail:>8} | {ack:>8}")
+    _print_by_kind(verdict)
     return 0 if verdict.ok else 1
+
+
+def _median(values: list[float]) -> str:
+    return f"{statistics.median(values):6.2f}" if values else "     -"
+
+
+def _print_by_kind(verdict: Verdict) -> None:
+    """Per kind of fault: how many, how many failed an append, and the medians."""
+    kinds: dict[str, list[Availability]] = {}
+    for a in verdict.availability:
+        kinds.setdefault(a.fault, []).append(a)
+    print("by kind: count, with a failed append, median to failure | median heal to ack (s)")
+    for kind, items in sorted(kinds.items()):
+        failures = [a.to_first_failure_s for a in items if a.to_first_failure_s is not None]
+        acks = [
+            a.to_first_ack_after_heal_s for a in items if a.to_first_ack_after_heal_s is not None
+        ]
+        print(f"  {kind:28} {len(items):3} {len(failures):3} {_median(failures)} | {_median(acks)}")
 
 
 if __name__ == "__main__":
