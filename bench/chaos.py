@@ -66,11 +66,14 @@ def main() -> int:
     print(f"chaos: seed {seed}, {result.duration_s:.0f}s: {verdict.summary()}")
     for violation in verdict.violations[:20]:
         print(f"  VIOLATION {violation}")
-    print("availability (s): fault -> first failed append | heal -> first acknowledged append")
+    print(
+        "availability (s): fault -> first failed append | longest stall of acks | "
+        "heal -> first acknowledged append"
+    )
     for a in verdict.availability:
         fail = "-" if a.to_first_failure_s is None else f"{a.to_first_failure_s:6.2f}"
         ack = "-" if a.to_first_ack_after_heal_s is None else f"{a.to_first_ack_after_heal_s:6.2f}"
-        print(f"  {a.fault:28} {fail:>8} | {ack:>8}")
+        print(f"  {a.fault:28} {fail:>8} | {a.longest_ack_gap_s:6.2f} | {ack:>8}")
     _print_by_kind(verdict)
     return 0 if verdict.ok else 1
 
@@ -84,13 +87,17 @@ def _print_by_kind(verdict: Verdict) -> None:
     kinds: dict[str, list[Availability]] = {}
     for a in verdict.availability:
         kinds.setdefault(a.fault, []).append(a)
-    print("by kind: count, with a failed append, median to failure | median heal to ack (s)")
+    print("by kind: count, with a failed append; medians: to failure | longest stall | heal to ack")
     for kind, items in sorted(kinds.items()):
         failures = [a.to_first_failure_s for a in items if a.to_first_failure_s is not None]
+        stalls = [a.longest_ack_gap_s for a in items]
         acks = [
             a.to_first_ack_after_heal_s for a in items if a.to_first_ack_after_heal_s is not None
         ]
-        print(f"  {kind:28} {len(items):3} {len(failures):3} {_median(failures)} | {_median(acks)}")
+        print(
+            f"  {kind:28} {len(items):3} {len(failures):3} {_median(failures)} | "
+            f"{_median(stalls)} | {_median(acks)}"
+        )
 
 
 if __name__ == "__main__":

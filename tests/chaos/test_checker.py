@@ -117,3 +117,11 @@ def test_acks_soon_after_a_heal_are_progress() -> None:
     verdict = check(sorted(events, key=lambda e: e["t"]), progress_bound_s=10)
     assert verdict.ok, verdict.violations
     assert verdict.availability[0].to_first_ack_after_heal_s == pytest.approx(0.3)
+
+
+def test_the_longest_stall_of_acknowledgments_during_a_fault_is_measured() -> None:
+    events = clean_history()
+    events += [ev(2.2, "nemesis", FAULT, name="pause-bookie"), ev(3.2, "nemesis", HEAL)]
+    # Acks at 1.5, 2.5, 3.5...: from the fault (2.2) to the first ack after the heal (3.5).
+    availability = check(sorted(events, key=lambda e: e["t"])).availability[0]
+    assert availability.longest_ack_gap_s == pytest.approx(1.0)

@@ -16,6 +16,7 @@ recorded history (stream.sandbox.chaos.history), Jepsen's way: only what the pro
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -37,15 +38,23 @@ FINAL_READER = "final"
 FINAL = "final-range"  # event: the final read covered first..last
 
 
+# Append failures that are no fault's doing: a takeover by the other writer (all the time), and
+# the appends in flight that a writer aborts when it stops (after such a takeover).
+_NOT_FAULTS = ("InvalidTermError", "WriterClosedError")
+
+
 @dataclass(frozen=True)
 class Availability:
     """One fault's effect: seconds from the fault to the first append failed while it held
-    (for another reason than a takeover by the other writer), and from its heal to the first
-    acknowledged append (None: none happened)."""
+    (for another reason than a takeover by the other writer), from its heal to the first
+    acknowledged append (None: none happened), and the longest stall of acknowledgments."""
 
     fault: str
     to_first_failure_s: float | None
     to_first_ack_after_heal_s: float | None
+    # The longest stretch without an acknowledgment from the fault to the first one after its
+    # heal: how long writing stalled (appends mostly wait rather than fail).
+    longest_ack_gap_s: float = 0.0
 
 
 @dataclass
@@ -182,12 +191,16 @@ def _check_final(events: Sequence[Event], acked: dict[int, Event], verdict: Verd
             )
 
 
+def _longest_gap(times: Sequence[float], start: float, stop: float) -> float:
+    points = [start, *(t for t in times if start < t < stop), stop]
+    return max(b - a for a, b in itertools.pairwise(points))
+
+
 def _check_progress(events: Sequence[Event], bound_s: float, verdict: Verdict) -> None:
     """Each fault's availability; progress after each heal followed by a quiet `bound_s`."""
     faults = [e for e in events if e["type"] in (FAULT, HEAL)]
     acks = [e["t"] for e in events if e["type"] == ACK]
-    # A takeover by the other writer fails appends all the time, fault or not.
-    fails = [e["t"] for e in events if e["type"] == FAIL and e.get("error") != "InvalidTermError"]
+    fails = [e["t"] for e in events if e["type"] == FAIL and e.get("error") not in _NOT_FAULTS]
     end = max((e["t"] for e in events), default=0.0)
     for i, event in enumerate(faults):
         if event["type"] != FAULT:
@@ -203,6 +216,7 @@ def _check_progress(events: Sequence[Event], bound_s: float, verdict: Verdict) -
                 event["name"],
                 None if failed is None else failed - event["t"],
                 None if resumed is None else resumed - healed_at,
+                _longest_gap(acks, event["t"], resumed if resumed is not None else end),
             )
         )
         quiet = next_fault - healed_at >= bound_s
