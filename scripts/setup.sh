@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what Streamkeeper needs and is missing, idempotently: Debian's zookeeper package and a
-# JRE (ZooKeeper runs from its jars), python3-venv, and a virtualenv .venv with the package
+# JRE (ZooKeeper runs from its jars), python3-venv, iproute2 and nftables (the chaos tests' hosts
+# and partitions), and a virtualenv .venv with the package
 # (editable, with dev tools; the build generates stream/wire/ from proto/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +28,8 @@ missing=()
 [ -f /usr/share/java/zookeeper.jar ] || missing+=(zookeeper)
 command -v java >/dev/null || missing+=(default-jre-headless)
 "$PY" -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
+command -v ip >/dev/null || missing+=(iproute2)
+command -v nft >/dev/null || missing+=(nftables)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]} (apt)" >&2
   apt_install "${missing[@]}"

@@ -13,6 +13,7 @@ from typing import Any
 from rich.console import Console
 
 from stream.cli.output import runs_until_stopped
+from stream.errors import InvalidArgumentError
 from stream.sandbox.cluster import SandboxCluster
 
 # How often the sandbox looks for processes that exited.
@@ -41,6 +42,13 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--zk-port", type=int, default=None, help="ZooKeeper port (default: free)")
     p.add_argument(
+        "--zookeepers",
+        type=int,
+        default=1,
+        help="ZooKeeper servers (default 1; 3 or 5: an ensemble on distinct ports, and the "
+        "connect string names them all)",
+    )
+    p.add_argument(
         "--demo", action="store_true", help="run a short smoke against the cluster, then stop"
     )
     p.add_argument(
@@ -60,6 +68,11 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
+    if args.zookeepers < 1 or (args.zookeepers > 1 and args.zk_port is not None):
+        raise InvalidArgumentError(
+            "--zookeepers must be >= 1, and an ensemble takes no --zk-port",
+            zookeepers=args.zookeepers,
+        )
     retention_s = None
     if args.retention_interval.strip().lower() != "off":
         from stream.retention.units import parse_duration
@@ -83,6 +96,7 @@ def _run(
         metadata_auth_file=None
         if args.metadata_auth_file is None
         else Path(args.metadata_auth_file),
+        zookeepers=args.zookeepers,
     )
     with console.status(f"starting ZooKeeper and {args.bookies} bookies"):
         cluster.start()
@@ -129,7 +143,8 @@ def _print_tls(cluster: SandboxCluster, console: Console) -> None:
 
 def _supervise(cluster: SandboxCluster, console: Console, stop: threading.Event) -> int:
     """Runs until `stop`, reporting at once each process that exits on its own; nothing is
-    restarted. Without ZooKeeper nothing works: the sandbox stops with exit code 1."""
+    restarted. Without ZooKeeper (a majority of an ensemble) nothing works: the sandbox stops
+    with exit code 1."""
     reported: set[str] = set()
     while not stop.wait(_SUPERVISE_S):
         for gone in cluster.exited():
@@ -141,6 +156,6 @@ def _supervise(cluster: SandboxCluster, console: Console, stop: threading.Event)
                 f"see {gone.log}",
                 soft_wrap=True,
             )
-            if gone.name == "ZooKeeper":
+            if gone.name.startswith("ZooKeeper") and not cluster.zookeeper_quorum():
                 return 1
     return 0

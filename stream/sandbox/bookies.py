@@ -44,7 +44,9 @@ class BookieProcess:
     """One bookie subprocess with its own `bookie.toml` in `data_dir` (which also holds the
     data and `bookie.log`). The listen and metrics ports are chosen once and kept across
     restarts (the address is part of the bookie's cookie). `settings` override or add keys of
-    the config file verbatim, unchecked, so a test can also write an invalid one."""
+    the config file verbatim, unchecked, so a test can also write an invalid one. `host` is the
+    address it listens on; `command_prefix` goes before its command (e.g. `ip netns exec NS` to
+    run it on a host of its own)."""
 
     def __init__(
         self,
@@ -56,10 +58,14 @@ class BookieProcess:
         metrics_port: int | None = None,
         settings: dict[str, Any] | None = None,
         tls: TLSConfig | None = None,
+        host: str = "127.0.0.1",
+        command_prefix: list[str] | None = None,
     ) -> None:
         """`tls`: the client files `stub()` reaches a TLS bookie with."""
         self.tls = tls
         self.bookie_id = bookie_id
+        self.host = host
+        self.command_prefix = list(command_prefix or [])
         self.data_dir = Path(data_dir)
         self.metadata = metadata
         self.port = port if port is not None else free_port()
@@ -74,11 +80,11 @@ class BookieProcess:
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     @property
     def metrics_address(self) -> str:
-        return f"127.0.0.1:{self.metrics_port}" if self.metrics_port else ""
+        return f"{self.host}:{self.metrics_port}" if self.metrics_port else ""
 
     @property
     def pid(self) -> int:
@@ -129,6 +135,7 @@ class BookieProcess:
             logfile.flush()
             self.process = subprocess.Popen(
                 [
+                    *self.command_prefix,
                     sys.executable,
                     "-m",
                     "stream.cli.main",

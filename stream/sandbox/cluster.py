@@ -1,5 +1,6 @@
-"""A local cluster on 127.0.0.1: one ZooKeeper, N bookie processes and (optionally) the
-retention service. Used by `streamctl sandbox`, the integration tests and the benchmarks."""
+"""A local cluster on 127.0.0.1: one ZooKeeper (or an ensemble), N bookie processes and
+(optionally) the retention service. Used by `streamctl sandbox`, the integration tests and the
+benchmarks."""
 
 from __future__ import annotations
 
@@ -12,13 +13,13 @@ from typing import Any
 import structlog
 from kazoo.client import KazooClient
 
-from stream.errors import StreamError
+from stream.errors import InvalidArgumentError, StreamError
 from stream.metadata.auth import MetadataAuth, load_metadata_auth, write_metadata_auth_file
 from stream.metadata.connection import kazoo_auth_options
 from stream.retention.process import RetentionProcess
 from stream.sandbox.bookies import BookieProcess, stop_all
 from stream.sandbox.tls import SandboxTLS
-from stream.sandbox.zookeeper import ZooKeeperServer
+from stream.sandbox.zookeeper import ZooKeeperEnsemble, ZooKeeperServer
 from stream.security.roles import Role
 
 log = structlog.get_logger(__name__)
@@ -43,7 +44,8 @@ class SandboxCluster:
     starting one, so tests can share one ZooKeeper. With `retention_interval_s`, a retention
     service process (`streamctl retention run`) runs too, once the bookies serve. With
     `metadata_auth_file`, every process authenticates to ZooKeeper as its identity and every
-    znode carries its ACL (docs/operations.md, Metadata authentication)."""
+    znode carries its ACL (docs/operations.md, Metadata authentication). With `zookeepers` > 1,
+    it starts an ensemble of that many servers on distinct ports."""
 
     def __init__(
         self,
@@ -57,6 +59,7 @@ class SandboxCluster:
         retention_interval_s: float | None = None,
         secure: bool = False,
         metadata_auth_file: Path | None = None,
+        zookeepers: int = 1,
     ) -> None:
         """`secure`: bookies serve mutual TLS with roles; the CA and the certificates (one per
         bookie, one per client role) go to `<data_dir>/tls` (`self.tls`), and unless
@@ -67,7 +70,15 @@ class SandboxCluster:
         self.data_dir = Path(data_dir)
         self.root = root
         self._own_zookeeper = zookeeper is None
-        self.zookeeper = zookeeper or ZooKeeperServer(self.data_dir / "zookeeper", port=zk_port)
+        if zookeepers < 1 or (zookeepers > 1 and (zk_port is not None or zookeeper is not None)):
+            raise InvalidArgumentError(
+                "an ensemble takes neither a fixed port nor a given server", zookeepers=zookeepers
+            )
+        self.zookeeper: ZooKeeperServer | ZooKeeperEnsemble = zookeeper or (
+            ZooKeeperEnsemble(self.data_dir / "zookeeper", zookeepers)
+            if zookeepers > 1
+            else ZooKeeperServer(self.data_dir / "zookeeper", port=zk_port)
+        )
         if secure and metadata_auth_file is None:
             metadata_auth_file = self.data_dir / "metadata-auth.toml"
             if not metadata_auth_file.exists():
@@ -185,7 +196,13 @@ class SandboxCluster:
             (b.bookie_id, b.process, b.log_path) for b in self.bookies
         ]
         if self._own_zookeeper:
-            watched.insert(0, ("ZooKeeper", self.zookeeper.process, self.zookeeper.log_path))
+            servers = getattr(self.zookeeper, "servers", [self.zookeeper])
+            names = (
+                ["ZooKeeper"] if len(servers) == 1 else [f"ZooKeeper {s.hosts}" for s in servers]
+            )
+            watched[:0] = [
+                (name, s.process, s.log_path) for name, s in zip(names, servers, strict=True)
+            ]
         if self.retention is not None:
             watched.append(("retention service", self.retention.process, self.retention.log_path))
         return [
@@ -197,6 +214,12 @@ class SandboxCluster:
     def _kazoo(self) -> KazooClient:
         """Returns an unchrooted kazoo client (not started) with the sandbox's identity."""
         return KazooClient(hosts=self.zookeeper.hosts, **kazoo_auth_options(self._auth))
+
+    def zookeeper_quorum(self) -> bool:
+        """Whether a majority of the ZooKeeper servers still runs."""
+        servers = getattr(self.zookeeper, "servers", [self.zookeeper])
+        running = [s for s in servers if s.process is not None and s.process.poll() is None]
+        return 2 * len(running) > len(servers)
 
     def _ensure_root(self) -> None:
         zk = self._kazoo()

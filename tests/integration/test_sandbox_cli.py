@@ -94,3 +94,18 @@ def test_a_dead_bookie_is_reported_and_a_dead_zookeeper_stops_the_sandbox(
             sandbox.wait(timeout=60)
         for pid in _pids_under(tmp_path).values():
             os.kill(pid, signal.SIGKILL)
+
+
+def test_the_demo_runs_on_a_three_server_zookeeper_ensemble() -> None:
+    done = _sandbox("--demo", "--zookeepers", "3", "--bookies", "3")
+    out, err = done.communicate(timeout=240)
+    assert done.returncode == 0, err[-3000:]
+    hosts = out.splitlines()[0].split("/", 1)[0].split(",")
+    assert len(hosts) == 3 and len({h.split(":")[1] for h in hosts}) == 3, out
+
+
+def test_an_ensemble_takes_no_fixed_port() -> None:
+    done = _sandbox("--zookeepers", "3", "--zk-port", "2181")
+    _, err = done.communicate(timeout=60)
+    assert done.returncode == 2, err[-3000:]
+    assert "an ensemble takes no --zk-port" in err

@@ -1,0 +1,181 @@
+"""One chaos run: start the cluster and the workloads, apply the seeded schedule of faults while
+the harness trims and watches the terms, heal, let the writers show progress, seal, read
+everything back, and check the history."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from stream.client import StreamClient
+from stream.errors import StreamError
+from stream.metadata.connection import MetadataSession
+from stream.metadata.streams import StreamStore
+from stream.sandbox.chaos import history
+from stream.sandbox.chaos.checker import FINAL, FINAL_READER, Verdict, check
+from stream.sandbox.chaos.cluster import STREAM, ChaosCluster
+from stream.sandbox.chaos.history import HistoryWriter
+from stream.sandbox.chaos.nemesis import FAULTS, Nemesis, Step, schedule
+from stream.sandbox.netns import netem_available
+
+log = structlog.get_logger(__name__)
+
+# How often the harness looks at the stream's term history, and trims it.
+_WATCH_S = 0.2
+_TRIM_EVERY_S = 15.0
+# Entries kept below the LAC by the harness's trims (the final read checks those).
+_TRIM_KEEP = 1000
+
+
+@dataclass
+class ChaosResult:
+    seed: int
+    steps: list[Step]
+    verdict: Verdict
+    duration_s: float
+    history_dir: Path
+    events: list[dict[str, Any]]
+
+
+class _Watcher(threading.Thread):
+    """Records each term's first entry id once the metadata shows it (its recovery fixed the
+    end), and trims the stream now and then (retention's work, done by the harness)."""
+
+    def __init__(self, metadata: str, record: HistoryWriter, client: StreamClient) -> None:
+        super().__init__(name="chaos-watcher", daemon=True)
+        self.stop = threading.Event()
+        self._metadata, self._record, self._client = metadata, record, client
+        self._seen: set[int] = set()
+
+    def run(self) -> None:
+        session = MetadataSession.connect(self._metadata, timeout_s=30.0)
+        store = StreamStore(session)
+        next_trim = time.monotonic() + _TRIM_EVERY_S
+        try:
+            while not self.stop.wait(_WATCH_S):
+                self._watch(store)
+                if time.monotonic() >= next_trim:
+                    next_trim = time.monotonic() + _TRIM_EVERY_S
+                    self._trim()
+        finally:
+            session.close()
+
+    def _watch(self, store: StreamStore) -> None:
+        try:
+            meta, _ = store.get_stream(STREAM)
+        except StreamError:
+            return  # ZooKeeper unreachable for now: try again
+        for term, first in meta.term_history:
+            if term not in self._seen:
+                self._seen.add(term)
+                self._record.record(history.TERM_FIXED, term=term, first=first)
+
+    def _trim(self) -> None:
+        try:
+            lac = self._client.stream_info(STREAM).lac
+            if lac > _TRIM_KEEP:
+                first = self._client.trim(STREAM, before_entry_id=lac - _TRIM_KEEP)
+                self._record.record(history.TRIM, e=first)
+        except StreamError as e:
+            self._record.record(history.ERROR, op="trim", error=type(e).__name__)
+
+
+def _wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise StreamError(f"chaos: {what} did not happen in time", timeout_s=timeout_s)
+        time.sleep(0.2)
+
+
+def _acks_so_far(cluster: ChaosCluster) -> int:
+    return sum(1 for e in history.load(cluster.history_files()) if e["type"] == history.ACK)
+
+
+def run_chaos(
+    data_dir: Path,
+    *,
+    seed: int,
+    duration_s: float,
+    progress_bound_s: float = 30.0,
+    faults: tuple[str, ...] = tuple(FAULTS),
+    steps: list[Step] | None = None,
+    without_protections: tuple[str, ...] = (),
+    on_step: Callable[[str], None] = lambda line: None,
+    **cluster_options: Any,
+) -> ChaosResult:
+    """Runs the whole thing and returns the schedule and the checker's verdict: the schedule
+    drawn from `seed` over `faults` for `duration_s`, or the given `steps`. `on_step` gets one
+    line per step as it is applied (the benchmark prints them)."""
+    started = time.monotonic()
+    cluster = ChaosCluster(
+        data_dir, seed=seed, without_protections=without_protections, **cluster_options
+    )
+    with cluster:
+        steps = (
+            steps
+            if steps is not None
+            else schedule(
+                seed,
+                duration_s,
+                bookies=len(cluster.bookies),
+                writers=len(cluster.writer_hosts()),
+                netem=netem_available(),
+                faults=faults,
+            )
+        )
+        record = cluster.harness_history
+        assert record is not None
+        client = StreamClient.connect(cluster.metadata, timeout_s=30.0)
+        watcher = _Watcher(cluster.metadata, record, client)
+        try:
+            client.create_stream(STREAM, ensemble=3, write_quorum=3, ack_quorum=2,
+                                 fragment_max_entries=200)  # fmt: skip
+            cluster.start_workers()
+            _wait_for(lambda: _acks_so_far(cluster) > 0, 60, "a first acknowledgment")
+            watcher.start()
+            nemesis = Nemesis(cluster)
+            for step in steps:
+                time.sleep(step.quiet_s)  # the schedule's own pacing, not a wait for a state
+                on_step(str(step))
+                record.record(history.FAULT, name=step.fault, target=step.target)
+                heal = nemesis.apply(step)
+                time.sleep(step.hold_s)
+                heal()
+                record.record(history.HEAL)
+            # Quiet: the writers must show progress within the bound.
+            time.sleep(progress_bound_s)
+            cluster.stop_workers()
+            watcher.stop.set()
+            watcher.join()
+            _final_read(client, record, cluster.history_dir / "final.jsonl")
+        finally:
+            watcher.stop.set()
+            client.close()
+        events = history.load(cluster.history_files())
+    verdict = check(events, progress_bound_s=progress_bound_s)
+    return ChaosResult(
+        seed, steps, verdict, time.monotonic() - started, cluster.history_dir, events
+    )
+
+
+def _final_read(client: StreamClient, record: HistoryWriter, path: Path) -> None:
+    """Seals the stream (a last recovery) and reads every retained entry, as FINAL_READER."""
+    client.seal_stream(STREAM)
+    record.record(history.SEAL)
+    info = client.stream_info(STREAM)
+    final = HistoryWriter(path, FINAL_READER)
+    try:
+        reader = client.open_reader(STREAM)
+        if info.lac >= info.first_entry_id:
+            for entry in reader.read(info.first_entry_id, info.lac):
+                final.record(history.READ, seg=0, e=entry.entry_id, v=entry.payload.decode())
+        final.record(FINAL, first=info.first_entry_id, last=info.lac)
+    finally:
+        final.close()

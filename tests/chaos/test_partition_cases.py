@@ -1,0 +1,51 @@
+"""The partitions that matter, on real processes, one after the other in one run: a writer cut
+from ZooKeeper but not from the bookies (its session expires while the other writer takes
+over: no acknowledgement after that takeover's recovery), a bookie cut from ZooKeeper while it
+serves (auto-recovery runs in the bookies and must not copy over live data), and ZooKeeper
+without a quorum (metadata writes stop; reads of committed data go on). After each heal the
+writers make progress."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stream.sandbox.chaos.history import FAULT, HEAL, READ
+from stream.sandbox.chaos.nemesis import Step
+from stream.sandbox.chaos.run import run_chaos
+from stream.sandbox.netns import unavailable_reason
+
+pytestmark = [pytest.mark.integration, pytest.mark.chaos]
+
+_UNAVAILABLE = unavailable_reason()
+if _UNAVAILABLE:
+    pytest.skip(f"chaos tests need network namespaces: {_UNAVAILABLE}", allow_module_level=True)
+
+STEPS = [
+    # Longer than the writer's 10 s ZooKeeper session.
+    Step(3.0, "writer-cut-from-zookeeper", "writer-2", 13.0),
+    # Longer than the bookie's 4 s session: its registration goes, it still serves.
+    Step(3.0, "bookie-cut-from-zookeeper", "bookie-1", 10.0),
+    Step(3.0, "zookeeper-no-quorum", "", 8.0),
+]
+
+
+def test_writer_and_bookie_cut_from_zookeeper_and_zookeeper_without_quorum(
+    tmp_path: Path,
+) -> None:
+    result = run_chaos(tmp_path, seed=0, duration_s=0, steps=STEPS, progress_bound_s=15.0)
+    verdict = result.verdict
+    report = f"{verdict.summary()}\n" + "\n".join(str(v) for v in verdict.violations[:10])
+    print(report)
+    assert verdict.ok, report
+    assert verdict.faults == {
+        "writer-cut-from-zookeeper": 1,
+        "bookie-cut-from-zookeeper": 1,
+        "zookeeper-no-quorum": 1,
+    }
+    assert all(a.to_first_ack_after_heal_s is not None for a in verdict.availability), report
+    marks = [e for e in result.events if e["type"] in (FAULT, HEAL)]
+    start, end = marks[-2]["t"], marks[-1]["t"]  # the ZooKeeper outage
+    reads = [e for e in result.events if e["type"] == READ and start < e["t"] < end]
+    assert reads, "no committed entry was read while ZooKeeper had no quorum"
