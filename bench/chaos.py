@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from stream.bookie.storage.storage import UNSAFE_ADD_TERM_CHECK_ENV
+from stream.bookie.unsafe import UNSAFE_SKIP_ENV
 from stream.logging import configure_logging
 from stream.sandbox.chaos.checker import Availability, Verdict
 from stream.sandbox.chaos.nemesis import FAULTS
@@ -48,7 +48,9 @@ def main() -> int:
         print(f"chaos: cannot run: {reason}", file=sys.stderr)
         return 2
     if args.unsafe_add_term_check_off:
-        os.environ[UNSAFE_ADD_TERM_CHECK_ENV] = "off"  # the bookie processes inherit it
+        os.environ[UNSAFE_SKIP_ENV] = (
+            "add_term_check,overwrite_check"  # the bookie processes inherit it
+        )
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
     print(f"chaos: seed {seed}, {args.minutes} minutes of faults (replay: --seed {seed})")
     with tempfile.TemporaryDirectory(prefix="streamkeeper-chaos-") as tmp:

@@ -6,7 +6,9 @@ show that their checks fail without them. Read by nothing else; never set it in 
   "wiped_term_check" does not learn forgotten terms from metadata;
 - "metadata_term_check" takes terms metadata never handed out, "trim_check" takes trims beyond
   metadata's first retained entry, "overwrite_check" lets an add replace an entry at or below
-  the LAC with other bytes.
+  the LAC with other bytes;
+- "add_term_check" serves adds of a term below the bookie's (the chaos runs show their checker
+  catches the superseded writer that lets through).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from stream.bookie.storage.storage import UNSAFE_ADD_TERM_CHECK_ENV
+from stream.bookie.unsafe import UNSAFE_SKIP_ENV
 from stream.sandbox.chaos.run import ChaosResult, run_chaos
 from stream.sandbox.netns import unavailable_reason
 from stream.sim.checker import SUPERSEDED_WRITER
@@ -46,8 +46,10 @@ def test_a_short_chaos_run_breaks_no_property(tmp_path: Path) -> None:
 def test_without_the_bookies_term_check_the_checker_finds_the_superseded_writer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The bookie processes inherit the test-only switch: adds of a lower term are served.
-    monkeypatch.setenv(UNSAFE_ADD_TERM_CHECK_ENV, "off")
+    # The bookie processes inherit the test-only switch: adds of a lower term are served, and
+    # may replace entries at or below the LAC (else that second protection refuses the
+    # superseded writer's adds: its ids are below the new term's LAC by the time it wakes).
+    monkeypatch.setenv(UNSAFE_SKIP_ENV, "add_term_check,overwrite_check")
     result = run_chaos(
         tmp_path, seed=SEED, duration_s=20.0, progress_bound_s=10.0, faults=("pause-writer",)
     )

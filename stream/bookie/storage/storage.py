@@ -21,7 +21,6 @@ cancelled by one of its waiters); a later request's future completes after an ea
 
 from __future__ import annotations
 
-import os
 import random
 import struct
 import threading
@@ -70,10 +69,6 @@ INTERNAL = pb.INTERNAL
 FLAG_TRUNCATE = pb.TRUNCATE
 
 _ACCEPT_NEW = TermDecision.ACCEPT_NEW
-# Test-only switch, read by nothing else: "off" makes adds skip the term rule (a lower term is
-# served), so that the chaos tests can show their checker catches a superseded writer. Never
-# set it in production.
-UNSAFE_ADD_TERM_CHECK_ENV = "STREAMKEEPER_UNSAFE_ADD_TERM_CHECK"
 _MAX_ENTRY_ID = (1 << 63) - 1
 # Hot path: the entry checksum of stream/protocol/checksum.py (`entry_checksum`) inlined with
 # its own precompiled header struct, because a function call per entry shows in profiles.
@@ -290,6 +285,8 @@ class StreamStorage:
         self._max_entry_bytes = config.max_entry_bytes
         # Off only in tests that show the forged overwrite succeeding (`stream.bookie.unsafe`).
         self._refuse_overwrites = "overwrite_check" not in unsafe_skip()
+        # Off only in the chaos test that shows its checker catches a superseded writer.
+        self._serve_stale_adds = "add_term_check" in unsafe_skip()
         self._cache_max_bytes = config.write_cache_max_bytes
         self._flush_trigger_bytes = max(config.write_cache_max_bytes // 2, 1)
         # Jitter of the flush interval, seeded per bookie: the bookies of an ensemble start
@@ -455,7 +452,7 @@ class StreamStorage:
         state = self._states.get(stream_id)
         local_term = state.term if state is not None else 0
         decision = term_decision(local_term, request.term)
-        if decision is TermDecision.REJECT and os.environ.get(UNSAFE_ADD_TERM_CHECK_ENV) == "off":
+        if decision is TermDecision.REJECT and self._serve_stale_adds:
             decision = TermDecision.ACCEPT
         if not decision.serves:
             message = (

@@ -161,6 +161,9 @@ class ChaosCluster:
             # seconds is counted lost and its fragments are re-replicated meanwhile.
             "lost_bookie_recovery_delay_ms": 2000,
             "audit_interval_ms": 20_000,
+            # Plaintext on the harness's private bridge: the bookie refuses a non-loopback
+            # address without TLS unless told so.
+            "allow_insecure": True,
             **self.bookie_settings,
         }
         bookie = BookieProcess(
