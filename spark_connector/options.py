@@ -28,6 +28,7 @@ _READ_OPTIONS = (
     "maxEntriesPerTrigger",
     "failOnDataLoss",
     "entriesPerPartition",
+    "includeHeaders",
 )
 _WRITE_OPTIONS = ("metadata", "stream")
 # Spark adds these itself (e.g. `path` from `load(path)`); they are not ours to reject.
@@ -50,6 +51,7 @@ class SourceOptions:
     max_entries_per_trigger: int | None
     fail_on_data_loss: bool
     entries_per_partition: int
+    include_headers: bool = False
 
     def pattern_matches(self, name: str) -> bool:
         pattern = self.stream_pattern
@@ -218,6 +220,7 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         fail_on_data_loss=_bool(values, "failOnDataLoss", True),
         entries_per_partition=_positive_int(values, "entriesPerPartition")
         or DEFAULT_ENTRIES_PER_PARTITION,
+        include_headers=_bool(values, "includeHeaders", False),
     )
 
 
