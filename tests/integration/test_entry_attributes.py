@@ -5,25 +5,13 @@ anything is written."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from stream.client import Entry, StreamClient
 from stream.errors import InvalidArgumentError
-from stream.sandbox.cluster import SandboxCluster
 from tests.integration.conftest import ClusterFactory
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def client(cluster: SandboxCluster) -> Iterator[StreamClient]:
-    c = StreamClient.connect(cluster.metadata)
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def attributes(i: int) -> tuple[bytes | None, list[tuple[str, bytes]]]:

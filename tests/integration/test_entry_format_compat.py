@@ -1,7 +1,7 @@
 """Format compatibility: a stream written in the entry format from before attributes existed
 reads back identically, on real bookies.
 
-The old writer's adds are rebuilt here byte for byte, independently of the client: the Entry
+The old writer's adds are rebuilt here byte for byte, apart from the client's encoder: the Entry
 fields 1-5 encoded by hand and the checksum computed from its definition (crc32c over the
 >QqIq header, then the payload), pinned against bytes the old client produced. They go to the
 bookies as raw adds through the gRPC stubs; then a takeover recovers that tail (recovery reads
@@ -13,12 +13,12 @@ stored entry of that format holds."""
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
 
 import crc32c
 import pytest
 
 from stream.client import StreamClient
+from stream.client.entries import varint as _varint
 from stream.sandbox.cluster import SandboxCluster
 from stream.wire import bookie_pb2 as pb
 from tests.integration.bookie_support import add_all
@@ -26,15 +26,6 @@ from tests.integration.bookie_support import add_all
 pytestmark = pytest.mark.integration
 
 BASE_MS = 1_700_000_000_000
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def old_entry(
@@ -62,12 +53,6 @@ def test_the_rebuilt_old_encoding_is_what_the_old_client_produced() -> None:
     assert old_entry(123456789, 1, 1, BASE_MS + 1, b"").hex() == (
         "3a13080110011881d095ffbc3122002888e6decb0f"
     )
-
-
-@pytest.fixture
-def client(cluster: SandboxCluster) -> Iterator[StreamClient]:
-    with StreamClient.connect(cluster.metadata) as c:
-        yield c
 
 
 def test_a_stream_in_the_old_format_reads_back_identically(
