@@ -300,6 +300,16 @@ class AsyncStreamWriter:
         the path that looks for them (set before the payload is queued, so a drain that
         takes it sees the flag)."""
         attributed = AttributedPayload(payload, check_key(key), check_headers(headers))
+        size = len(payload) + len(attributed.key or b"")
+        size += sum(len(name) + len(value) for name, value in attributed.headers)
+        if size > self._max_entry_bytes:
+            raise InvalidArgumentError(
+                "entry with its key and headers larger than the bookies accept "
+                "(their max_entry_bytes)",
+                stream=self.name,
+                size=size,
+                max_entry_bytes=self._max_entry_bytes,
+            )
         self._attributes_seen = True
         return attributed
 

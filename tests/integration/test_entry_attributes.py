@@ -128,6 +128,8 @@ def test_bad_attributes_are_refused_and_nothing_is_written(client: StreamClient)
             dict(headers=[(b"name", b"v")]),
             dict(headers=[("only a name",)]),
             dict(headers={"h": 1}),
+            dict(headers=5),
+            dict(key=b"k" * (5 << 20)),  # with the payload, beyond the default max_entry_bytes
         ):
             with pytest.raises(InvalidArgumentError):
                 writer.append(b"x", **kwargs)  # type: ignore[arg-type]
