@@ -180,6 +180,7 @@ class StreamCatalog:
                 self._options.fail_on_data_loss,
                 self._options.tls,
                 self._options.metadata_auth_file,
+                self._options.include_headers,
             )
             for name, lo, hi in pieces
         ]

@@ -35,6 +35,7 @@ _READ_OPTIONS = (
     "startingTimestamp",
     "startingOffsetsByTimestamp",
     "startingOffsetsByTimestampStrategy",
+    "includeHeaders",
 )
 # TLS to the bookies (docs/security.md): the CA, this job's certificate and key.
 _TLS_OPTIONS = ("tlsCaFile", "tlsCertFile", "tlsKeyFile")
@@ -84,6 +85,7 @@ class SourceOptions:
         if isinstance(self.starting_times, dict):
             return "startingOffsetsByTimestamp"
         return "startingTimestamp"
+    include_headers: bool = False
 
     def pattern_matches(self, name: str) -> bool:
         pattern = self.stream_pattern
@@ -392,6 +394,7 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         max_bytes_per_trigger=_byte_count(values, "maxBytesPerTrigger"),
         starting_times=_starting_times(values, streams, starting),
         starting_time_strategy=_time_strategy(values),
+        include_headers=_bool(values, "includeHeaders", False),
     )
 
 

@@ -36,6 +36,7 @@ class StreamRange(InputPartition):
     fail_on_data_loss: bool
     tls: TLSConfig | None = None
     metadata_auth_file: str | None = None
+    include_headers: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.first <= self.last:

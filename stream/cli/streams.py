@@ -23,6 +23,7 @@ from rich.table import Table
 from stream.cli.arguments import (
     duration,
     entry_id,
+    header,
     positive_int,
     size,
     start_position,
@@ -64,6 +65,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     append.add_argument("name")
     append.add_argument("--message", "-m", action="append", help="an entry (repeatable)")
+    append.add_argument("--key", default=None, help="the key of every entry appended (UTF-8)")
+    append.add_argument(
+        "--header",
+        dest="headers",
+        type=header,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a header of every entry appended (repeatable, in order)",
+    )
     append.set_defaults(handler=_append)
 
     tail = subparsers.add_parser("tail", help="print entries as they are acknowledged")
@@ -186,7 +197,8 @@ def _append(args: argparse.Namespace) -> int:
             client.open_writer(args.name) as writer,
             _append_progress(console) as progress,
         ):
-            _append_all(writer, messages, done, progress)
+            key = None if args.key is None else args.key.encode()
+            _append_all(writer, messages, done, progress, key, args.headers)
     except (KeyboardInterrupt, StreamError):
         # What got in is the one thing the user needs next (to resume, to check).
         console.print(f"stopped: {done.summary()}", soft_wrap=True)
@@ -224,11 +236,13 @@ def _append_all(
     messages: Iterator[bytes],
     done: _Acked,
     progress: Callable[[int], None],
+    key: bytes | None = None,
+    headers: list[tuple[str, bytes]] | None = None,
 ) -> None:
     pending: collections.deque[concurrent.futures.Future[int]] = collections.deque()
     try:
         for message in messages:
-            pending.append(writer.append_async(message))
+            pending.append(writer.append_async(message, key=key, headers=headers))
             while pending and (len(pending) >= _APPEND_IN_FLIGHT or pending[0].done()):
                 done.add(pending.popleft().result())
             progress(done.count)
@@ -259,6 +273,7 @@ def _append_progress(console: Console) -> Iterator[Callable[[int], None]]:
 
 def _tail(args: argparse.Namespace) -> int:
     out = sys.stdout.buffer
+    show = _entry_json if wants_json(args) else _entry_line
     with _client(args) as client:
         reader = client.open_reader(args.name)
         if args.start_time_ms is None:
@@ -269,30 +284,50 @@ def _tail(args: argparse.Namespace) -> int:
         # client's loop while that still runs.
         with contextlib.closing(cast(Generator[Any, None, None], entries)):
             for entry in itertools.islice(entries, args.max_entries):
-                if wants_json(args):
-                    out.write(_entry_json(entry))
-                    out.flush()
-                    continue
-                if args.show_ids:
-                    out.write(f"{entry.entry_id}\t{entry.timestamp.isoformat()}\t".encode())
-                out.write(entry.payload + b"\n")
+                out.write(show(entry, args.show_ids))
                 out.flush()
     return 0
 
 
-def _entry_json(entry: Entry) -> bytes:
-    """Returns `entry` as one JSON line: its id, timestamp (milliseconds and ISO 8601) and
-    payload (text when it is UTF-8, else `payload_base64`)."""
-    line: dict[str, Any] = {
+def _entry_line(entry: Entry, show_ids: bool) -> bytes:
+    """An entry as `streamctl tail` prints it: [id, time,] key=K and name=value for its key
+    and headers (nothing for an entry without), then the payload; tab-separated."""
+    fields = [f"{entry.entry_id}\t{entry.timestamp.isoformat()}\t".encode()] if show_ids else []
+    if entry.key is not None:
+        fields.append(b"key=" + entry.key + b"\t")
+    fields.extend(name.encode() + b"=" + value + b"\t" for name, value in entry.headers)
+    fields.append(entry.payload + b"\n")
+    return b"".join(fields)
+
+
+def _text(value: bytes) -> str:
+    """`value` for JSON: UTF-8, with bytes that are not as \\xNN escapes."""
+    return value.decode(errors="backslashreplace")
+
+
+def _entry_json(entry: Entry, show_ids: bool) -> bytes:
+    """An entry as one JSON line of `streamctl tail --output json` (ids and time always): the
+    payload and key as text when they are UTF-8, else as `payload_base64` / `key_base64`
+    (nothing is lost); header values as text (other bytes as \\xNN)."""
+    value: dict[str, Any] = {
         "entry_id": entry.entry_id,
-        "timestamp_ms": entry.timestamp_ms,
         "timestamp": entry.timestamp.isoformat(),
+        "timestamp_ms": entry.timestamp_ms,
+        "key": None,
+        "headers": [[name, _text(value)] for name, value in entry.headers],
     }
+    _put_bytes(value, "payload", entry.payload)
+    if entry.key is not None:
+        _put_bytes(value, "key", entry.key)
+    return (json.dumps(value, sort_keys=True) + "\n").encode()
+
+
+def _put_bytes(value: dict[str, Any], name: str, data: bytes) -> None:
+    """Sets `value[name]` to `data` as UTF-8 text, or `value[name + "_base64"]` when it is not."""
     try:
-        line["payload"] = entry.payload.decode("utf-8")
+        value[name] = data.decode("utf-8")
     except UnicodeDecodeError:
-        line["payload_base64"] = base64.b64encode(entry.payload).decode("ascii")
-    return (json.dumps(line, sort_keys=True) + "\n").encode()
+        value[name + "_base64"] = base64.b64encode(data).decode("ascii")
 
 
 def _info(args: argparse.Namespace) -> int:

@@ -36,7 +36,7 @@ def test_schema_is_the_documented_one(
         .load()
     )
     assert frame.schema.simpleString() == (
-        "struct<stream:string,entry_id:bigint,payload:binary,timestamp:timestamp>"
+        "struct<stream:string,entry_id:bigint,payload:binary,timestamp:timestamp,key:binary>"
     )
     rows = frame.orderBy("entry_id").collect()
     assert [r.entry_id for r in rows] == [0, 1, 2]
