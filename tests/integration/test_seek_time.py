@@ -19,14 +19,16 @@ import os
 import random
 import threading
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from typing import cast
 
 import pytest
+import structlog
 
 from stream.client import StreamClient
 from stream.client.entries import Entry
 from stream.client.ports import SystemClock
+from stream.logging import use_standard_logging
 from stream.sandbox.cluster import SandboxCluster
 from tests.integration.cli_support import streamctl
 
@@ -257,8 +259,21 @@ class _Seen(logging.Handler):
             self.event.set()
 
 
+@pytest.fixture
+def library_logging() -> Iterator[None]:
+    """structlog as a library user gets it (events to the standard loggers, nothing filtered
+    before them), whatever an earlier test's `streamctl` main() configured; restored after."""
+    saved = structlog.get_config()
+    structlog.reset_defaults()
+    use_standard_logging()
+    try:
+        yield
+    finally:
+        structlog.configure(**saved)
+
+
 def test_tail_from_a_time_after_every_entry_waits_for_entries_that_late(
-    cluster: SandboxCluster,
+    cluster: SandboxCluster, library_logging: None
 ) -> None:
     ten = _iso_ms("2026-11-24T10:00Z")
     clock = ManualClock(ten)
