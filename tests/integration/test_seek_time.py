@@ -26,6 +26,7 @@ import pytest
 import structlog
 
 from stream.client import StreamClient
+from stream.client import reader as reader_module
 from stream.client.entries import Entry
 from stream.client.ports import SystemClock
 from stream.logging import use_standard_logging
@@ -97,7 +98,7 @@ def _brute_force(ids: list[int], stamps: list[int], end: int, times: list[int]) 
 
 
 def test_seek_time_matches_a_scan_with_skewed_writer_clocks(
-    cluster: SandboxCluster, caplog: pytest.LogCaptureFixture
+    cluster: SandboxCluster, caplog: pytest.LogCaptureFixture, library_logging: None
 ) -> None:
     with StreamClient.connect(cluster.metadata) as client:
         _check_seeks(cluster, client, caplog)
@@ -260,12 +261,14 @@ class _Seen(logging.Handler):
 
 
 @pytest.fixture
-def library_logging() -> Iterator[None]:
+def library_logging(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """structlog as a library user gets it (events to the standard loggers, nothing filtered
-    before them), whatever an earlier test's `streamctl` main() configured; restored after."""
+    before them), whatever an earlier test's in-process `streamctl` main() configured (its
+    loggers cache their first configuration: the reader gets a fresh one); restored after."""
     saved = structlog.get_config()
     structlog.reset_defaults()
     use_standard_logging()
+    monkeypatch.setattr(reader_module, "log", structlog.get_logger(reader_module.__name__))
     try:
         yield
     finally:
