@@ -21,6 +21,8 @@ from stream.metadata.cursors import (
 from stream.metadata.model import (
     AcceptedLoss,
     Fragment,
+    ProducerChange,
+    ProducerTerm,
     RetentionPolicy,
     StreamMeta,
     StreamState,
@@ -52,6 +54,8 @@ __all__ = [
     "MetadataSession",
     "MetadataSessionExpiredError",
     "MetadataVersionError",
+    "ProducerChange",
+    "ProducerTerm",
     "RetentionPolicy",
     "SessionState",
     "StreamMeta",
