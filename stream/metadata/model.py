@@ -381,8 +381,9 @@ class ProducerTerm:
 class ProducerChange:
     """What a takeover's or a roll's metadata change records of producers: `positions` (what
     producers wrote in the part of the stream being closed) folded into the producer table at
-    `now_ms`, dropping those unused for `expiry_ms`; for a takeover, `producer_term` (the new
-    term's producer, or None) replaces the previous one, whose writes `positions` covers."""
+    `now_ms`, dropping those unused for `expiry_ms`; `producer_term` replaces the stream's:
+    for a takeover the new term's producer (or None), for a roll the same producer from the
+    new fragment on (what a later takeover reads starts there)."""
 
     positions: tuple[ProducerPosition, ...] = ()
     now_ms: int = 0
@@ -400,13 +401,11 @@ class ProducerChange:
         if self.producer_term is not None and not isinstance(self.producer_term, ProducerTerm):
             raise InvalidArgumentError("producer_term must be a ProducerTerm or None")
 
-    def apply(self, meta: StreamMeta, *, ends_term: bool) -> StreamMeta:
-        """Returns `meta` with the positions folded in (and, when `ends_term`, the producer
-        term replaced)."""
+    def apply(self, meta: StreamMeta) -> StreamMeta:
+        """Returns `meta` with the positions folded in and `producer_term` in place of the
+        previous one."""
         producers = fold_producers(meta.producers, self.positions, self.now_ms, self.expiry_ms)
-        if ends_term:
-            return meta.replace(producers=producers, producer_term=self.producer_term)
-        return meta.replace(producers=producers)
+        return meta.replace(producers=producers, producer_term=self.producer_term)
 
 
 @dataclass(frozen=True)

@@ -730,7 +730,7 @@ class StreamStore:
             ),
         )
         if producers is not None:
-            new_meta = producers.apply(new_meta, ends_term=True)
+            new_meta = producers.apply(new_meta)
         return self._commit_meta(
             stream_id, expected_version, new_meta, ops, op_ids=op_ids, action="finish_recovery"
         )
@@ -813,7 +813,8 @@ class StreamStore:
         """Returns `(meta, version)` after a capacity roll: `closed_fragment` (the last one,
         with `last_entry_id` and its totals) replaces its znode and `new_fragment`, starting
         at `last_entry_id + 1`, is created; `producers` folds what the term's producer wrote
-        in the closed fragment into the producer table. OPEN streams only; raises
+        in the closed fragment into the producer table and moves its producer term to the new
+        fragment. OPEN streams only; raises
         `BadVersionError`."""
         validate_stream_id(stream_id)
         meta, op_ids = self._read_meta_at(stream_id, expected_version, "roll_fragment")
@@ -846,7 +847,7 @@ class StreamStore:
             self._fragment_op(stream_id, new_fragment, exists=False),
         ]
         if producers is not None:
-            meta = producers.apply(meta, ends_term=False)
+            meta = producers.apply(meta)
         return self._commit_meta(
             stream_id, expected_version, meta, ops, op_ids=op_ids, action="roll_fragment"
         )

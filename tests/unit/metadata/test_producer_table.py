@@ -113,14 +113,16 @@ def test_takeovers_and_rolls_fold_the_table(store: StreamStore) -> None:
         version,
         Fragment(0, E3, last_entry_id=9),
         Fragment(10, E3),
-        ProducerChange((ProducerPosition("a", 9, 9, 5),), now_ms=5),
+        ProducerChange(
+            (ProducerPosition("a", 9, 9, 5),), now_ms=5, producer_term=ProducerTerm(1, "a", 10)
+        ),
     )
     assert rolled.producers == (ProducerPosition("a", 9, 9, 5),)
-    assert rolled.producer_term == ProducerTerm(1, "a", 0)
+    assert rolled.producer_term == ProducerTerm(1, "a", 10)
     # A plain takeover that learned nothing leaves both as they were.
     taken, version, _ = store.begin_takeover(meta.id, version)
     plain, version = store.finish_recovery(meta.id, version, taken.term, [], [], 12)
-    assert plain.producer_term == ProducerTerm(1, "a", 0)
+    assert plain.producer_term == ProducerTerm(1, "a", 10)
     # A producer "b" takeover eight days later: "a"'s tail is folded in, then expires.
     taken, version, _ = store.begin_takeover(meta.id, version)
     later = 8 * DAY_MS
