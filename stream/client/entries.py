@@ -4,7 +4,7 @@ values `stream_info` returns."""
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import NamedTuple
@@ -12,15 +12,26 @@ from typing import NamedTuple
 import crc32c
 
 from stream.client.ports import PreparedEntry
+from stream.errors import InvalidArgumentError
 from stream.metadata.cursors import CursorLag
 from stream.metadata.model import AcceptedLoss
 from stream.protocol import EntryFlag, entry_checksum
-from stream.protocol.checksum import ENTRY_HEADER
+from stream.protocol.checksum import ENTRY_HEADER, encode_attributes
 from stream.wire import bookie_pb2 as pb
 
 _ENTRIES_TAG = b"\x3a"
 NOOP_TRUNCATE = int(EntryFlag.NOOP | EntryFlag.TRUNCATE)
 _NOOP = int(EntryFlag.NOOP)
+_ATTRIBUTES = int(EntryFlag.ATTRIBUTES)
+_NOOP_OR_ATTRIBUTES = _NOOP | _ATTRIBUTES
+
+# An entry's headers as readers return them: (name, value) pairs in the writer's order.
+Headers = tuple[tuple[str, bytes], ...]
+# What an application may pass as headers: pairs (names may repeat) or a mapping.
+HeadersArg = Iterable[tuple[str, bytes]] | Mapping[str, bytes]
+# An entry's key and headers, as `EntryColumns` keeps them for the entries that have some.
+Attributes = tuple[bytes | None, Headers]
+_NO_HEADERS: Headers = ()
 
 
 _SMALL_VARINTS = [bytes([i]) for i in range(0x80)]
@@ -71,13 +82,21 @@ def prepare_entry(
     timestamp_ms: int,
     payload: bytes,
     timestamp_varint: bytes | None = None,
+    key: bytes | None = None,
+    headers: Headers = _NO_HEADERS,
+    sequence: int = 0,
 ) -> PreparedEntry:
     """Returns the entry with its checksum, encoded as an `Entry` message framed as field 7 of
-    an AddRequest, once for every bookie of its write set.
+    an AddRequest, once for every bookie of its write set. With a key, headers or a sequence
+    the entry gets flag ATTRIBUTES and them (`headers` as `check_headers` returns them).
 
     Encoded by hand (fields 1-5 in order, the payload copied once): the same bytes protobuf
     would produce, at a third of the cost (a unit test compares them). `timestamp_varint`
     (`varint(timestamp_ms)`) saves encoding it again for a run of entries with one time."""
+    if key is not None or headers or sequence:
+        return _prepare_attributed(
+            stream_id, entry_id, flags, timestamp_ms, payload, key, headers, sequence
+        )
     crc = entry_checksum(stream_id, entry_id, flags, timestamp_ms, payload)
     size = len(payload)
     head = b"".join(
@@ -94,6 +113,63 @@ def prepare_entry(
     tail = b"\x28" + varint(crc)
     framed = b"".join((_ENTRIES_TAG, varint(len(head) + size + len(tail)), head, payload, tail))
     return PreparedEntry(entry_id, framed, size, timestamp_ms)
+
+
+def _prepare_attributed(
+    stream_id: int,
+    entry_id: int,
+    flags: int,
+    timestamp_ms: int,
+    payload: bytes,
+    key: bytes | None,
+    headers: Headers,
+    sequence: int,
+) -> PreparedEntry:
+    """`prepare_entry` of an entry with attributes: rarer, so encoded by protobuf."""
+    flags |= _ATTRIBUTES
+    attributes = encode_attributes(key, headers, sequence)
+    entry = pb.Entry(
+        entry_id=entry_id,
+        flags=flags,
+        timestamp_ms=timestamp_ms,
+        payload=payload,
+        crc32c=entry_checksum(stream_id, entry_id, flags, timestamp_ms, payload, attributes),
+        key=key,
+        headers=[pb.Header(name=name, value=value) for name, value in headers],
+        sequence=sequence,
+    )
+    return PreparedEntry.from_entry(entry)
+
+
+def check_headers(headers: HeadersArg | None) -> Headers:
+    """Returns `headers` (pairs or a mapping of str names to bytes-like values) as `Headers`;
+    raises `InvalidArgumentError` when a name is not a str or a value not bytes-like."""
+    if not headers:
+        return _NO_HEADERS
+    pairs = headers.items() if isinstance(headers, Mapping) else headers
+    checked = []
+    for pair in pairs:
+        if not isinstance(pair, tuple | list) or len(pair) != 2:
+            raise InvalidArgumentError("a header must be a (name, value) pair", header=repr(pair))
+        name, value = pair
+        if not isinstance(name, str):
+            raise InvalidArgumentError("a header name must be a str", name=repr(name))
+        if not isinstance(value, bytes | bytearray | memoryview):
+            raise InvalidArgumentError(
+                "a header value must be bytes", name=name, type=type(value).__name__
+            )
+        checked.append((name, bytes(value)))
+    return tuple(checked)
+
+
+def check_key(key: bytes | None) -> bytes | None:
+    """Returns `key` as bytes (None stays None); raises `InvalidArgumentError` when it is not
+    bytes-like."""
+    if key is None or type(key) is bytes:
+        return key
+    if not isinstance(key, bytearray | memoryview):
+        raise InvalidArgumentError("key must be bytes", type=type(key).__name__)
+    return bytes(key)
 
 
 def prepare_entries(
@@ -149,12 +225,30 @@ def prepare_entries(
     return prepared
 
 
+def wire_attributes(entry: pb.Entry) -> Attributes:
+    """Returns the key and headers of `entry` (a wire `Entry` with flag ATTRIBUTES)."""
+    return (
+        entry.key if entry.HasField("key") else None,
+        tuple((header.name, header.value) for header in entry.headers),
+    )
+
+
+def wire_checksum(stream_id: int, entry: pb.Entry) -> int:
+    """Returns the checksum `entry` (a wire `Entry`) must carry: over its attributes too when
+    it has flag ATTRIBUTES."""
+    flags = entry.flags
+    attributes = b""
+    if flags & _ATTRIBUTES:
+        key, headers = wire_attributes(entry)
+        attributes = encode_attributes(key, headers, entry.sequence)
+    return entry_checksum(
+        stream_id, entry.entry_id, flags, entry.timestamp_ms, entry.payload, attributes
+    )
+
+
 def checksum_ok(stream_id: int, entry: pb.Entry) -> bool:
     """Returns whether `entry` (as read from a bookie) carries the checksum of its content."""
-    return (
-        entry_checksum(stream_id, entry.entry_id, entry.flags, entry.timestamp_ms, entry.payload)
-        == entry.crc32c
-    )
+    return wire_checksum(stream_id, entry) == entry.crc32c
 
 
 def good_run(stream_id: int, first_entry_id: int, entries: Sequence[pb.Entry]) -> int:
@@ -168,25 +262,53 @@ def good_run(stream_id: int, first_entry_id: int, entries: Sequence[pb.Entry]) -
 
 class EntryColumns(NamedTuple):
     """Entries as three parallel lists, no-ops left out: what bulk readers (the Spark
-    connector) turn into columns without an `Entry` object per entry."""
+    connector) turn into columns without an `Entry` object per entry. The key and headers of
+    the few entries that have some are kept aside, by position in the lists (`attributes`),
+    so entries without attributes cost nothing more; `keys()` and `headers()` give them as
+    columns."""
 
     ids: list[int]
     payloads: list[bytes]
     timestamps_ms: list[int]
+    attributes: dict[int, Attributes]
 
     @classmethod
     def empty(cls) -> EntryColumns:
-        return cls([], [], [])
+        return cls([], [], [], {})
 
     def extend(self, other: EntryColumns) -> None:
         """Appends `other`'s entries (which follow these)."""
+        if other.attributes:
+            offset = len(self.ids)
+            self.attributes.update(
+                (offset + position, value) for position, value in other.attributes.items()
+            )
         self.ids.extend(other.ids)
         self.payloads.extend(other.payloads)
         self.timestamps_ms.extend(other.timestamps_ms)
 
+    def keys(self) -> list[bytes | None]:
+        """Returns each entry's key (None: it has none)."""
+        keys: list[bytes | None] = [None] * len(self.ids)
+        for position, (key, _) in self.attributes.items():
+            keys[position] = key
+        return keys
+
+    def headers(self) -> list[Headers]:
+        """Returns each entry's headers (empty: it has none)."""
+        headers: list[Headers] = [_NO_HEADERS] * len(self.ids)
+        for position, (_, entry_headers) in self.attributes.items():
+            headers[position] = entry_headers
+        return headers
+
     def to_entries(self, stream: str) -> list[Entry]:
         """Returns the entries as `Entry`s of `stream`."""
-        return list(map(Entry, repeat(stream), self.ids, self.payloads, self.timestamps_ms))
+        entries = list(map(Entry, repeat(stream), self.ids, self.payloads, self.timestamps_ms))
+        for position, (key, headers) in self.attributes.items():
+            entry = entries[position]
+            entry.key = key
+            entry.headers = headers
+        return entries
 
 
 def verified_columns(
@@ -196,10 +318,12 @@ def verified_columns(
     ids: list[int],
     payloads: list[bytes],
     timestamps_ms: list[int],
+    attributes: dict[int, Attributes],
 ) -> int:
     """Returns how many of `entries` (as read from a bookie) are ids `first_entry_id`, +1...
     with a good checksum, counted up to the first that is not; appends the id, payload and
-    timestamp of those of them that are not no-ops to `ids`, `payloads` and `timestamps_ms`.
+    timestamp of those of them that are not no-ops to `ids`, `payloads` and `timestamps_ms`,
+    and the key and headers of those with attributes to `attributes` (by position in `ids`).
 
     The reader's only definition of which entries it accepts: bulk reads, striped runs and
     single reads all pass through it. One pass over each message's fields, with the checksum
@@ -217,10 +341,20 @@ def verified_columns(
             entry_id != expected
             or _crc32c(payload, _crc32c(_pack_header(stream_id, entry_id, flags, timestamp_ms)))
             != entry.crc32c
+        ) and (
+            # Attributes are checked only where the short checksum failed: free for the rest.
+            entry_id != expected
+            or not flags & _ATTRIBUTES
+            or wire_checksum(stream_id, entry) != entry.crc32c
         ):
             break
         expected += 1
-        if not flags & _NOOP:
+        if not flags & _NOOP_OR_ATTRIBUTES:
+            add_id(entry_id)
+            add_payload(payload)
+            add_timestamp(timestamp_ms)
+        elif not flags & _NOOP:
+            attributes[len(ids)] = wire_attributes(entry)
             add_id(entry_id)
             add_payload(payload)
             add_timestamp(timestamp_ms)
@@ -243,16 +377,28 @@ def is_noop(entry: pb.Entry) -> bool:
 
 
 class Entry:
-    """One entry handed to the application: `stream` (name), `entry_id`, `payload`, and the
-    writer's wall-clock `timestamp_ms` (`timestamp` gives it as an aware UTC datetime)."""
+    """One entry handed to the application: `stream` (name), `entry_id`, `payload`, the
+    writer's wall-clock `timestamp_ms` (`timestamp` gives it as an aware UTC datetime), and
+    the `key` (None: none) and `headers` ((name, value) pairs, empty: none) it was appended
+    with."""
 
-    __slots__ = ("stream", "entry_id", "payload", "timestamp_ms")
+    __slots__ = ("stream", "entry_id", "payload", "timestamp_ms", "key", "headers")
 
-    def __init__(self, stream: str, entry_id: int, payload: bytes, timestamp_ms: int) -> None:
+    def __init__(
+        self,
+        stream: str,
+        entry_id: int,
+        payload: bytes,
+        timestamp_ms: int,
+        key: bytes | None = None,
+        headers: Headers = _NO_HEADERS,
+    ) -> None:
         self.stream = stream
         self.entry_id = entry_id
         self.payload = payload
         self.timestamp_ms = timestamp_ms
+        self.key = key
+        self.headers = headers
 
     @property
     def timestamp(self) -> datetime.datetime:
@@ -263,17 +409,29 @@ class Entry:
         return (
             f"Entry(stream={self.stream!r}, entry_id={self.entry_id}, "
             f"payload={self.payload[:32]!r}{'...' if len(self.payload) > 32 else ''}, "
-            f"timestamp_ms={self.timestamp_ms})"
+            f"timestamp_ms={self.timestamp_ms}"
+            + (f", key={self.key!r}" if self.key is not None else "")
+            + (f", headers={self.headers!r}" if self.headers else "")
+            + ")"
         )
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Entry):
             return NotImplemented
-        return (self.stream, self.entry_id, self.payload, self.timestamp_ms) == (
+        return (
+            self.stream,
+            self.entry_id,
+            self.payload,
+            self.timestamp_ms,
+            self.key,
+            self.headers,
+        ) == (
             other.stream,
             other.entry_id,
             other.payload,
             other.timestamp_ms,
+            other.key,
+            other.headers,
         )
 
     def __hash__(self) -> int:

@@ -1,16 +1,24 @@
-"""The entry checksum: crc32c over a fixed big-endian header, continued over the payload."""
+"""The entry checksum: crc32c over a fixed big-endian header, continued over the payload and,
+for an entry with flag ATTRIBUTES, over an encoding of its attributes."""
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
 
 import crc32c
 
 # stream_id u64, entry_id i64, flags u32, timestamp_ms i64. Part of the wire and disk format:
 # changing it invalidates every stored checksum.
 ENTRY_HEADER = struct.Struct(">QqIq")
+# The attributes' encoding, also part of the format: sequence i64, key present u8, header
+# count u32; then the key (when present) and each header's name (UTF-8) and value, every one
+# as u32 length + bytes.
+ATTRIBUTES_HEADER = struct.Struct(">qBI")
+_LENGTH = struct.Struct(">I")
 
 _pack_header = ENTRY_HEADER.pack
+_pack_length = _LENGTH.pack
 _crc32c = crc32c.crc32c
 
 
@@ -20,10 +28,31 @@ def entry_checksum(
     flags: int,
     timestamp_ms: int,
     payload: bytes | bytearray | memoryview,
+    attributes: bytes = b"",
 ) -> int:
-    """Return the crc32c (unsigned 32-bit) of the entry header followed by `payload`.
+    """Return the crc32c (unsigned 32-bit) of the entry header followed by `payload` and
+    then `attributes` (`encode_attributes`; empty for an entry without flag ATTRIBUTES, whose
+    checksum is thus the one entries had before attributes existed).
 
     Raises `struct.error` when a header field is out of its range. Called once per entry on
-    the writer, bookie and reader paths: kept to two C calls on purpose.
-    """
-    return _crc32c(payload, _crc32c(_pack_header(stream_id, entry_id, flags, timestamp_ms)))
+    the writer, bookie and reader paths: kept to two C calls on purpose."""
+    crc = _crc32c(payload, _crc32c(_pack_header(stream_id, entry_id, flags, timestamp_ms)))
+    return _crc32c(attributes, crc) if attributes else crc
+
+
+def encode_attributes(
+    key: bytes | None, headers: Iterable[tuple[str, bytes]], sequence: int
+) -> bytes:
+    """Returns the bytes the checksum of an entry with flag ATTRIBUTES continues over: never
+    empty, and different for an absent and an empty key."""
+    parts = [b""]
+    count = 0
+    if key is not None:
+        parts.append(_pack_length(len(key)))
+        parts.append(key)
+    for name, value in headers:
+        encoded = name.encode()
+        parts += (_pack_length(len(encoded)), encoded, _pack_length(len(value)), value)
+        count += 1
+    parts[0] = ATTRIBUTES_HEADER.pack(sequence, key is not None, count)
+    return b"".join(parts)

@@ -31,6 +31,7 @@ class EntryFlag(IntFlag):
     FLAG_NONE = 0
     NOOP = 1
     TRUNCATE = 2
+    ATTRIBUTES = 4
 
 
 class ResponseClass(Enum):

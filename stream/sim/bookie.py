@@ -36,13 +36,13 @@ from dataclasses import dataclass
 
 import structlog
 
+from stream.client.entries import checksum_ok
 from stream.errors import StreamError, StreamNotFoundError
 from stream.metadata.model import Fragment, StreamMeta, StreamState
 from stream.protocol import (
     Code,
     EntryFlag,
     TermDecision,
-    entry_checksum,
     limbo_code,
     must_learn_term,
     term_decision,
@@ -630,7 +630,4 @@ def _valid(stream_id: int, entry: pb.Entry) -> bool:
     """Returns whether an added entry passes the bookie's checks (id, size, checksum)."""
     if entry.entry_id < 0 or len(entry.payload) > _MAX_ENTRY_BYTES:
         return False
-    return (
-        entry_checksum(stream_id, entry.entry_id, entry.flags, entry.timestamp_ms, entry.payload)
-        == entry.crc32c
-    )
+    return checksum_ok(stream_id, entry)

@@ -46,6 +46,7 @@ from stream.bookie.storage.index import Index
 from stream.bookie.storage.journal import Journal, JournalPosition, replay
 from stream.bookie.storage.state import StreamState, StreamStateView
 from stream.bookie.storage.write_cache import WriteCache
+from stream.client.entries import checksum_ok
 from stream.errors import StorageError
 from stream.protocol.checksum import ENTRY_HEADER
 from stream.protocol.codes import limbo_code
@@ -65,6 +66,9 @@ TOO_BUSY = pb.TOO_BUSY
 BAD_REQUEST = pb.BAD_REQUEST
 INTERNAL = pb.INTERNAL
 FLAG_TRUNCATE = pb.TRUNCATE
+# Entries with these flags are classified one by one, off the hot loop: a TRUNCATE takes
+# effect, and an entry's ATTRIBUTES extend its checksum.
+_FLAGS_TO_CLASSIFY = pb.TRUNCATE | pb.ATTRIBUTES
 
 _ACCEPT_NEW = TermDecision.ACCEPT_NEW
 _MAX_ENTRY_ID = (1 << 63) - 1
@@ -235,7 +239,8 @@ def _scan_entries(
 ) -> tuple[list[int], int, list[int]]:
     """Returns (entry ids, payload bytes, positions to look at closely) of a batch. A
     position is listed when its entry is oversized, has a negative id, a bad checksum or the
-    TRUNCATE flag (rare: classified by the caller). The per-entry hot loop of the bookie."""
+    TRUNCATE or ATTRIBUTES flag (rare: classified by the caller). The per-entry hot loop of
+    the bookie."""
     ids: list[int] = []
     append = ids.append
     special: list[int] = []
@@ -252,7 +257,7 @@ def _scan_entries(
         if (
             size > max_entry_bytes
             or entry_id < 0
-            or flags & FLAG_TRUNCATE
+            or flags & _FLAGS_TO_CLASSIFY
             or crc(payload, crc(pack(stream_id, entry_id, flags, e.timestamp_ms))) != e.crc32c
         ):
             special.append(len(ids) - 1)
@@ -261,11 +266,9 @@ def _scan_entries(
 
 def _entry_is_valid(stream_id: int, e: Entry, max_entry_bytes: int) -> bool:
     """Returns whether the entry passes the add checks (size, id, checksum)."""
-    payload = e.payload
-    if len(payload) > max_entry_bytes or e.entry_id < 0:
+    if len(e.payload) > max_entry_bytes or e.entry_id < 0:
         return False
-    header = _pack_entry_header(stream_id, e.entry_id, e.flags, e.timestamp_ms)
-    return _crc32c(payload, _crc32c(header)) == e.crc32c
+    return checksum_ok(stream_id, e)
 
 
 class StreamStorage:

@@ -10,11 +10,13 @@ import pytest
 
 from stream.bookie.storage import StreamStorage
 from stream.bookie.storage.storage import _entry_is_valid, _scan_entries
+from stream.client.entries import prepare_entry
 from stream.protocol.checksum import entry_checksum
 from stream.wire import bookie_pb2 as pb
 
 from .storage_support import (
     add_request,
+    crash_and_reopen,
     entry,
     flush,
     make_config,
@@ -252,3 +254,54 @@ def test_many_streams_interleaved_survive_flush_and_crash(tmp_path: Path) -> Non
             assert got == [written[(stream_id, i)] for i in range(60)]
     finally:
         storage.close()
+
+
+def _attributed(stream_id: int, entry_id: int, **attributes: object) -> pb.Entry:
+    return prepare_entry(stream_id, entry_id, 0, 1_700_000_000_000, b"p", **attributes).entry()
+
+
+def test_entries_with_attributes_round_trip_through_cache_logs_and_journal(
+    tmp_path: Path,
+) -> None:
+    config = make_config(tmp_path)
+    storage, _ = open_storage(config)
+    entries = [
+        _attributed(7, 0, key=b"k0"),
+        entry(7, 1),
+        _attributed(7, 2, key=b"", headers=(("h", b"1"), ("h", b"2"))),
+        _attributed(7, 3, sequence=12),
+    ]
+    outcome = storage.add_batch(add_request(7, 1, entries))
+    assert outcome.codes == [pb.OK] * 4
+    wait(outcome.durable)
+    assert [storage.read(7, i).entry for i in range(4)] == entries  # from the write cache
+    flush(storage)
+    assert [storage.read(7, i).entry for i in range(4)] == entries  # from the entry logs
+    assert [e for _, batch in storage.read_range(7, 0, 3) for e in batch] == entries
+    wait(storage.add_batch(add_request(7, 1, [_attributed(7, 4, key=b"j")])).durable)
+    storage, report = crash_and_reopen(storage, config)  # entry 4 replayed from the journal
+    try:
+        assert report.entries_replayed >= 1
+        got = [storage.read(7, i).entry for i in range(5)]
+        assert got == [*entries, _attributed(7, 4, key=b"j")]
+        assert got[2].HasField("key") and not got[1].HasField("key")
+    finally:
+        storage.close()
+
+
+def test_attributes_are_checked_against_the_checksum(storage: StreamStorage) -> None:
+    # A key, a header or a sequence changed after the checksum was computed is refused; so is
+    # an entry whose ATTRIBUTES flag was cleared (its checksum covered them).
+    changed_key = _attributed(7, 0, key=b"k")
+    changed_key.key = b"K"
+    added_header = _attributed(7, 0, key=b"k")
+    added_header.headers.add(name="h", value=b"v")
+    changed_sequence = _attributed(7, 0, sequence=3)
+    changed_sequence.sequence = 4
+    dropped_flag = _attributed(7, 0, key=b"k")
+    dropped_flag.flags = 0
+    outcome = storage.add_batch(
+        add_request(7, 1, [changed_key, added_header, changed_sequence, dropped_flag])
+    )
+    assert outcome.codes == [pb.BAD_REQUEST] * 4
+    assert storage.stream_state(7).last_entry_id == -1

@@ -16,6 +16,7 @@ from stream.client.entries import (
     prepare_entry,
     varint,
     verified_columns,
+    wire_attributes,
 )
 from stream.client.ports import AddBatch
 from stream.protocol import EntryFlag, entry_checksum
@@ -24,6 +25,9 @@ from stream.wire import bookie_pb2 as pb
 ids = st.integers(min_value=0, max_value=(1 << 63) - 1)
 stamps = st.integers(min_value=0, max_value=(1 << 63) - 1)
 flags = st.sampled_from([0, int(EntryFlag.NOOP), int(EntryFlag.NOOP | EntryFlag.TRUNCATE)])
+keys = st.none() | st.binary(max_size=20)
+headers = st.lists(st.tuples(st.text(max_size=8), st.binary(max_size=20)), max_size=3).map(tuple)
+sequences = st.sampled_from([0, 0, 1, 2**40, -1])
 
 
 @given(st.integers(min_value=0, max_value=(1 << 64) - 1))
@@ -156,7 +160,10 @@ def test_verified_columns_checks_and_converts_like_the_entry_by_entry_path() -> 
         expected, kept = _reference_run(9, 5, entries)
         assert count == expected == good_run(9, 5, entries)
         assert columns == EntryColumns(
-            [e.entry_id for e in kept], [e.payload for e in kept], [e.timestamp_ms for e in kept]
+            [e.entry_id for e in kept],
+            [e.payload for e in kept],
+            [e.timestamp_ms for e in kept],
+            {},
         )
         assert columns.to_entries("s") == [
             Entry("s", e.entry_id, e.payload, e.timestamp_ms) for e in kept
@@ -164,6 +171,7 @@ def test_verified_columns_checks_and_converts_like_the_entry_by_entry_path() -> 
 
 
 _FAULTS = ["none"] * 30 + ["gap", "repeat", "crc", "payload", "stream", "stamp", "flags"]
+_FAULTS += ["key", "header"]  # for entries with attributes
 
 
 @st.composite
@@ -182,7 +190,20 @@ def _wire_runs(draw: st.DrawFn) -> tuple[int, int, list[pb.Entry]]:
             entry_id -= 1
         entry_id = max(entry_id, 0)
         payload = draw(st.binary(max_size=64))
-        entry = prepare_entry(stream_id, entry_id, draw(flags), draw(stamps), payload).entry()
+        entry_flags = draw(flags)
+        if entry_flags:
+            entry = prepare_entry(stream_id, entry_id, entry_flags, draw(stamps), payload).entry()
+        else:  # an entry with attributes now and then: they take the slow path
+            entry = prepare_entry(
+                stream_id,
+                entry_id,
+                0,
+                draw(stamps),
+                payload,
+                key=draw(keys),
+                headers=draw(headers),
+                sequence=draw(sequences),
+            ).entry()
         if fault == "crc":
             entry.crc32c ^= 1 << draw(st.integers(min_value=0, max_value=31))
         elif fault == "payload":
@@ -195,6 +216,10 @@ def _wire_runs(draw: st.DrawFn) -> tuple[int, int, list[pb.Entry]]:
             entry.timestamp_ms ^= 1
         elif fault == "flags":
             entry.flags ^= int(EntryFlag.NOOP)
+        elif fault == "key" and entry.flags:
+            entry.key = (entry.key if entry.HasField("key") else b"") + b"!"
+        elif fault == "header" and entry.flags:
+            entry.headers.add(name="extra", value=b"")
         entries.append(entry)
         entry_id += 1
     return stream_id, first, entries
@@ -207,8 +232,8 @@ def test_verified_columns_agrees_with_the_entry_by_entry_rule(
     stream_id, first, entries = run
     expected, kept = _reference_run(stream_id, first, entries)
     # Appends to what the caller's lists hold; takes a message's repeated field as well.
-    before = EntryColumns(list(range(already)), [b"old"] * already, [0] * already)
-    columns = EntryColumns(*(list(c) for c in before))
+    before = EntryColumns(list(range(already)), [b"old"] * already, [0] * already, {})
+    columns = EntryColumns(list(before.ids), list(before.payloads), list(before.timestamps_ms), {})
     response = pb.ReadRangeResponse(entries=entries)
     assert verified_columns(stream_id, first, response.entries, *columns) == expected
     # The range readers that keep the messages (recovery, re-replication, scrub) agree.
@@ -217,21 +242,33 @@ def test_verified_columns_agrees_with_the_entry_by_entry_rule(
         before.ids + [e.entry_id for e in kept],
         before.payloads + [e.payload for e in kept],
         before.timestamps_ms + [e.timestamp_ms for e in kept],
+        {
+            already + position: wire_attributes(e)
+            for position, e in enumerate(kept)
+            if e.flags & EntryFlag.ATTRIBUTES
+        },
     )
     again = EntryColumns.empty()
     assert verified_columns(stream_id, first, entries, *again) == expected
-    assert again.to_entries("s") == [
-        Entry("s", e.entry_id, e.payload, e.timestamp_ms) for e in kept
-    ]
+    assert again.to_entries("s") == [_app_entry(e) for e in kept]
+
+
+def _app_entry(entry: pb.Entry) -> Entry:
+    key, headers = wire_attributes(entry) if entry.flags & EntryFlag.ATTRIBUTES else (None, ())
+    return Entry("s", entry.entry_id, entry.payload, entry.timestamp_ms, key, headers)
 
 
 def test_columns_extend_and_convert_to_entries() -> None:
-    columns = EntryColumns([1], [b"a"], [10])
-    columns.extend(EntryColumns([2, 3], [b"b", b"c"], [20, 30]))
-    assert columns == EntryColumns([1, 2, 3], [b"a", b"b", b"c"], [10, 20, 30])
+    columns = EntryColumns([1], [b"a"], [10], {0: (b"k", ())})
+    columns.extend(EntryColumns([2, 3], [b"b", b"c"], [20, 30], {1: (None, (("h", b"v"),))}))
+    assert columns == EntryColumns(
+        [1, 2, 3], [b"a", b"b", b"c"], [10, 20, 30], {0: (b"k", ()), 2: (None, (("h", b"v"),))}
+    )
+    assert columns.keys() == [b"k", None, None]
+    assert columns.headers() == [(), (), (("h", b"v"),)]
     assert columns.to_entries("s") == [
-        Entry("s", 1, b"a", 10),
+        Entry("s", 1, b"a", 10, key=b"k"),
         Entry("s", 2, b"b", 20),
-        Entry("s", 3, b"c", 30),
+        Entry("s", 3, b"c", 30, headers=(("h", b"v"),)),
     ]
     assert EntryColumns.empty().to_entries("s") == []
