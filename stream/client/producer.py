@@ -5,13 +5,14 @@ the producer table a roll updates). The rules themselves are `stream.protocol.pr
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Sequence
 
 from stream.errors import InvalidArgumentError
 from stream.protocol.producers import (
     MAX_SEQUENCE,
     NO_SEQUENCE,
     SequenceDecision,
+    TailAnchor,
     decide_sequence,
     duplicate_entry_id,
 )
@@ -28,10 +29,12 @@ class ProducerGate:
     already written; refuses gaps and steps back. Appends of one producer come from one
     thread at a time (their order is their meaning)."""
 
-    def __init__(self, producer_id: str, last_sequence: int, known: Mapping[int, int]) -> None:
+    def __init__(
+        self, producer_id: str, last_sequence: int, anchors: Iterable[TailAnchor] = ()
+    ) -> None:
         self.producer_id = producer_id
         self.recovered_last = last_sequence
-        self._known = dict(known)
+        self._anchors = tuple(anchors)
         self._session_last: int | None = None
         # Entries written in this term, as runs: (first entry id, its sequence), each entry
         # after a run's first carrying one more than the one before it.
@@ -65,7 +68,7 @@ class ProducerGate:
             )
         self._session_last = sequence
         if decision is SequenceDecision.DUPLICATE:
-            return duplicate_entry_id(sequence, self._known)
+            return duplicate_entry_id(sequence, self._anchors)
         return None
 
     def assigned(self, first_entry_id: int, sequences: Sequence[int]) -> None:

@@ -12,11 +12,12 @@ the Spark sink numbers rows `batchId << EPOCH_BITS | row index`, each batch an e
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 EPOCH_BITS = 32
-MAX_SEQUENCE = (1 << 63) - 1
+# The wire stores `sequence + 1` in an int64 (0 there means "none").
+MAX_SEQUENCE = (1 << 63) - 2
 # A producer that never wrote (or whose record expired): any first sequence starts it.
 NO_SEQUENCE = -1
 # The entry id a duplicate answers when its id is no longer known (older than the recovered
@@ -97,43 +98,50 @@ def decide_sequence(
     return SequenceDecision.DUPLICATE if sequence <= recovered_last else SequenceDecision.WRITE
 
 
+@dataclass(frozen=True)
+class TailAnchor:
+    """A producer's last entry in a run of its entries read back (or recorded): sequence
+    `sequence` at `entry_id`, the run starting at `first_entry_id`. Within one term a
+    producer's entries are contiguous and, within one epoch, their sequences go up by one, so
+    the anchor also tells the ids of the run's earlier sequences of its epoch."""
+
+    sequence: int
+    entry_id: int
+    first_entry_id: int
+
+
 def recovered_position(
-    producer_id: str,
-    recorded: ProducerPosition | None,
-    tail: Sequence[tuple[int, int]],
-) -> tuple[int, dict[int, int]]:
-    """Returns a producer's last durable sequence and the ids of the sequences known exactly:
-    `recorded` is its record in the producer table (closed fragments), `tail` the
-    `(sequence, entry id)` of its entries in the recovered last fragment, in id order. The
-    table's last entry is known too; older sequences are not (`duplicate_entry_id`)."""
-    known: dict[int, int] = {}
+    producer_id: str, recorded: ProducerPosition | None, tail: TailAnchor | None
+) -> tuple[int, tuple[TailAnchor, ...]]:
+    """Returns a producer's last durable sequence (`NO_SEQUENCE`: unknown) and the anchors
+    that tell the ids of its duplicates: `recorded` is its record in the producer table
+    (closed fragments), `tail` its last entry in the tail the takeover read (None when that
+    tail was another producer's, or empty)."""
+    anchors: list[TailAnchor] = []
     last = NO_SEQUENCE
     if recorded is not None and recorded.producer_id == producer_id:
         last = recorded.last_sequence
-        known[recorded.last_sequence] = recorded.last_entry_id
-    for sequence, entry_id in tail:
-        known[sequence] = entry_id
-        last = max(last, sequence)
-    return last, known
+        anchors.append(
+            TailAnchor(recorded.last_sequence, recorded.last_entry_id, recorded.last_entry_id)
+        )
+    if tail is not None:
+        last = max(last, tail.sequence)
+        anchors.append(tail)
+    return last, tuple(anchors)
 
 
-def duplicate_entry_id(sequence: int, known: Mapping[int, int]) -> int:
-    """Returns the id a duplicate append answers: the entry written with `sequence` when it
-    is known, else `UNKNOWN_ENTRY_ID`."""
-    return known.get(sequence, UNKNOWN_ENTRY_ID)
-
-
-def last_in_range(
-    entries: Iterable[tuple[int, int | None]], first_entry_id: int
-) -> tuple[int, int] | None:
-    """Returns the `(sequence, entry id)` of the last sequenced entry at or after
-    `first_entry_id` among `entries` (`(entry id, sequence or None)` in id order), None when
-    there is none: what a producer term wrote last in the fragment being closed."""
-    found: tuple[int, int] | None = None
-    for entry_id, sequence in entries:
-        if entry_id >= first_entry_id and sequence is not None:
-            found = (sequence, entry_id)
-    return found
+def duplicate_entry_id(sequence: int, anchors: Iterable[TailAnchor]) -> int:
+    """Returns the id a duplicate append numbered `sequence` answers: the entry written with
+    it when an anchor's run holds it, else `UNKNOWN_ENTRY_ID`."""
+    for anchor in anchors:
+        back = anchor.sequence - sequence
+        if (
+            back >= 0
+            and epoch_of(sequence) == epoch_of(anchor.sequence)
+            and anchor.entry_id - back >= anchor.first_entry_id
+        ):
+            return anchor.entry_id - back
+    return UNKNOWN_ENTRY_ID
 
 
 def fold_producers(

@@ -7,18 +7,18 @@ import pytest
 
 from stream.client.producer import ProducerGate
 from stream.errors import InvalidArgumentError
-from stream.protocol.producers import EPOCH_BITS, NO_SEQUENCE, UNKNOWN_ENTRY_ID
+from stream.protocol.producers import EPOCH_BITS, NO_SEQUENCE, UNKNOWN_ENTRY_ID, TailAnchor
 
 
 def test_restart_answers_known_ids_then_writes() -> None:
-    gate = ProducerGate("p1", 5, {4: 40, 5: 41})
+    gate = ProducerGate("p1", 5, [TailAnchor(5, 41, 40)])
     assert [gate.admit(n) for n in range(7)] == [UNKNOWN_ENTRY_ID] * 4 + [40, 41, None]
     assert gate.last_sequence == 6
 
 
 @pytest.mark.parametrize("bad", [None, "3", 2.0, True, -1, 9])
 def test_refusals_change_nothing(bad: object) -> None:
-    gate = ProducerGate("p1", 5, {})
+    gate = ProducerGate("p1", 5)
     assert gate.admit(6) is None
     with pytest.raises(InvalidArgumentError):
         gate.admit(bad)
@@ -27,7 +27,7 @@ def test_refusals_change_nothing(bad: object) -> None:
 
 
 def test_unknown_producer_starts_anywhere() -> None:
-    gate = ProducerGate("p1", NO_SEQUENCE, {})
+    gate = ProducerGate("p1", NO_SEQUENCE)
     assert gate.last_sequence == NO_SEQUENCE
     assert gate.admit(1000) is None
     with pytest.raises(InvalidArgumentError):
@@ -35,7 +35,7 @@ def test_unknown_producer_starts_anywhere() -> None:
 
 
 def test_sequences_of_written_entries() -> None:
-    gate = ProducerGate("p1", NO_SEQUENCE, {})
+    gate = ProducerGate("p1", NO_SEQUENCE)
     epoch = 1 << EPOCH_BITS
     gate.assigned(10, [0, 1, 2])
     gate.assigned(13, [3, epoch, epoch + 1])

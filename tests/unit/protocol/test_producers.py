@@ -15,12 +15,12 @@ from stream.protocol.producers import (
     NO_SEQUENCE,
     UNKNOWN_ENTRY_ID,
     ProducerPosition,
+    TailAnchor,
     SequenceDecision,
     decide_sequence,
     duplicate_entry_id,
     find_producer,
     fold_producers,
-    last_in_range,
     recovered_position,
 )
 
@@ -119,27 +119,33 @@ def test_large_sequences(recovered: int, session: int | None, n: int) -> None:
 
 def test_recovered_position_from_table_and_tail() -> None:
     record = ProducerPosition("p1", 9, 100, 5)
-    assert recovered_position("p1", None, []) == (NO_SEQUENCE, {})
-    assert recovered_position("p1", record, []) == (9, {9: 100})
-    assert recovered_position("p1", record, [(10, 120), (11, 121)]) == (
-        11,
-        {9: 100, 10: 120, 11: 121},
-    )
+    assert recovered_position("p1", None, None) == (NO_SEQUENCE, ())
+    assert recovered_position("p1", record, None) == (9, (TailAnchor(9, 100, 100),))
+    tail = TailAnchor(11, 121, 119)
+    assert recovered_position("p1", record, tail) == (11, (TailAnchor(9, 100, 100), tail))
     # Another producer's record counts for nothing.
-    assert recovered_position("p2", record, [(0, 130)]) == (0, {0: 130})
+    assert recovered_position("p2", record, TailAnchor(0, 130, 125)) == (
+        0,
+        (TailAnchor(0, 130, 125),),
+    )
 
 
 def test_duplicate_entry_ids() -> None:
-    known = {9: 100, 10: 120}
-    assert duplicate_entry_id(10, known) == 120
-    assert duplicate_entry_id(3, known) == UNKNOWN_ENTRY_ID
-
-
-def test_last_in_range() -> None:
-    entries = [(4, 1), (5, None), (6, 2), (7, None)]
-    assert last_in_range(entries, 0) == (2, 6)
-    assert last_in_range(entries, 7) is None
-    assert last_in_range([], 0) is None
+    # The run 119..121 holds sequences 9, 10, 11 (epoch 0); the table knows 4 at 90.
+    anchors = (TailAnchor(4, 90, 90), TailAnchor(11, 121, 119))
+    found = {n: duplicate_entry_id(n, anchors) for n in range(13)}
+    assert found == {
+        **dict.fromkeys(range(13), UNKNOWN_ENTRY_ID),
+        4: 90,
+        9: 119,
+        10: 120,
+        11: 121,
+    }
+    # A run that crossed into a new epoch knows only that epoch's sequences.
+    epoch = seq(3, 0)
+    anchor = TailAnchor(epoch + 1, 50, 40)
+    assert duplicate_entry_id(epoch, [anchor]) == 49
+    assert duplicate_entry_id(epoch - 1, [anchor]) == UNKNOWN_ENTRY_ID
 
 
 def test_fold_moves_up_and_keeps_later_use() -> None:
