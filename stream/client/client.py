@@ -29,7 +29,14 @@ from stream.client.cursor import (
     check_interval,
     cursor_lags,
 )
-from stream.client.entries import BookieStatus, Entry, EntryColumns, Fragment, StreamInfo
+from stream.client.entries import (
+    BookieStatus,
+    Entry,
+    EntryColumns,
+    Fragment,
+    HeadersArg,
+    StreamInfo,
+)
 from stream.client.grpc_transport import GrpcTransport
 from stream.client.options import ReaderOptions, WriterOptions
 from stream.client.ports import SystemClock
@@ -591,11 +598,22 @@ class StreamWriter:
         """Returns the highest id such that it and every lower id are acknowledged."""
         return self._core.last_add_confirmed
 
-    def append(self, payload: bytes, timeout_s: float | None = None) -> int:
+    def append(
+        self,
+        payload: bytes,
+        timeout_s: float | None = None,
+        *,
+        key: bytes | None = None,
+        headers: HeadersArg | None = None,
+    ) -> int:
         """Appends `payload`; blocks until it is acknowledged and returns its entry id. Not
         acknowledged within `timeout_s` (waiting for room in a full window not counted):
-        `AppendTimeoutError`, and the entry may still be written."""
-        future = self.append_async(payload)
+        `AppendTimeoutError`, and the entry may still be written.
+
+        `key` (bytes) and `headers` ((name, value) pairs with str names and bytes values, in
+        order, names may repeat; or a mapping of names to values) are stored with the entry,
+        covered by its checksum; readers return them as `Entry.key` and `Entry.headers`."""
+        future = self.append_async(payload, key=key, headers=headers)
         try:
             return future.result(timeout_s)
         except concurrent.futures.TimeoutError:
@@ -605,10 +623,13 @@ class StreamWriter:
                 timeout_s=timeout_s,
             ) from None
 
-    def append_async(self, payload: bytes) -> concurrent.futures.Future[int]:
-        """Queues `payload` and returns a future of its entry id (resolved in id order);
-        blocks only while the writer's window of unacknowledged entries is full."""
-        return self._core.submit_threadsafe(payload)
+    def append_async(
+        self, payload: bytes, *, key: bytes | None = None, headers: HeadersArg | None = None
+    ) -> concurrent.futures.Future[int]:
+        """Queues `payload` (with `key` and `headers`, see `append`) and returns a future of
+        its entry id (resolved in id order); blocks only while the writer's window of
+        unacknowledged entries is full."""
+        return self._core.submit_threadsafe(payload, key, headers)
 
     def flush(self) -> None:
         """Returns once everything appended so far is acknowledged."""

@@ -246,6 +246,59 @@ def wire_checksum(stream_id: int, entry: pb.Entry) -> int:
     )
 
 
+class AttributedPayload:
+    """A payload queued for append with attributes (a writer queues plain payloads as bytes,
+    so those cost nothing more). `len()` is the payload's: what window and fragment
+    accounting count."""
+
+    __slots__ = ("payload", "key", "headers", "sequence")
+
+    def __init__(
+        self, payload: bytes, key: bytes | None, headers: Headers, sequence: int = 0
+    ) -> None:
+        self.payload = payload
+        self.key = key
+        self.headers = headers
+        self.sequence = sequence
+
+    def __len__(self) -> int:
+        return len(self.payload)
+
+
+def prepare_mixed_entries(
+    stream_id: int,
+    first_entry_id: int,
+    timestamp_ms: int,
+    payloads: Sequence[bytes | AttributedPayload],
+) -> list[PreparedEntry]:
+    """`prepare_entries` of a run where some payloads are `AttributedPayload`s: the runs of
+    plain ones between them still go through `prepare_entries`."""
+    prepared: list[PreparedEntry] = []
+    start = 0
+    for position, payload in enumerate(payloads):
+        if type(payload) is AttributedPayload:
+            if start < position:
+                plain = payloads[start:position]
+                prepared += prepare_entries(stream_id, first_entry_id + start, timestamp_ms, plain)
+            prepared.append(
+                prepare_entry(
+                    stream_id,
+                    first_entry_id + position,
+                    0,
+                    timestamp_ms,
+                    payload.payload,
+                    key=payload.key,
+                    headers=payload.headers,
+                    sequence=payload.sequence,
+                )
+            )
+            start = position + 1
+    if start < len(payloads):
+        rest = payloads[start:]
+        prepared += prepare_entries(stream_id, first_entry_id + start, timestamp_ms, rest)
+    return prepared
+
+
 def checksum_ok(stream_id: int, entry: pb.Entry) -> bool:
     """Returns whether `entry` (as read from a bookie) carries the checksum of its content."""
     return wire_checksum(stream_id, entry) == entry.crc32c
@@ -264,8 +317,8 @@ class EntryColumns(NamedTuple):
     """Entries as three parallel lists, no-ops left out: what bulk readers (the Spark
     connector) turn into columns without an `Entry` object per entry. The key and headers of
     the few entries that have some are kept aside, by position in the lists (`attributes`),
-    so entries without attributes cost nothing more; `keys()` and `headers()` give them as
-    columns."""
+    so entries without attributes cost nothing more; `key_column()` and `headers_column()`
+    give them as columns."""
 
     ids: list[int]
     payloads: list[bytes]
@@ -287,14 +340,14 @@ class EntryColumns(NamedTuple):
         self.payloads.extend(other.payloads)
         self.timestamps_ms.extend(other.timestamps_ms)
 
-    def keys(self) -> list[bytes | None]:
+    def key_column(self) -> list[bytes | None]:
         """Returns each entry's key (None: it has none)."""
         keys: list[bytes | None] = [None] * len(self.ids)
         for position, (key, _) in self.attributes.items():
             keys[position] = key
         return keys
 
-    def headers(self) -> list[Headers]:
+    def headers_column(self) -> list[Headers]:
         """Returns each entry's headers (empty: it has none)."""
         headers: list[Headers] = [_NO_HEADERS] * len(self.ids)
         for position, (_, entry_headers) in self.attributes.items():

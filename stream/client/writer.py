@@ -22,7 +22,14 @@ from typing import Any
 
 import structlog
 
-from stream.client.entries import prepare_entries
+from stream.client.entries import (
+    AttributedPayload,
+    HeadersArg,
+    check_headers,
+    check_key,
+    prepare_entries,
+    prepare_mixed_entries,
+)
 from stream.client.futures import AppendFuture
 from stream.client.options import WriterOptions
 from stream.client.pipeline import AddPipeline
@@ -109,7 +116,10 @@ class AsyncStreamWriter:
         # Appends not yet in the pipeline, from any thread. The window: append number `n`
         # (a ticket) may enter once `n < completed + window_entries`, `completed` counting the
         # appends acknowledged or failed (a Semaphore costs ~5 µs per append; this ~0.2 µs).
-        self._queue: deque[tuple[bytes, AnyFuture]] = deque()
+        self._queue: deque[tuple[bytes | AttributedPayload, AnyFuture]] = deque()
+        # Set (for good) by the first append with attributes: until then every queued payload
+        # is plain bytes, prepared by the fastest path without looking at each.
+        self._attributes_seen = False
         self._tickets = itertools.count()
         self._completed = 0  # written on the loop thread only
         self._window_entries = self._options.window_entries
@@ -222,20 +232,26 @@ class AsyncStreamWriter:
 
     # ------------------------------------------------------------------ appending
 
-    def submit_threadsafe(self, payload: bytes) -> concurrent.futures.Future[int]:
-        """Queues `payload` from a thread other than the loop's, blocking while the window is
-        full; returns a future of its entry id, resolved once acknowledged."""
+    def submit_threadsafe(
+        self, payload: bytes, key: bytes | None = None, headers: HeadersArg | None = None
+    ) -> concurrent.futures.Future[int]:
+        """Queues `payload` (with `key` and `headers`, see `append`) from a thread other than
+        the loop's, blocking while the window is full; returns a future of its entry id,
+        resolved once acknowledged."""
         if threading.get_ident() == self._loop_thread:
             raise InvalidArgumentError("submit_threadsafe called on the writer's loop thread")
+        queued: bytes | AttributedPayload = payload
         if type(payload) is not bytes or len(payload) > self._max_entry_bytes:
-            payload = self._check_payload(payload)
+            queued = payload = self._check_payload(payload)
+        if key is not None or headers:
+            queued = self._with_attributes(payload, key, headers)
         ticket = next(self._tickets)
         if ticket >= self._completed + self._window_entries:
             self._wait_room_threadsafe(ticket)
         if self._error is not None or self._closing:
             self._raise_if_stopped()
         future: AppendFuture[int] = AppendFuture()
-        self._queue.append((payload, future))
+        self._queue.append((queued, future))
         if self._idle or self._error is not None:
             self._idle = False
             assert self._loop is not None
@@ -252,21 +268,42 @@ class AsyncStreamWriter:
             self._room_event.wait(0.01)
             self._room_event.clear()
 
-    async def append(self, payload: bytes) -> int:
-        """Appends `payload` from the loop's thread; returns its entry id once acknowledged."""
-        return await self.append_nowait(payload)
+    async def append(
+        self, payload: bytes, key: bytes | None = None, headers: HeadersArg | None = None
+    ) -> int:
+        """Appends `payload` from the loop's thread; returns its entry id once acknowledged.
+        `key` (bytes) and `headers` ((name, value) pairs, names str and values bytes, in
+        order and possibly repeated; or a mapping of names to values) are stored with the
+        entry, covered by its checksum, and returned by readers as `Entry.key` and
+        `Entry.headers`."""
+        return await self.append_nowait(payload, key, headers)
 
-    def append_nowait(self, payload: bytes) -> Awaitable[int]:
-        """Queues `payload` from the loop's thread and returns an awaitable of its entry id;
-        when the window is full the awaitable first waits for room."""
-        payload = self._check_payload(payload)
+    def append_nowait(
+        self, payload: bytes, key: bytes | None = None, headers: HeadersArg | None = None
+    ) -> Awaitable[int]:
+        """Queues `payload` (with `key` and `headers`, see `append`) from the loop's thread
+        and returns an awaitable of its entry id; when the window is full the awaitable first
+        waits for room."""
+        queued: bytes | AttributedPayload = self._check_payload(payload)
+        if key is not None or headers:
+            queued = self._with_attributes(queued, key, headers)
         self._raise_if_stopped()
         ticket = next(self._tickets)
         if ticket < self._completed + self._window_entries:
-            return self._enqueue(payload)
-        return self._append_when_room(payload, ticket)
+            return self._enqueue(queued)
+        return self._append_when_room(queued, ticket)
 
-    async def _append_when_room(self, payload: bytes, ticket: int) -> int:
+    def _with_attributes(
+        self, payload: bytes, key: bytes | None, headers: HeadersArg | None
+    ) -> AttributedPayload:
+        """Returns `payload` with its checked attributes, and sends every later drain through
+        the path that looks for them (set before the payload is queued, so a drain that
+        takes it sees the flag)."""
+        attributed = AttributedPayload(payload, check_key(key), check_headers(headers))
+        self._attributes_seen = True
+        return attributed
+
+    async def _append_when_room(self, payload: bytes | AttributedPayload, ticket: int) -> int:
         self._room_waiters += 1
         try:
             while ticket >= self._completed + self._window_entries:
@@ -277,7 +314,7 @@ class AsyncStreamWriter:
             self._room_waiters -= 1
         return await self._enqueue(payload)
 
-    def _enqueue(self, payload: bytes) -> asyncio.Future[int]:
+    def _enqueue(self, payload: bytes | AttributedPayload) -> asyncio.Future[int]:
         assert self._loop is not None
         future: asyncio.Future[int] = self._loop.create_future()
         self._queue.append((payload, future))
@@ -361,7 +398,8 @@ class AsyncStreamWriter:
                 queue.extendleft(reversed(taken[count:]))
                 del payloads[count:], taken[count:]
             if count:
-                entries = prepare_entries(stream_id, pipeline.next_entry_id, now_ms, payloads)
+                prepare = prepare_mixed_entries if self._attributes_seen else prepare_entries
+                entries = prepare(stream_id, pipeline.next_entry_id, now_ms, payloads)
                 pipeline.add_run(entries)
                 if not unresolved:
                     self._unresolved_first_id = entries[0].entry_id

@@ -264,8 +264,8 @@ def test_columns_extend_and_convert_to_entries() -> None:
     assert columns == EntryColumns(
         [1, 2, 3], [b"a", b"b", b"c"], [10, 20, 30], {0: (b"k", ()), 2: (None, (("h", b"v"),))}
     )
-    assert columns.keys() == [b"k", None, None]
-    assert columns.headers() == [(), (), (("h", b"v"),)]
+    assert columns.key_column() == [b"k", None, None]
+    assert columns.headers_column() == [(), (), (("h", b"v"),)]
     assert columns.to_entries("s") == [
         Entry("s", 1, b"a", 10, key=b"k"),
         Entry("s", 2, b"b", 20),
