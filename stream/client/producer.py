@@ -7,6 +7,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Sequence
 
+from stream.client.recovery import TakeoverResult
 from stream.errors import InvalidArgumentError
 from stream.protocol.producers import (
     MAX_SEQUENCE,
@@ -15,6 +16,8 @@ from stream.protocol.producers import (
     TailAnchor,
     decide_sequence,
     duplicate_entry_id,
+    find_producer,
+    recovered_position,
 )
 
 _REFUSALS = {
@@ -95,3 +98,13 @@ class ProducerGate:
         index = bisect.bisect_right(self._run_ids, entry_id) - 1
         if index > 0:
             del self._run_ids[:index], self._run_sequences[:index]
+
+
+def producer_gate(producer_id: str, result: TakeoverResult) -> ProducerGate:
+    """Returns the gate of `producer_id`'s writer after the takeover `result`: its position
+    from the producer table (which the takeover folded the previous term into) and, when that
+    term was its own, the tail's anchor (which tells the ids of that run's duplicates)."""
+    tail = result.producer_tail if result.producer_tail_of == producer_id else None
+    recorded = find_producer(result.meta.producers, producer_id)
+    last, anchors = recovered_position(producer_id, recorded, tail)
+    return ProducerGate(producer_id, last, anchors)

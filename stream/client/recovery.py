@@ -112,6 +112,7 @@ class TakeoverResult:
     # The previous producer term's last sequenced entry, when that term had a producer and
     # wrote one (docs/design.md §11).
     producer_tail: TailAnchor | None = None
+    producer_tail_of: str | None = None  # whose term that was
 
 
 class _RetryLater(Exception):
@@ -375,6 +376,7 @@ class Takeover:
                 current = Fragment(first, tuple(ensemble), created_ms=now_ms)
                 new.append(current)
         first_of_term = end
+        previous = meta.producer_term
         tail = await self._producer_tail(meta, last, local, last_entry_id)
         producers = self._producer_change(meta, tail, last_entry_id + 1)
         meta, version = await self._finish(meta, version, changed, new, first_of_term, producers)
@@ -390,7 +392,16 @@ class Takeover:
         if current.first_entry_id > last.first_entry_id:
             written_bytes = 0  # the write-backs went to an earlier fragment
         return TakeoverResult(
-            meta, version, term, current, last_entry_id, written_bytes, last_ts, accepted, tail
+            meta,
+            version,
+            term,
+            current,
+            last_entry_id,
+            written_bytes,
+            last_ts,
+            accepted,
+            tail,
+            None if previous is None else previous.producer_id,
         )
 
     async def _producer_tail(
