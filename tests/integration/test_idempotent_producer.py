@@ -1,11 +1,19 @@
 """Idempotent producers on real ZooKeeper and bookie processes: a producer reopened after its
 writer went away knows its last sequence, its re-sent appends are dropped and answer the ids
 already written; rolls, plain takeovers and other producers keep every producer's position
-in the producer table; gaps, steps back and unnumbered appends are refused."""
+in the producer table; gaps, steps back and unnumbered appends are refused; a producer process
+killed with SIGKILL (after acknowledgments, or with appends in flight) and re-run from its
+start writes every record exactly once, in order."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +21,7 @@ from stream.client import StreamClient
 from stream.errors import InvalidArgumentError
 from stream.protocol.producers import EPOCH_BITS, UNKNOWN_ENTRY_ID
 from stream.sandbox.cluster import SandboxCluster
+from tests.integration.retention_support import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -94,3 +103,90 @@ def test_positions_survive_rolls_plain_takeovers_and_other_producers(
         b"a10",
         b"a11",
     ]
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def start_producer(
+    metadata: str, stream: str, total: int, out: Path, mode: str
+) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.integration.idempotent_producer",
+            metadata,
+            stream,
+            "crashy",
+            str(total),
+            str(out),
+            mode,
+        ],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
+def runs_of(out: Path) -> list[tuple[int, list[int], int]]:
+    """Returns each run's `(last_sequence at start, acknowledged records, records sent)`."""
+    runs: list[tuple[int, list[int], int]] = []
+    for line in out.read_text().splitlines():
+        words = line.split()
+        if words and words[0] == "last":
+            runs.append((int(words[1]), [], 0))
+        elif words and words[0] == "ack":
+            runs[-1][1].append(int(words[1]))
+        elif words and words[0] == "sent":
+            last, acked, sent = runs[-1]
+            runs[-1] = (last, acked, sent + 1)
+    return runs
+
+
+def lines_beyond(out: Path, count: int, process: subprocess.Popen[bytes]) -> bool:
+    """Returns whether `out` has more than `count` lines (or the producer exited)."""
+    return len(out.read_text().splitlines()) > count or process.poll() is not None
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_producer_killed_and_rerun_from_its_start_writes_each_record_once(
+    cluster: SandboxCluster, client: StreamClient, tmp_path: Path, mode: str
+) -> None:
+    """`sync`: killed after some appends were acknowledged; `async`: killed while appends
+    were in flight, between the appends and their acknowledgment. Each run starts again at
+    record 0 with the same producer id and sequences."""
+    total, kills = 3000, 4
+    stream = f"crash-{mode}"
+    client.create_stream(stream, ensemble=3, write_quorum=3, ack_quorum=2, fragment_max_entries=700)
+    out = tmp_path / "producer.txt"
+    out.touch()
+    for run in range(kills):
+        before = len(out.read_text().splitlines())
+        producer = start_producer(cluster.metadata, stream, total, out, mode)
+        try:
+            # Killed mid-way through the records this run adds beyond the previous ones.
+            wait_until(
+                partial(lines_beyond, out, before + 400 + 300 * run, producer),
+                what="the producer to make progress",
+            )
+        finally:
+            producer.send_signal(signal.SIGKILL)
+            producer.wait()
+    producer = start_producer(cluster.metadata, stream, total, out, mode)
+    _, errors = producer.communicate(timeout=300)
+    assert producer.returncode == 0, errors.decode()
+
+    runs = runs_of(out)
+    assert len(runs) == kills + 1
+    acked_before = -1
+    for last, acked, _ in runs:
+        # What a run saw acknowledged is durable: the next run's takeover knows it.
+        assert last >= acked_before
+        acked_before = max([acked_before, *acked])
+    # Some runs died with records sent and not acknowledged (async) or mid-stream (sync).
+    assert runs[0][0] == -1 and any(0 <= last < total - 1 for last, _, _ in runs[1:])
+    assert payloads(client, stream) == [b"record-%d" % n for n in range(total)]
+    summary = [(last, len(acked), sent) for last, acked, sent in runs]
+    print(f"\n{mode}: runs (last_sequence at start, acknowledged, sent): {summary}")
