@@ -3,6 +3,7 @@ checked once on the driver into a `SourceOptions` value that pickles to the exec
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Mapping
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 
 from spark_connector.errors import ConnectorOptionError
 from stream.errors import InvalidArgumentError
-from stream.metadata.model import validate_stream_name
+from stream.metadata.model import validate_producer_id, validate_stream_name
 
 # Kafka's JSON offsets use -2 for earliest and -1 for latest; so do ours.
 EARLIEST = -2
@@ -29,7 +30,8 @@ _READ_OPTIONS = (
     "failOnDataLoss",
     "entriesPerPartition",
 )
-_WRITE_OPTIONS = ("metadata", "stream")
+_WRITE_OPTIONS = ("metadata", "stream", "deliveryGuarantee", "producerId")
+_GUARANTEES = ("exactly-once", "at-least-once")
 # Spark adds these itself (e.g. `path` from `load(path)`); they are not ours to reject.
 _SPARK_OPTIONS = ("path", "checkpointlocation")
 
@@ -58,10 +60,12 @@ class SourceOptions:
 
 @dataclass(frozen=True)
 class SinkOptions:
-    """What the streaming writer needs: `metadata` and the target `stream`."""
+    """What the streaming writer needs: `metadata` and the target `stream`; `producer_id`
+    for the exactly-once sink (None: at-least-once)."""
 
     metadata: str
     stream: str
+    producer_id: str | None = None
 
 
 def _lowered(options: Mapping[str, str], known: tuple[str, ...]) -> dict[str, str]:
@@ -228,4 +232,39 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     stream = values.get("stream", "").strip()
     if not stream:
         raise ConnectorOptionError("option 'stream' is required to write", option="stream")
-    return SinkOptions(metadata=metadata, stream=_stream_name(stream, "stream"))
+    guarantee = values.get("deliveryGuarantee", "exactly-once").strip().lower()
+    if guarantee not in _GUARANTEES:
+        raise ConnectorOptionError(
+            "option 'deliveryGuarantee' must be exactly-once or at-least-once",
+            option="deliveryGuarantee",
+            value=guarantee,
+        )
+    producer_id = None
+    if guarantee == "exactly-once":
+        producer_id = _sink_producer_id(options, values)
+    return SinkOptions(
+        metadata=metadata, stream=_stream_name(stream, "stream"), producer_id=producer_id
+    )
+
+
+def _sink_producer_id(options: Mapping[str, str], values: dict[str, str]) -> str:
+    """Returns the `producerId` option, else one derived from the query's checkpoint location
+    (the same on every restart of the query, different for another query)."""
+    given = values.get("producerId", "").strip()
+    if given:
+        try:
+            return validate_producer_id(given)
+        except InvalidArgumentError as e:
+            raise ConnectorOptionError(
+                f"option 'producerId': {e.message}", option="producerId"
+            ) from None
+    checkpoint = next(
+        (v for k, v in options.items() if k.lower() == "checkpointlocation" and v.strip()), None
+    )
+    if checkpoint is None:
+        raise ConnectorOptionError(
+            "the exactly-once sink needs option 'checkpointLocation' or 'producerId' (or "
+            "deliveryGuarantee = at-least-once)",
+            option="producerId",
+        )
+    return "spark-" + hashlib.sha256(checkpoint.strip().encode()).hexdigest()[:16]

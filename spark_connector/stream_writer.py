@@ -3,11 +3,16 @@
 appends them with one writer (one term per batch: a stream has one writer at a time, and
 parallel tasks would take it over from each other; each takeover also writes a truncate no-op)
 and returns once every entry is acknowledged, so Spark marks the batch done only after that.
-A batch run again after a failed commit or a crash before Spark recorded the commit appends
-its rows again (at-least-once, like Spark's Kafka sink; docs/spark.md spells out the rules)."""
+
+Exactly-once (the default): the writer is the query's idempotent producer and row `i` of batch
+`b` (task order, then row order) has sequence `b << EPOCH_BITS | i`, so a batch run again after
+a failed commit or a crash appends only the rows its first attempt did not. At-least-once
+(`deliveryGuarantee = at-least-once`): such a batch appends its rows again, like Spark's Kafka
+sink. docs/spark.md spells out the rules."""
 
 from __future__ import annotations
 
+import concurrent.futures
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -18,7 +23,9 @@ from pyspark.sql.types import BinaryType, StringType, StructType
 
 from spark_connector.clients import client_for
 from spark_connector.options import SinkOptions
+from stream.client import StreamWriter as ClientWriter
 from stream.errors import InvalidArgumentError, StreamError
+from stream.protocol.producers import EPOCH_BITS
 
 log = structlog.get_logger(__name__)
 
@@ -67,19 +74,35 @@ class StreamWriter(DataSourceStreamArrowWriter):
         count = sum(len(m.payloads) for m in messages if isinstance(m, Payloads))
         if count == 0:
             return
+        payloads = [p for m in messages if isinstance(m, Payloads) for p in m.payloads]
         client = client_for(self._options.metadata)
-        with client.open_writer(self._options.stream) as writer:
-            futures = [
-                writer.append_async(p)
-                for m in messages
-                if isinstance(m, Payloads)
-                for p in m.payloads
-            ]
+        producer_id = self._options.producer_id
+        with client.open_writer(self._options.stream, producer_id=producer_id) as writer:
+            if producer_id is None:
+                futures = [writer.append_async(p) for p in payloads]
+            else:
+                futures = self._append_once(writer, payloads, batchId)
             writer.flush()
             first = futures[0].result()
             last = futures[-1].result()
         log.info("spark.batch_appended", stream=self._options.stream, batch=batchId,
-                 entries=count, first_entry_id=first, last_entry_id=last)
+                 entries=count, first_entry_id=first, last_entry_id=last,
+                 producer_id=producer_id)
+
+    def _append_once(
+        self, writer: ClientWriter, payloads: list[bytes], batch_id: int
+    ) -> list[concurrent.futures.Future[int]]:
+        """Appends the batch's rows numbered as its epoch; the rows a first attempt wrote
+        are duplicates (nothing is written, their futures are done at once)."""
+        if len(payloads) >= 1 << EPOCH_BITS:
+            raise StreamError(
+                f"a micro-batch holds at most {(1 << EPOCH_BITS) - 1} rows for the exactly-once "
+                "sink; bound it (e.g. maxEntriesPerTrigger)",
+                stream=self._options.stream,
+                rows=len(payloads),
+            )
+        base = batch_id << EPOCH_BITS
+        return [writer.append_async(p, sequence=base + i) for i, p in enumerate(payloads)]
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         log.warning("spark.batch_aborted", stream=self._options.stream, batch=batchId)
