@@ -112,7 +112,8 @@ class StreamCatalog:
             for lo, hi in split_range(first, last, b.fragment_firsts,
                                       self._options.entries_per_partition):
                 partitions.append(StreamRange(self._options.metadata, name, lo, hi,
-                                              self._options.fail_on_data_loss))
+                                              self._options.fail_on_data_loss,
+                                              self._options.include_headers))
         return partitions
 
     def on_data_loss(self, name: str, wanted: int, first_retained: int, end: int) -> int:

@@ -29,6 +29,7 @@ _READ_OPTIONS = (
     "maxEntriesPerTrigger",
     "failOnDataLoss",
     "entriesPerPartition",
+    "includeHeaders",
 )
 _WRITE_OPTIONS = ("metadata", "stream", "deliveryGuarantee", "producerId")
 _GUARANTEES = ("exactly-once", "at-least-once")
@@ -52,6 +53,7 @@ class SourceOptions:
     max_entries_per_trigger: int | None
     fail_on_data_loss: bool
     entries_per_partition: int
+    include_headers: bool = False
 
     def pattern_matches(self, name: str) -> bool:
         pattern = self.stream_pattern
@@ -222,6 +224,7 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         fail_on_data_loss=_bool(values, "failOnDataLoss", True),
         entries_per_partition=_positive_int(values, "entriesPerPartition")
         or DEFAULT_ENTRIES_PER_PARTITION,
+        include_headers=_bool(values, "includeHeaders", False),
     )
 
 

@@ -27,32 +27,27 @@ def read_range(part: StreamRange) -> Iterator[pa.RecordBatch]:
     `DataLossError`, or are skipped without `fail_on_data_loss`."""
     reader = client_for(part.metadata).open_reader(part.stream, options=READ_OPTIONS)
     position = part.first
+    headers = part.include_headers
     while position <= part.last:
         pending = EntryColumns.empty()
-        ids, payloads, stamps = pending
+        ids = pending.ids
         try:
             # The client hands over whole ReadRange answers as columns (no `Entry` objects);
             # they are cut into batches here.
             for chunk in reader.read_columns(position, part.last):
                 pending.extend(chunk)
                 while len(ids) >= ROWS_PER_BATCH:
-                    yield columns_to_batch(
-                        part.stream,
-                        ids[:ROWS_PER_BATCH],
-                        payloads[:ROWS_PER_BATCH],
-                        stamps[:ROWS_PER_BATCH],
-                    )
-                    position = ids[ROWS_PER_BATCH - 1] + 1
-                    for column in pending:
-                        del column[:ROWS_PER_BATCH]
+                    batch = pending.take(ROWS_PER_BATCH)
+                    yield columns_to_batch(part.stream, batch, headers)
+                    position = batch.ids[-1] + 1
         except EntryTrimmedError as trimmed:
             if ids:
-                yield columns_to_batch(part.stream, ids, payloads, stamps)
+                yield columns_to_batch(part.stream, pending, headers)
                 position = ids[-1] + 1
             first_retained = int(trimmed.context.get("first_entry_id", position + 1))
             position = handle_trimmed(part.stream, position, first_retained, part.last + 1,
                                       part.fail_on_data_loss)
             continue
         if ids:
-            yield columns_to_batch(part.stream, ids, payloads, stamps)
+            yield columns_to_batch(part.stream, pending, headers)
         return

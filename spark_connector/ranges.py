@@ -29,6 +29,7 @@ class StreamRange(InputPartition):
     first: int
     last: int
     fail_on_data_loss: bool
+    include_headers: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.first <= self.last:

@@ -10,7 +10,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from spark_connector.schema import SCHEMA
+from spark_connector.schema import source_schema
 
 NAME = "streamkeeper"
 
@@ -27,7 +27,7 @@ class StreamkeeperDataSource(DataSource):
         return NAME
 
     def schema(self) -> str:
-        return SCHEMA
+        return source_schema(self.options)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         from spark_connector.batch_reader import BatchReader

@@ -1,5 +1,7 @@
 """`writeStream.format("streamkeeper").option("stream", NAME)`: appends each row's `payload`
-(binary or string) to the stream. Tasks hand their payloads to the batch's commit, which
+(binary or string) to the stream, with the row's `key` (binary or string) and `headers`
+(array<struct<key: string, value: binary or string>>, Kafka's shape) when those columns
+exist. Tasks hand their payloads to the batch's commit, which
 appends them with one writer (one term per batch: a stream has one writer at a time, and
 parallel tasks would take it over from each other; each takeover also writes a truncate no-op)
 and returns once every entry is acknowledged, so Spark marks the batch done only after that.
@@ -14,12 +16,13 @@ from __future__ import annotations
 
 import concurrent.futures
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import repeat
 
 import pyarrow as pa
 import structlog
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
-from pyspark.sql.types import BinaryType, StringType, StructType
+from pyspark.sql.types import ArrayType, BinaryType, DataType, StringType, StructType
 
 from spark_connector.clients import client_for
 from spark_connector.options import SinkOptions
@@ -30,13 +33,34 @@ from stream.protocol.producers import EPOCH_BITS
 log = structlog.get_logger(__name__)
 
 PAYLOAD = "payload"
+KEY = "key"
+HEADERS = "headers"
+
+EntryHeaders = list[tuple[str, bytes]] | None
+Row = tuple[bytes, bytes | None, EntryHeaders]
 
 
 @dataclass
 class Payloads(WriterCommitMessage):
-    """One task's payloads, in row order."""
+    """One task's payloads, in row order, and their keys and headers when the rows have those
+    columns (None: they do not)."""
 
     payloads: list[bytes]
+    keys: list[bytes | None] | None = None
+    headers: list[EntryHeaders] | None = field(default=None)
+
+    def rows(self) -> Iterator[Row]:
+        """Yields (payload, key, headers) per row."""
+        return zip(
+            self.payloads,
+            repeat(None) if self.keys is None else self.keys,
+            repeat(None) if self.headers is None else self.headers,
+            strict=False,
+        )
+
+
+def _is_text(arrow_type: pa.DataType) -> bool:
+    return bool(pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type))
 
 
 def payloads_of(batch: pa.RecordBatch) -> list[bytes]:
@@ -46,9 +70,61 @@ def payloads_of(batch: pa.RecordBatch) -> list[bytes]:
     if column.null_count:
         raise StreamError("the payload column holds nulls; an entry needs a payload")
     values = column.to_pylist()
-    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+    if _is_text(column.type):
         return [v.encode() for v in values]
     return values
+
+
+def keys_of(batch: pa.RecordBatch) -> list[bytes | None] | None:
+    """Returns the batch's `key` column as bytes or None per row (None: no such column)."""
+    index = batch.schema.get_field_index(KEY)
+    if index < 0:
+        return None
+    column = batch.column(index)
+    values = column.to_pylist()
+    if _is_text(column.type):
+        return [None if v is None else v.encode() for v in values]
+    return values
+
+
+def headers_of(batch: pa.RecordBatch) -> list[EntryHeaders] | None:
+    """Returns the batch's `headers` column as (name, value bytes) pairs or None per row
+    (None: no such column); a header with a null name raises `StreamError`."""
+    index = batch.schema.get_field_index(HEADERS)
+    if index < 0:
+        return None
+    rows: list[EntryHeaders] = []
+    for row in batch.column(index).to_pylist():
+        if not row:
+            rows.append(None)
+            continue
+        pairs = []
+        for header in row:
+            name, value = header["key"], header["value"]
+            if name is None:
+                raise StreamError("a header in the headers column has a null key")
+            pairs.append((name, value.encode() if isinstance(value, str) else value or b""))
+        rows.append(pairs)
+    return rows
+
+
+def _check_column(schema: StructType, name: str, accepted: str, ok: bool) -> None:
+    if not ok:
+        raise InvalidArgumentError(
+            f"the streamkeeper sink's column {name!r} must be {accepted}; "
+            f"got columns {schema.simpleString()}"
+        )
+
+
+def _is_headers_type(data_type: DataType) -> bool:
+    if not isinstance(data_type, ArrayType) or not isinstance(data_type.elementType, StructType):
+        return False
+    fields = {f.name: f.dataType for f in data_type.elementType.fields}
+    return (
+        set(fields) == {"key", "value"}
+        and isinstance(fields["key"], StringType)
+        and isinstance(fields["value"], BinaryType | StringType)
+    )
 
 
 class StreamWriter(DataSourceStreamArrowWriter):
@@ -62,26 +138,49 @@ class StreamWriter(DataSourceStreamArrowWriter):
                 f"got columns {schema.simpleString()}",
                 stream=options.stream,
             )
+        columns = {f.name: f.dataType for f in schema.fields}
+        if KEY in columns:
+            _check_column(
+                schema, KEY, "binary or string", isinstance(columns[KEY], BinaryType | StringType)
+            )
+        if HEADERS in columns:
+            _check_column(
+                schema,
+                HEADERS,
+                "array<struct<key: string, value: binary or string>>",
+                _is_headers_type(columns[HEADERS]),
+            )
         self._options = options
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         payloads: list[bytes] = []
+        keys: list[bytes | None] = []
+        headers: list[EntryHeaders] = []
+        has_keys = has_headers = False
         for batch in iterator:
             payloads.extend(payloads_of(batch))
-        return Payloads(payloads)
+            batch_keys = keys_of(batch)
+            if batch_keys is not None:
+                has_keys = True
+                keys.extend(batch_keys)
+            batch_headers = headers_of(batch)
+            if batch_headers is not None:
+                has_headers = True
+                headers.extend(batch_headers)
+        return Payloads(payloads, keys if has_keys else None, headers if has_headers else None)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         count = sum(len(m.payloads) for m in messages if isinstance(m, Payloads))
         if count == 0:
             return
-        payloads = [p for m in messages if isinstance(m, Payloads) for p in m.payloads]
+        rows = [row for m in messages if isinstance(m, Payloads) for row in m.rows()]
         client = client_for(self._options.metadata)
         producer_id = self._options.producer_id
         with client.open_writer(self._options.stream, producer_id=producer_id) as writer:
             if producer_id is None:
-                futures = [writer.append_async(p) for p in payloads]
+                futures = [writer.append_async(p, key=k, headers=h) for p, k, h in rows]
             else:
-                futures = self._append_once(writer, payloads, batchId)
+                futures = self._append_once(writer, rows, batchId)
             writer.flush()
             first = futures[0].result()
             last = futures[-1].result()
@@ -90,19 +189,22 @@ class StreamWriter(DataSourceStreamArrowWriter):
                  producer_id=producer_id)
 
     def _append_once(
-        self, writer: ClientWriter, payloads: list[bytes], batch_id: int
+        self, writer: ClientWriter, rows: list[Row], batch_id: int
     ) -> list[concurrent.futures.Future[int]]:
         """Appends the batch's rows numbered as its epoch; the rows a first attempt wrote
         are duplicates (nothing is written, their futures are done at once)."""
-        if len(payloads) >= 1 << EPOCH_BITS:
+        if len(rows) >= 1 << EPOCH_BITS:
             raise StreamError(
                 f"a micro-batch holds at most {(1 << EPOCH_BITS) - 1} rows for the exactly-once "
                 "sink; bound it (e.g. maxEntriesPerTrigger)",
                 stream=self._options.stream,
-                rows=len(payloads),
+                rows=len(rows),
             )
         base = batch_id << EPOCH_BITS
-        return [writer.append_async(p, sequence=base + i) for i, p in enumerate(payloads)]
+        return [
+            writer.append_async(p, key=k, headers=h, sequence=base + i)
+            for i, (p, k, h) in enumerate(rows)
+        ]
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         log.warning("spark.batch_aborted", stream=self._options.stream, batch=batchId)

@@ -79,9 +79,17 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _header(text: str) -> tuple[str, bytes]:
+    name, equals, value = text.partition("=")
+    if not equals or not name:
+        raise InvalidArgumentError("expected name=value (a non-empty name)", value=text)
+    return name, value.encode()
+
+
 size = _usage(_size, "size")  # bytes: 64MiB, 10GB, 4096
 sizes = _usage(_sizes, "sizes")  # 100,1KiB,16KiB
 duration = _usage(_duration, "duration")  # seconds: 7d, 12h, 90m, 1.5, 500ms
 entry_id = _usage(_entry_id, "entry id")
 start_position = _usage(_start, "start")  # earliest | latest | entry id
 positive_int = _usage(_positive_int, "count")
+header = _usage(_header, "header")  # name=value, the value as UTF-8 bytes

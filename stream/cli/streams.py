@@ -19,7 +19,14 @@ from rich.console import Console
 from rich.progress import Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from stream.cli.arguments import duration, entry_id, positive_int, size, start_position
+from stream.cli.arguments import (
+    duration,
+    entry_id,
+    header,
+    positive_int,
+    size,
+    start_position,
+)
 from stream.cli.connect import open_client
 from stream.cli.exit_codes import ExitCode
 from stream.cli.output import console as output_console
@@ -27,7 +34,7 @@ from stream.cli.output import print_json, print_json_lines, supports_json, wants
 from stream.errors import StreamError
 
 if TYPE_CHECKING:
-    from stream.client import StreamWriter
+    from stream.client import Entry, StreamWriter
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -55,6 +62,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     append.add_argument("name")
     append.add_argument("--message", "-m", action="append", help="an entry (repeatable)")
+    append.add_argument("--key", default=None, help="the key of every entry appended (UTF-8)")
+    append.add_argument(
+        "--header",
+        dest="headers",
+        type=header,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a header of every entry appended (repeatable, in order)",
+    )
     append.set_defaults(handler=_append)
 
     tail = subparsers.add_parser("tail", help="print entries as they are acknowledged")
@@ -73,6 +90,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="N",
         help="stop after printing N entries",
     )
+    supports_json(tail)
     tail.set_defaults(handler=_tail)
 
     info = subparsers.add_parser(
@@ -166,7 +184,8 @@ def _append(args: argparse.Namespace) -> int:
             client.open_writer(args.name) as writer,
             _append_progress(console) as progress,
         ):
-            _append_all(writer, messages, done, progress)
+            key = None if args.key is None else args.key.encode()
+            _append_all(writer, messages, done, progress, key, args.headers)
     except (KeyboardInterrupt, StreamError):
         # What got in is the one thing the user needs next (to resume, to check).
         console.print(f"stopped: {done.summary()}", soft_wrap=True)
@@ -204,11 +223,13 @@ def _append_all(
     messages: Iterator[bytes],
     done: _Acked,
     progress: Callable[[int], None],
+    key: bytes | None = None,
+    headers: list[tuple[str, bytes]] | None = None,
 ) -> None:
     pending: collections.deque[concurrent.futures.Future[int]] = collections.deque()
     try:
         for message in messages:
-            pending.append(writer.append_async(message))
+            pending.append(writer.append_async(message, key=key, headers=headers))
             while pending and (len(pending) >= _APPEND_IN_FLIGHT or pending[0].done()):
                 done.add(pending.popleft().result())
             progress(done.count)
@@ -239,17 +260,45 @@ def _append_progress(console: Console) -> Iterator[Callable[[int], None]]:
 
 def _tail(args: argparse.Namespace) -> int:
     out = sys.stdout.buffer
+    show = _entry_json if wants_json(args) else _entry_line
     with _client(args) as client:
         entries = client.open_reader(args.name).tail(args.start, timeout_s=args.timeout)
         # Closed before the client: a tail cut short by --max-entries stops its reads on the
         # client's loop while that still runs.
         with contextlib.closing(cast(Generator[Any, None, None], entries)):
             for entry in itertools.islice(entries, args.max_entries):
-                if args.show_ids:
-                    out.write(f"{entry.entry_id}\t{entry.timestamp.isoformat()}\t".encode())
-                out.write(entry.payload + b"\n")
+                out.write(show(entry, args.show_ids))
                 out.flush()
     return 0
+
+
+def _entry_line(entry: Entry, show_ids: bool) -> bytes:
+    """An entry as `streamctl tail` prints it: [id, time,] key=K and name=value for its key
+    and headers (nothing for an entry without), then the payload; tab-separated."""
+    fields = [f"{entry.entry_id}\t{entry.timestamp.isoformat()}\t".encode()] if show_ids else []
+    if entry.key is not None:
+        fields.append(b"key=" + entry.key + b"\t")
+    fields.extend(name.encode() + b"=" + value + b"\t" for name, value in entry.headers)
+    fields.append(entry.payload + b"\n")
+    return b"".join(fields)
+
+
+def _text(value: bytes) -> str:
+    """`value` for JSON: UTF-8, with bytes that are not as \\xNN escapes."""
+    return value.decode(errors="backslashreplace")
+
+
+def _entry_json(entry: Entry, show_ids: bool) -> bytes:
+    """An entry as one JSON line of `streamctl tail --output json` (ids and time always)."""
+    value = {
+        "entry_id": entry.entry_id,
+        "timestamp": entry.timestamp.isoformat(),
+        "timestamp_ms": entry.timestamp_ms,
+        "key": None if entry.key is None else _text(entry.key),
+        "headers": [[name, _text(value)] for name, value in entry.headers],
+        "payload": _text(entry.payload),
+    }
+    return (json.dumps(value, sort_keys=True) + "\n").encode()
 
 
 def _info(args: argparse.Namespace) -> int:

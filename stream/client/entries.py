@@ -340,6 +340,24 @@ class EntryColumns(NamedTuple):
         self.payloads.extend(other.payloads)
         self.timestamps_ms.extend(other.timestamps_ms)
 
+    def take(self, count: int) -> EntryColumns:
+        """Removes the first `count` entries and returns them."""
+        attributes = self.attributes
+        taken = EntryColumns(
+            self.ids[:count], self.payloads[:count], self.timestamps_ms[:count], {}
+        )
+        del self.ids[:count], self.payloads[:count], self.timestamps_ms[:count]
+        if attributes:
+            kept = {}
+            for position, value in attributes.items():
+                if position < count:
+                    taken.attributes[position] = value
+                else:
+                    kept[position - count] = value
+            attributes.clear()
+            attributes.update(kept)
+        return taken
+
     def key_column(self) -> list[bytes | None]:
         """Returns each entry's key (None: it has none)."""
         keys: list[bytes | None] = [None] * len(self.ids)

@@ -31,7 +31,7 @@ def test_schema_is_the_documented_one(spark: Any, spark_cluster: Any, client: St
     frame = spark.read.format("streamkeeper").option("metadata", spark_cluster.metadata) \
         .option("streams", stream_name).load()
     assert frame.schema.simpleString() == (
-        "struct<stream:string,entry_id:bigint,payload:binary,timestamp:timestamp>"
+        "struct<stream:string,entry_id:bigint,payload:binary,timestamp:timestamp,key:binary>"
     )
     rows = frame.orderBy("entry_id").collect()
     assert [r.entry_id for r in rows] == [0, 1, 2]
