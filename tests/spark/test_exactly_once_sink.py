@@ -46,7 +46,7 @@ def start_sink_driver(
         return subprocess.Popen(
             [
                 sys.executable, "-m", "tests.spark.sink_query_driver", "--metadata", metadata,
-                "--source", source, "--target", target, "--out", str(out), "--guarantee", "at-least-once",
+                "--source", source, "--target", target, "--out", str(out),
             ],
             cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT,
             start_new_session=True,
