@@ -55,6 +55,16 @@ class ProducerGate:
         """Returns None when the append numbered `sequence` is to be written, or the entry id
         a duplicate answers; raises `InvalidArgumentError` (and changes nothing) for a gap, a
         step back or a sequence that is not an int in range."""
+        last = self._session_last
+        if (
+            type(sequence) is int
+            and last is not None
+            and sequence == last + 1
+            and last >= self.recovered_last
+            and sequence <= MAX_SEQUENCE
+        ):
+            self._session_last = sequence  # the common case: the next one, past the recovered
+            return None
         if isinstance(sequence, bool) or not isinstance(sequence, int):
             raise InvalidArgumentError(
                 "a producer writer's appends need a sequence (an int)",

@@ -24,6 +24,7 @@ import structlog
 
 from stream.client.entries import (
     AttributedPayload,
+    Headers,
     HeadersArg,
     check_headers,
     check_key,
@@ -366,7 +367,9 @@ class AsyncStreamWriter:
         the path that looks for them (set before the payload is queued, so a drain that
         takes it sees the flag). A producer's duplicate comes back with wire sequence
         `-(entry id) - 2` (below zero, never queued); nothing is admitted when a check fails."""
-        key, checked = check_key(key), check_headers(headers)
+        checked: Headers = ()
+        if key is not None or headers:
+            key, checked = check_key(key), check_headers(headers)
         wire_sequence = self._admit(sequence)
         attributed = AttributedPayload(payload, key, checked, wire_sequence)
         if wire_sequence < 0:

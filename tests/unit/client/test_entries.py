@@ -20,6 +20,7 @@ from stream.client.entries import (
 )
 from stream.client.ports import AddBatch
 from stream.protocol import EntryFlag, entry_checksum
+from stream.protocol.checksum import encode_attributes
 from stream.wire import bookie_pb2 as pb
 
 ids = st.integers(min_value=0, max_value=(1 << 63) - 1)
@@ -272,3 +273,31 @@ def test_columns_extend_and_convert_to_entries() -> None:
         Entry("s", 3, b"c", 30, headers=(("h", b"v"),)),
     ]
     assert EntryColumns.empty().to_entries("s") == []
+
+
+@given(
+    st.integers(min_value=1, max_value=(1 << 63) - 1),
+    st.integers(min_value=0, max_value=(1 << 63) - 1),
+    stamps,
+    st.binary(max_size=300),
+    st.integers(min_value=1, max_value=(1 << 63) - 1),
+)
+def test_sequence_only_entry_is_the_protobuf_encoding(
+    stream_id: int, entry_id: int, stamp: int, payload: bytes, sequence: int
+) -> None:
+    """An idempotent producer's entries (a sequence, no key or headers) are hand-encoded: they
+    parse as the protobuf message, with the attributes' checksum."""
+    prepared = prepare_entry(stream_id, entry_id, 0, stamp, payload, sequence=sequence)
+    flags = int(EntryFlag.ATTRIBUTES)
+    expected = pb.Entry(
+        entry_id=entry_id,
+        flags=flags,
+        timestamp_ms=stamp,
+        payload=payload,
+        crc32c=entry_checksum(
+            stream_id, entry_id, flags, stamp, payload, encode_attributes(None, (), sequence)
+        ),
+        sequence=sequence,
+    )
+    assert prepared.entry() == expected
+    assert checksum_ok(stream_id, prepared.entry())
