@@ -87,6 +87,8 @@ class SyntheticReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     pa.array([now_us] * len(ids), pa.int64()).cast(
                         ARROW_SCHEMA.field("timestamp").type
                     ),
+                    # Columns after the first four (the entry's key): none.
+                    *(pa.nulls(len(ids), f.type) for f in list(ARROW_SCHEMA)[4:]),
                 ],
                 schema=ARROW_SCHEMA,
             )
