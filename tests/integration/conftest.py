@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from stream.client import StreamClient
 from stream.sandbox.cluster import SandboxCluster
 from stream.sandbox.zookeeper import ZooKeeperServer
 
@@ -71,3 +72,13 @@ def cluster_factory(zookeeper: ZooKeeperServer, tmp_path: Path) -> Iterator[Clus
 def cluster(cluster_factory: ClusterFactory) -> SandboxCluster:
     """Three bookies with default settings."""
     return cluster_factory(3)
+
+
+@pytest.fixture
+def client(cluster: SandboxCluster) -> Iterator[StreamClient]:
+    """A client of `cluster` (modules with a `client` fixture of their own use theirs)."""
+    c = StreamClient.connect(cluster.metadata)
+    try:
+        yield c
+    finally:
+        c.close()

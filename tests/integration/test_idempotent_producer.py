@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
@@ -24,15 +23,6 @@ from stream.sandbox.cluster import SandboxCluster
 from tests.integration.retention_support import wait_until
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def client(cluster: SandboxCluster) -> Iterator[StreamClient]:
-    c = StreamClient.connect(cluster.metadata)
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def payloads(client: StreamClient, name: str) -> list[bytes]:
