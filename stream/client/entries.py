@@ -274,6 +274,60 @@ class AttributedPayload:
         return len(self.payload)
 
 
+def prepare_sequenced_entries(
+    stream_id: int,
+    first_entry_id: int,
+    timestamp_ms: int,
+    payloads: Sequence[AttributedPayload],
+) -> list[PreparedEntry]:
+    """`prepare_entries` of an idempotent producer's run (each payload an `AttributedPayload`
+    with a wire sequence): exactly what `prepare_entry` gives for each, with what the run
+    shares (the flags and timestamp fields, the frame of each size) encoded once; a payload
+    with a key or headers goes through `prepare_entry`."""
+    prepared: list[PreparedEntry] = []
+    append = prepared.append
+    pack = _pack_header
+    pack_attributes = _pack_sequence_only
+    crc = _crc32c
+    join = b"".join
+    flags = _ATTRIBUTES
+    middle_field = b"\x10" + varint(flags) + b"\x18" + varint(timestamp_ms) + b"\x22"
+    frames: dict[int, bytes] = {}
+    entry_id = first_entry_id
+    for attributed in payloads:
+        sequence = attributed.sequence
+        if attributed.key is not None or attributed.headers or not sequence:
+            append(
+                prepare_entry(
+                    stream_id,
+                    entry_id,
+                    0,
+                    timestamp_ms,
+                    attributed.payload,
+                    key=attributed.key,
+                    headers=attributed.headers,
+                    sequence=sequence,
+                )
+            )
+            entry_id += 1
+            continue
+        payload = attributed.payload
+        size = len(payload)
+        checksum = crc(
+            pack_attributes(sequence, False, 0),
+            crc(payload, crc(pack(stream_id, entry_id, flags, timestamp_ms))),
+        )
+        head = b"\x08" + varint(entry_id) + middle_field + varint(size)
+        tail = b"\x28" + varint(checksum) + b"\x40" + varint(sequence)
+        body = len(head) + size + len(tail)
+        frame = frames.get(body)
+        if frame is None:
+            frame = frames[body] = _ENTRIES_TAG + varint(body)
+        append(PreparedEntry(entry_id, join((frame, head, payload, tail)), size, timestamp_ms))
+        entry_id += 1
+    return prepared
+
+
 def prepare_mixed_entries(
     stream_id: int,
     first_entry_id: int,

@@ -30,6 +30,7 @@ from stream.client.entries import (
     check_key,
     prepare_entries,
     prepare_mixed_entries,
+    prepare_sequenced_entries,
 )
 from stream.client.futures import AppendFuture
 from stream.client.options import WriterOptions
@@ -491,7 +492,12 @@ class AsyncStreamWriter:
                 queue.extendleft(reversed(taken[count:]))
                 del payloads[count:], taken[count:]
             if count:
-                prepare = prepare_mixed_entries if self._attributes_seen else prepare_entries
+                if self._gate is not None:
+                    prepare = prepare_sequenced_entries
+                elif self._attributes_seen:
+                    prepare = prepare_mixed_entries
+                else:
+                    prepare = prepare_entries
                 entries = prepare(stream_id, pipeline.next_entry_id, now_ms, payloads)
                 if self._gate is not None:
                     self._gate.assigned(

@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from stream.client.entries import (
+    AttributedPayload,
     Entry,
     EntryColumns,
     checksum_ok,
@@ -14,6 +15,7 @@ from stream.client.entries import (
     is_noop,
     prepare_entries,
     prepare_entry,
+    prepare_sequenced_entries,
     varint,
     verified_columns,
     wire_attributes,
@@ -301,3 +303,27 @@ def test_sequence_only_entry_is_the_protobuf_encoding(
     )
     assert prepared.entry() == expected
     assert checksum_ok(stream_id, prepared.entry())
+
+
+@given(
+    st.integers(min_value=1, max_value=(1 << 63) - 1),
+    st.integers(min_value=0, max_value=(1 << 63) - 300),
+    stamps,
+    st.lists(
+        st.tuples(
+            st.binary(max_size=200),
+            st.integers(min_value=1, max_value=(1 << 63) - 1),
+            st.sampled_from([None, b"", b"k"]),
+        ),
+        max_size=50,
+    ),
+)
+def test_prepared_producer_run_is_prepare_entry_of_each(
+    stream_id: int, first_entry_id: int, stamp: int, rows: list[tuple[bytes, int, bytes | None]]
+) -> None:
+    payloads = [AttributedPayload(p, key, (), sequence) for p, sequence, key in rows]
+    run = prepare_sequenced_entries(stream_id, first_entry_id, stamp, payloads)
+    assert run == [
+        prepare_entry(stream_id, first_entry_id + i, 0, stamp, p, key=key, sequence=sequence)
+        for i, (p, sequence, key) in enumerate(rows)
+    ]
