@@ -155,7 +155,12 @@ def check_headers(headers: HeadersArg | None) -> Headers:
     raises `InvalidArgumentError` when a name is not a str or a value not bytes-like."""
     if not headers:
         return _NO_HEADERS
-    pairs = headers.items() if isinstance(headers, Mapping) else headers
+    try:
+        pairs = list(headers.items() if isinstance(headers, Mapping) else headers)
+    except TypeError:
+        raise InvalidArgumentError(
+            "headers must be (name, value) pairs or a mapping", type=type(headers).__name__
+        ) from None
     checked = []
     for pair in pairs:
         if not isinstance(pair, tuple | list) or len(pair) != 2:

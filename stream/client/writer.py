@@ -371,6 +371,16 @@ class AsyncStreamWriter:
         checked: Headers = ()
         if key is not None or headers:
             key, checked = check_key(key), check_headers(headers)
+            size = len(payload) + len(key or b"")
+            size += sum(len(name) + len(value) for name, value in checked)
+            if size > self._max_entry_bytes:
+                raise InvalidArgumentError(
+                    "entry with its key and headers larger than the bookies accept "
+                    "(their max_entry_bytes)",
+                    stream=self.name,
+                    size=size,
+                    max_entry_bytes=self._max_entry_bytes,
+                )
         wire_sequence = self._admit(sequence)
         attributed = AttributedPayload(payload, key, checked, wire_sequence)
         if wire_sequence < 0:

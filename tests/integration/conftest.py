@@ -76,9 +76,6 @@ def cluster(cluster_factory: ClusterFactory) -> SandboxCluster:
 
 @pytest.fixture
 def client(cluster: SandboxCluster) -> Iterator[StreamClient]:
-    """A client of `cluster` (modules with a `client` fixture of their own use theirs)."""
-    c = StreamClient.connect(cluster.metadata)
-    try:
+    """A client of `cluster` (modules that define a `client` fixture of their own use theirs)."""
+    with StreamClient.connect(cluster.metadata) as c:
         yield c
-    finally:
-        c.close()

@@ -5,25 +5,13 @@ anything is written."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from stream.client import Entry, StreamClient
 from stream.errors import InvalidArgumentError
-from stream.sandbox.cluster import SandboxCluster
 from tests.integration.conftest import ClusterFactory
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def client(cluster: SandboxCluster) -> Iterator[StreamClient]:
-    c = StreamClient.connect(cluster.metadata)
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def attributes(i: int) -> tuple[bytes | None, list[tuple[str, bytes]]]:
@@ -140,6 +128,8 @@ def test_bad_attributes_are_refused_and_nothing_is_written(client: StreamClient)
             dict(headers=[(b"name", b"v")]),
             dict(headers=[("only a name",)]),
             dict(headers={"h": 1}),
+            dict(headers=5),
+            dict(key=b"k" * (5 << 20)),  # with the payload, beyond the default max_entry_bytes
         ):
             with pytest.raises(InvalidArgumentError):
                 writer.append(b"x", **kwargs)  # type: ignore[arg-type]
