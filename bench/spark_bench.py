@@ -9,9 +9,11 @@ and the connector query, alternating (each into a new output). Round 1's connect
 cold (its Python workers import the connector and connect first); later rounds reuse Spark's
 Python workers and their clients, as a long-running query does. A 2-core machine shared with
 other work makes single runs noisy: the load average is printed, and with several rounds the
-median ratio is. Last, `--read-rounds` times, the connector's partition reader reads the whole
-stream in this process, outside Spark: its CPU and the bookies' per entry (from /proc) are the
-connector's own cost without Spark's share.
+median ratio is. Then, `--sink-rounds` times, the stream is copied by a streamkeeper ->
+streamkeeper query with the exactly-once sink and with the at-least-once sink, alternating
+(rows/s of each, and their ratio). Last, `--read-rounds` times, the connector's partition
+reader reads the whole stream in this process, outside Spark: its CPU and the bookies' per
+entry (from /proc) are the connector's own cost without Spark's share.
 
     PYTHONPATH=. .venv/bin/python bench/spark_bench.py --entries 100000 --rounds 3
 """
@@ -85,6 +87,8 @@ class SyntheticReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     pa.array([now_us] * len(ids), pa.int64()).cast(
                         ARROW_SCHEMA.field("timestamp").type
                     ),
+                    # Columns after the first four (the entry's key): none.
+                    *(pa.nulls(len(ids), f.type) for f in list(ARROW_SCHEMA)[4:]),
                 ],
                 schema=ARROW_SCHEMA,
             )
@@ -128,6 +132,52 @@ def timed_query(spark: SparkSession, fmt: str, out: Path, **options: str) -> flo
     return seconds
 
 
+def timed_copy(
+    spark: SparkSession, metadata: str, client: StreamClient, target: str, out: Path,
+    guarantee: str,
+) -> float:
+    """Copies stream `bench` into a new stream `target` with an availableNow query through the
+    streamkeeper sink (`guarantee`); returns its wall-clock seconds."""
+    client.create_stream(target, fragment_max_entries=200_000, fragment_max_bytes=1 << 30)
+    began = time.monotonic()
+    query = (
+        spark.readStream.format("streamkeeper").option("metadata", metadata)
+        .option("streams", "bench").option("startingOffsets", "earliest")
+        .option("maxEntriesPerTrigger", "20000").load().select("payload")
+        .writeStream.format("streamkeeper").option("metadata", metadata)
+        .option("stream", target).option("deliveryGuarantee", guarantee)
+        .option("checkpointLocation", str(out / "checkpoint"))
+        .trigger(availableNow=True).start()
+    )
+    query.awaitTermination()
+    if query.exception() is not None:
+        raise SystemExit(f"query failed: {query.exception()}")
+    return time.monotonic() - began
+
+
+def sink_rounds(
+    spark: SparkSession, metadata: str, work: Path, entries: int, rounds: int
+) -> None:
+    """Copies the stream `rounds` times with each sink, alternating; prints rows/s."""
+    client = StreamClient.connect(metadata)
+    figures: dict[str, list[float]] = {"exactly-once": [], "at-least-once": []}
+    try:
+        for r in range(rounds):
+            for guarantee, seconds in figures.items():
+                target = f"copy-{guarantee}-{r}"
+                took = timed_copy(spark, metadata, client, target, work / target, guarantee)
+                seconds.append(took)
+                print(f"sink {guarantee:>13} round {r + 1}: {entries} rows in {took:6.2f} s = "
+                      f"{entries / took:9.0f} rows/s", flush=True)
+    finally:
+        client.close()
+    if rounds:
+        exactly = statistics.median(figures["exactly-once"])
+        at_least = statistics.median(figures["at-least-once"])
+        print(f"sink median rows/s: exactly-once {entries / exactly:.0f}, at-least-once "
+              f"{entries / at_least:.0f}, ratio {at_least / exactly:.2f}")
+
+
 def read_cpu(cluster: SandboxCluster, entries: int, rounds: int) -> None:
     """Reads the stream with the partition reader `rounds` times; prints the CPU per entry of
     this process and of the bookies."""
@@ -157,6 +207,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--read-rounds", type=int, default=3)
+    parser.add_argument("--sink-rounds", type=int, default=1)
     args = parser.parse_args()
     if args.entries < 1 or args.size < 16 or args.rounds < 1 or args.read_rounds < 0:
         raise SystemExit("--entries and --rounds must be >= 1, --size >= 16, --read-rounds >= 0")
@@ -201,6 +252,7 @@ def main() -> None:
                     rows = spark.read.parquet(str(work / f"connector-{r}" / "data")).count()
                     if rows != args.entries:
                         raise SystemExit(f"round {r + 1}: {rows} rows, not {args.entries}")
+                sink_rounds(spark, cluster.metadata, work, args.entries, args.sink_rounds)
             finally:
                 spark.stop()
             read_cpu(cluster, args.entries, args.read_rounds)

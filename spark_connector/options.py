@@ -3,6 +3,7 @@ checked once on the driver into a `SourceOptions` value that pickles to the exec
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Mapping
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 
 from spark_connector.errors import ConnectorOptionError
 from stream.errors import ConfigError, InvalidArgumentError
-from stream.metadata.model import validate_stream_name
+from stream.metadata.model import validate_producer_id, validate_stream_name
 from stream.security.tls import TLSConfig
 
 # Kafka's JSON offsets use -2 for earliest and -1 for latest; so do ours.
@@ -40,7 +41,15 @@ _READ_OPTIONS = (
 # TLS to the bookies (docs/security.md): the CA, this job's certificate and key.
 _TLS_OPTIONS = ("tlsCaFile", "tlsCertFile", "tlsKeyFile")
 _READ_OPTIONS += _TLS_OPTIONS
-_WRITE_OPTIONS = ("metadata", "stream", "metadataAuthFile", *_TLS_OPTIONS)
+_WRITE_OPTIONS = (
+    "metadata",
+    "stream",
+    "metadataAuthFile",
+    "deliveryGuarantee",
+    "producerId",
+    *_TLS_OPTIONS,
+)
+_GUARANTEES = ("exactly-once", "at-least-once")
 # Spark adds these itself (e.g. `path` from `load(path)`); they are not ours to reject.
 _SPARK_OPTIONS = ("path", "checkpointlocation")
 
@@ -94,12 +103,14 @@ class SourceOptions:
 
 @dataclass(frozen=True)
 class SinkOptions:
-    """What the streaming writer needs: `metadata` and the target `stream`."""
+    """What the streaming writer needs: `metadata` and the target `stream`; `producer_id`
+    for the exactly-once sink (None: at-least-once)."""
 
     metadata: str
     stream: str
     tls: TLSConfig | None = None
     metadata_auth_file: str | None = None
+    producer_id: str | None = None
 
 
 def _lowered(options: Mapping[str, str], known: tuple[str, ...]) -> dict[str, str]:
@@ -405,9 +416,43 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     stream = values.get("stream", "").strip()
     if not stream:
         raise ConnectorOptionError("option 'stream' is required to write", option="stream")
+    guarantee = values.get("deliveryGuarantee", "exactly-once").strip().lower()
+    if guarantee not in _GUARANTEES:
+        raise ConnectorOptionError(
+            "option 'deliveryGuarantee' must be exactly-once or at-least-once",
+            option="deliveryGuarantee",
+            value=guarantee,
+        )
+    producer_id = None
+    if guarantee == "exactly-once":
+        producer_id = _sink_producer_id(options, values)
     return SinkOptions(
         metadata=metadata,
         stream=_stream_name(stream, "stream"),
         tls=_tls(values),
         metadata_auth_file=_metadata_auth_file(values),
+        producer_id=producer_id,
     )
+
+
+def _sink_producer_id(options: Mapping[str, str], values: dict[str, str]) -> str:
+    """Returns the `producerId` option, else one derived from the query's checkpoint location
+    (the same on every restart of the query, different for another query)."""
+    given = values.get("producerId", "").strip()
+    if given:
+        try:
+            return validate_producer_id(given)
+        except InvalidArgumentError as e:
+            raise ConnectorOptionError(
+                f"option 'producerId': {e.message}", option="producerId"
+            ) from None
+    checkpoint = next(
+        (v for k, v in options.items() if k.lower() == "checkpointlocation" and v.strip()), None
+    )
+    if checkpoint is None:
+        raise ConnectorOptionError(
+            "the exactly-once sink needs option 'checkpointLocation' or 'producerId' (or "
+            "deliveryGuarantee = at-least-once)",
+            option="producerId",
+        )
+    return "spark-" + hashlib.sha256(checkpoint.strip().encode()).hexdigest()[:16]

@@ -5,11 +5,16 @@ exist. Tasks hand their payloads to the batch's commit, which
 appends them with one writer (one term per batch: a stream has one writer at a time, and
 parallel tasks would take it over from each other; each takeover also writes a truncate no-op)
 and returns once every entry is acknowledged, so Spark marks the batch done only after that.
-A batch run again after a failed commit or a crash before Spark recorded the commit appends
-its rows again (at-least-once, like Spark's Kafka sink; docs/spark.md spells out the rules)."""
+
+Exactly-once (the default): the writer is the query's idempotent producer and row `i` of batch
+`b` (task order, then row order) has sequence `b << EPOCH_BITS | i`, so a batch run again after
+a failed commit or a crash appends only the rows its first attempt did not. At-least-once
+(`deliveryGuarantee = at-least-once`): such a batch appends its rows again, like Spark's Kafka
+sink. docs/spark.md spells out the rules."""
 
 from __future__ import annotations
 
+import concurrent.futures
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -21,7 +26,9 @@ from pyspark.sql.types import ArrayType, BinaryType, DataType, StringType, Struc
 
 from spark_connector.clients import client_for
 from spark_connector.options import SinkOptions
+from stream.client import StreamWriter as ClientWriter
 from stream.errors import InvalidArgumentError, StreamError
+from stream.protocol.producers import EPOCH_BITS
 
 log = structlog.get_logger(__name__)
 
@@ -30,6 +37,7 @@ KEY = "key"
 HEADERS = "headers"
 
 EntryHeaders = list[tuple[str, bytes]] | None
+Row = tuple[bytes, bytes | None, EntryHeaders]
 
 
 @dataclass
@@ -41,7 +49,7 @@ class Payloads(WriterCommitMessage):
     keys: list[bytes | None] | None = None
     headers: list[EntryHeaders] | None = field(default=None)
 
-    def rows(self) -> Iterator[tuple[bytes, bytes | None, EntryHeaders]]:
+    def rows(self) -> Iterator[Row]:
         """Yields (payload, key, headers) per row."""
         return zip(
             self.payloads,
@@ -165,20 +173,39 @@ class StreamWriter(DataSourceStreamArrowWriter):
         count = sum(len(m.payloads) for m in messages if isinstance(m, Payloads))
         if count == 0:
             return
+        rows = [row for m in messages if isinstance(m, Payloads) for row in m.rows()]
         options = self._options
         client = client_for(options.metadata, options.tls, options.metadata_auth_file)
-        with client.open_writer(self._options.stream) as writer:
-            futures = [
-                writer.append_async(p, key=k, headers=h)
-                for m in messages
-                if isinstance(m, Payloads)
-                for p, k, h in m.rows()
-            ]
+        producer_id = self._options.producer_id
+        with client.open_writer(self._options.stream, producer_id=producer_id) as writer:
+            if producer_id is None:
+                futures = [writer.append_async(p, key=k, headers=h) for p, k, h in rows]
+            else:
+                futures = self._append_once(writer, rows, batchId)
             writer.flush()
             first = futures[0].result()
             last = futures[-1].result()
         log.info("spark.batch_appended", stream=self._options.stream, batch=batchId,
-                 entries=count, first_entry_id=first, last_entry_id=last)
+                 entries=count, first_entry_id=first, last_entry_id=last,
+                 producer_id=producer_id)
+
+    def _append_once(
+        self, writer: ClientWriter, rows: list[Row], batch_id: int
+    ) -> list[concurrent.futures.Future[int]]:
+        """Appends the batch's rows numbered as its epoch; the rows a first attempt wrote
+        are duplicates (nothing is written, their futures are done at once)."""
+        if len(rows) >= 1 << EPOCH_BITS:
+            raise StreamError(
+                f"a micro-batch holds at most {(1 << EPOCH_BITS) - 1} rows for the exactly-once "
+                "sink; bound it (e.g. maxEntriesPerTrigger)",
+                stream=self._options.stream,
+                rows=len(rows),
+            )
+        base = batch_id << EPOCH_BITS
+        return [
+            writer.append_async(p, key=k, headers=h, sequence=base + i)
+            for i, (p, k, h) in enumerate(rows)
+        ]
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         log.warning("spark.batch_aborted", stream=self._options.stream, batch=batchId)

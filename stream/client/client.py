@@ -279,10 +279,13 @@ class StreamClient:
         is_leader: Callable[[], bool] | None = None,
         *,
         options: WriterOptions | None = None,
+        producer_id: str | None = None,
     ) -> StreamWriter:
         """Takes stream `name` over with a new term (recovering the previous term's end) and
         returns its writer. With `reengage`, a writer that another took over from takes over
-        again (when `is_leader()`, called on the client's loop thread, still says so)."""
+        again (when `is_leader()`, called on the client's loop thread, still says so). With
+        `producer_id` it is an idempotent producer (docs/design.md §11): `last_sequence` says
+        where that producer stands, and every append carries a `sequence`."""
         validate_stream_name(name)
         identity = WriterIdentity(
             f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}",
@@ -299,6 +302,7 @@ class StreamClient:
             identity=identity,
             reengage=reengage,
             is_leader=is_leader,
+            producer_id=producer_id,
         )
         self._run(core.open())
         writer = StreamWriter(self, core)
@@ -629,6 +633,17 @@ class StreamWriter:
         """Returns the highest id such that it and every lower id are acknowledged."""
         return self._core.last_add_confirmed
 
+    @property
+    def producer_id(self) -> str | None:
+        """Returns the producer id the writer was opened with (None: not a producer)."""
+        return self._core.producer_id
+
+    @property
+    def last_sequence(self) -> int:
+        """Returns the producer's highest sequence: durably written before this writer took
+        over, or appended since; -1 when the stream does not know the producer."""
+        return self._core.last_sequence
+
     def append(
         self,
         payload: bytes,
@@ -636,6 +651,7 @@ class StreamWriter:
         *,
         key: bytes | None = None,
         headers: HeadersArg | None = None,
+        sequence: int | None = None,
     ) -> int:
         """Appends `payload`; blocks until it is acknowledged and returns its entry id. Not
         acknowledged within `timeout_s` (waiting for room in a full window not counted):
@@ -643,8 +659,13 @@ class StreamWriter:
 
         `key` (bytes) and `headers` ((name, value) pairs with str names and bytes values, in
         order, names may repeat; or a mapping of names to values) are stored with the entry,
-        covered by its checksum; readers return them as `Entry.key` and `Entry.headers`."""
-        future = self.append_async(payload, key=key, headers=headers)
+        covered by its checksum; readers return them as `Entry.key` and `Entry.headers`.
+
+        A producer writer's appends each need a `sequence`: one at or below `last_sequence`
+        writes nothing and returns the id already written (-1 when no longer known); a gap or
+        a step back raises `InvalidArgumentError` (docs/design.md §11). Other writers refuse
+        `sequence`."""
+        future = self.append_async(payload, key=key, headers=headers, sequence=sequence)
         try:
             return future.result(timeout_s)
         except concurrent.futures.TimeoutError:
@@ -655,12 +676,18 @@ class StreamWriter:
             ) from None
 
     def append_async(
-        self, payload: bytes, *, key: bytes | None = None, headers: HeadersArg | None = None
+        self,
+        payload: bytes,
+        *,
+        key: bytes | None = None,
+        headers: HeadersArg | None = None,
+        sequence: int | None = None,
     ) -> concurrent.futures.Future[int]:
-        """Queues `payload` (with `key` and `headers`, see `append`) and returns a future of
-        its entry id (resolved in id order); blocks only while the writer's window of
-        unacknowledged entries is full."""
-        return self._core.submit_threadsafe(payload, key, headers)
+        """Queues `payload` (with `key`, `headers` and `sequence`, see `append`) and returns a
+        future of its entry id (resolved in id order); blocks only while the writer's window
+        of unacknowledged entries is full. A producer's appends come from one thread at a
+        time: their order is their sequences'."""
+        return self._core.submit_threadsafe(payload, key, headers, sequence)
 
     def flush(self) -> None:
         """Returns once everything appended so far is acknowledged."""

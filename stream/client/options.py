@@ -59,6 +59,9 @@ class WriterOptions:
 
     # Entries appended but not yet acknowledged; a full window blocks `append_async`.
     window_entries: int = 8192
+    # An idempotent producer unused this long is dropped from the stream's producer table
+    # (docs/design.md §11; Kafka's default): its next writer starts it anew.
+    producer_expiry_s: float = 7 * 86400.0
     # Payload bytes held by the pipeline until they reach their whole write set; with
     # `window_entries` this bounds the writer's memory (plus a few dozen bytes of framing per
     # entry).
@@ -132,6 +135,7 @@ class WriterOptions:
             "retry_backoff_max_s",
             "takeover_deadline_s",
             "ensemble_change_deadline_s",
+            "producer_expiry_s",
         ):
             _positive(name, getattr(self, name))
 

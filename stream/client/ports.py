@@ -21,6 +21,7 @@ from typing import NamedTuple, Protocol
 from stream.metadata.model import (
     AcceptedLoss,
     Fragment,
+    ProducerChange,
     RetentionPolicy,
     StreamMeta,
     StreamState,
@@ -211,6 +212,7 @@ class MetadataPort(Protocol):
         fragments_changed: Sequence[Fragment],
         new_fragments: Sequence[Fragment],
         first_entry_id_of_term: int,
+        producers: ProducerChange | None = None,
     ) -> tuple[StreamMeta, int]: ...
 
     async def record_accepted_loss(
@@ -227,6 +229,7 @@ class MetadataPort(Protocol):
         expected_version: int,
         closed_fragment: Fragment,
         new_fragment: Fragment,
+        producers: ProducerChange | None = None,
     ) -> tuple[StreamMeta, int]: ...
 
     async def set_state(

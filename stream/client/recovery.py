@@ -37,6 +37,7 @@ from stream.client.ports import (
     MetadataPort,
     PreparedEntry,
 )
+from stream.client.producer_tail import last_sequenced_entry, takeover_change
 from stream.client.recovery_reads import BulkSource, RecoveryReads
 from stream.client.timestamps import stamp, timestamp_in_write_set
 from stream.errors import (
@@ -49,7 +50,14 @@ from stream.errors import (
     StreamError,
     StreamInLimboError,
 )
-from stream.metadata.model import AcceptedLoss, Fragment, StreamMeta, StreamState, WriterInfo
+from stream.metadata.model import (
+    AcceptedLoss,
+    Fragment,
+    ProducerChange,
+    StreamMeta,
+    StreamState,
+    WriterInfo,
+)
 from stream.metadata.streams import BadVersionError, StreamSealedError
 from stream.protocol import (
     BookieCandidate,
@@ -67,6 +75,7 @@ from stream.protocol import (
     plan_ensemble_change,
     scan_recovery_reads,
 )
+from stream.protocol.producers import TailAnchor
 
 log = structlog.get_logger(__name__)
 
@@ -109,6 +118,10 @@ class TakeoverResult:
     accepted_loss: AcceptedLoss | None = None
     # The timestamp of `last_fragment`'s first entry; None when it is empty (or unreadable).
     first_timestamp_ms: int | None = None
+    # The previous producer term's last sequenced entry, when that term had a producer and
+    # wrote one (docs/design.md §11).
+    producer_tail: TailAnchor | None = None
+    producer_tail_of: str | None = None  # whose term that was
 
 
 class _RetryLater(Exception):
@@ -186,10 +199,12 @@ class Takeover:
         options: WriterOptions,
         identity: WriterIdentity,
         accept_loss_operator: str | None = None,
+        producer_id: str | None = None,
     ) -> None:
         """With `accept_loss_operator` (who asked, recorded in the meta), the recovery counts
         limbo UNKNOWNs as absent (docs/design.md §4, `recover --accept-loss`): an entry that no
-        bookie holds and that only bookies in limbo could not deny ends the previous term."""
+        bookie holds and that only bookies in limbo could not deny ends the previous term.
+        With `producer_id`, the new term is that producer's (docs/design.md §11)."""
         self.name = name
         self._transport = transport
         self._metadata = metadata
@@ -199,6 +214,7 @@ class Takeover:
         self._protections = options.protections
         self._identity = identity
         self._accept_loss_operator = accept_loss_operator
+        self._producer_id = producer_id
 
     # ------------------------------------------------------------------ step 1 and retries
 
@@ -264,7 +280,8 @@ class Takeover:
         first = meta.first_entry_id
         ensemble = await self._place_ensemble(meta, first - 1, exclude=())
         fragment = Fragment(first, ensemble, created_ms=self._clock.now_ms())
-        meta, version = await self._finish(meta, version, [], [fragment], first)
+        producers = self._producer_change(meta, None, first)
+        meta, version = await self._finish(meta, version, [], [fragment], first, producers)
         return TakeoverResult(meta, version, meta.term, fragment, first - 1, 0, None)
 
     async def _place_ensemble(
@@ -371,7 +388,10 @@ class Takeover:
                 current = Fragment(first, tuple(ensemble), created_ms=now_ms)
                 new.append(current)
         first_of_term = end
-        meta, version = await self._finish(meta, version, changed, new, first_of_term)
+        previous = meta.producer_term
+        tail = await self._producer_tail(meta, last, local, last_entry_id)
+        producers = self._producer_change(meta, tail, last_entry_id + 1)
+        meta, version = await self._finish(meta, version, changed, new, first_of_term, producers)
         log.info(
             "recovery.done",
             stream=self.name,
@@ -396,7 +416,65 @@ class Takeover:
                 self._options.recovery_read_timeout_s,
             )
         return TakeoverResult(
-            meta, version, term, current, last_entry_id, written_bytes, last_ts, accepted, first_ts
+            meta,
+            version,
+            term,
+            current,
+            last_entry_id,
+            written_bytes,
+            last_ts,
+            accepted,
+            first_ts,
+            tail,
+            None if previous is None else previous.producer_id,
+        )
+
+    async def _producer_tail(
+        self,
+        meta: StreamMeta,
+        last: Fragment,
+        local: Sequence[tuple[int, Sequence[str]]],
+        last_entry_id: int,
+    ) -> TailAnchor | None:
+        """Returns the previous producer term's last sequenced entry (None when the newest
+        producer term wrote none, or there is none): read once, from the recovered end back
+        to where that term's entries since its last roll start."""
+        previous = meta.producer_term
+        if previous is None:
+            return None
+        fragments = list(local)
+        if previous.first_entry_id < last.first_entry_id:
+            # Ensemble changes split the fragment the last roll opened: earlier pieces too.
+            _, _, known = await self._metadata.get_snapshot(meta.id)
+            earlier = [
+                (f.first_entry_id, f.ensemble)
+                for f in known
+                if f.first_entry_id < last.first_entry_id
+            ]
+            fragments = [*earlier, *fragments]
+        end = last_entry_id - 1 if self._protections.truncate_noop else last_entry_id
+        try:
+            return await last_sequenced_entry(
+                self._transport,
+                meta,
+                fragments,
+                previous.first_entry_id,
+                end,
+                timeout_s=self._options.recovery_read_timeout_s,
+            )
+        except StreamError as e:
+            raise _RetryLater(e) from None
+
+    def _producer_change(
+        self, meta: StreamMeta, tail: TailAnchor | None, first_entry_id: int
+    ) -> ProducerChange | None:
+        return takeover_change(
+            meta,
+            tail,
+            self._producer_id,
+            first_entry_id,
+            self._clock.now_ms(),
+            int(self._options.producer_expiry_s * 1000),
         )
 
     async def _timestamp_before(self, meta: StreamMeta, last: Fragment, start: int) -> int | None:
@@ -790,14 +868,16 @@ class Takeover:
         changed: list[Fragment],
         new: list[Fragment],
         first_of_term: int,
+        producers: ProducerChange | None = None,
     ) -> tuple[StreamMeta, int]:
-        """CASes the stream OPEN with the recovery's fragments; rereads and retries when a
-        same-term change (retention) moved the version first."""
+        """CASes the stream OPEN with the recovery's fragments (and what it records of
+        producers); rereads and retries when a same-term change (retention) moved the version
+        first."""
         term = meta.term
         for _ in range(self._options.cas_attempts):
             try:
                 return await self._metadata.finish_recovery(
-                    meta.id, version, term, changed, new, first_of_term
+                    meta.id, version, term, changed, new, first_of_term, producers
                 )
             except BadVersionError:
                 meta, version, _ = await self._metadata.get_snapshot(meta.id)

@@ -24,16 +24,19 @@ import structlog
 
 from stream.client.entries import (
     AttributedPayload,
+    Headers,
     HeadersArg,
     check_headers,
     check_key,
     prepare_entries,
     prepare_mixed_entries,
+    prepare_sequenced_entries,
 )
 from stream.client.futures import AppendFuture
 from stream.client.options import WriterOptions
 from stream.client.pipeline import AddPipeline
 from stream.client.ports import BookieTransport, Clock, MetadataPort
+from stream.client.producer import ProducerGate, producer_gate
 from stream.client.recovery import (
     Takeover,
     TakeoverResult,
@@ -54,7 +57,14 @@ from stream.errors import (
     StreamNotFoundError,
     WriterClosedError,
 )
-from stream.metadata.model import Fragment, StreamMeta, StreamState
+from stream.metadata.model import (
+    Fragment,
+    ProducerChange,
+    ProducerTerm,
+    StreamMeta,
+    StreamState,
+    validate_producer_id,
+)
 from stream.metadata.streams import BadVersionError
 from stream.protocol import (
     DEFAULT_MAX_ENTRY_BYTES,
@@ -63,6 +73,7 @@ from stream.protocol import (
     max_entry_bytes,
     plan_ensemble_change,
 )
+from stream.protocol.producers import NO_SEQUENCE, ProducerPosition
 
 log = structlog.get_logger(__name__)
 
@@ -102,7 +113,15 @@ class AsyncStreamWriter:
         identity: WriterIdentity | None = None,
         reengage: bool = False,
         is_leader: Callable[[], bool] | None = None,
+        producer_id: str | None = None,
     ) -> None:
+        if producer_id is not None:
+            validate_producer_id(producer_id)
+            if reengage:
+                # A new term would restart the producer's position under appends in flight.
+                raise InvalidArgumentError(
+                    "a producer writer does not re-engage: reopen it", producer_id=producer_id
+                )
         self.name = name
         self._transport = transport
         self._metadata = metadata
@@ -112,6 +131,8 @@ class AsyncStreamWriter:
         self._identity = identity or WriterIdentity(f"writer-{rng.getrandbits(48):012x}")
         self._reengage = reengage
         self._is_leader = is_leader
+        self._producer_id = producer_id
+        self._gate: ProducerGate | None = None  # set by the takeover of a producer writer
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
         # Appends not yet in the pipeline, from any thread. The window: append number `n`
@@ -183,6 +204,21 @@ class AsyncStreamWriter:
         return -1 if self._pipeline is None else self._pipeline.lac
 
     @property
+    def producer_id(self) -> str | None:
+        """Returns the writer's producer id (None: not an idempotent producer)."""
+        return self._producer_id
+
+    @property
+    def last_sequence(self) -> int:
+        """Returns the producer's highest sequence: durably written before this writer took
+        over (from the producer table and the recovered tail), or appended since; -1 when the
+        stream does not know the producer. Raises `InvalidArgumentError` on a writer opened
+        without `producer_id`."""
+        if self._gate is None:
+            raise InvalidArgumentError("not a producer writer (no producer_id)", stream=self.name)
+        return self._gate.last_sequence
+
+    @property
     def error(self) -> StreamError | None:
         """Returns the error that stopped the writer, if any."""
         return self._error
@@ -207,10 +243,13 @@ class AsyncStreamWriter:
             rng=self._rng,
             options=self._options,
             identity=self._identity,
+            producer_id=self._producer_id,
         ).run()
 
     def _install(self, result: TakeoverResult) -> None:
         self._meta, self._version, self._term = result.meta, result.version, result.term
+        if self._producer_id is not None:
+            self._gate = producer_gate(self._producer_id, result)
         fragment = result.last_fragment
         self._fragment = fragment
         self._pipeline = AddPipeline(
@@ -246,18 +285,26 @@ class AsyncStreamWriter:
     # ------------------------------------------------------------------ appending
 
     def submit_threadsafe(
-        self, payload: bytes, key: bytes | None = None, headers: HeadersArg | None = None
+        self,
+        payload: bytes,
+        key: bytes | None = None,
+        headers: HeadersArg | None = None,
+        sequence: int | None = None,
     ) -> concurrent.futures.Future[int]:
-        """Queues `payload` (with `key` and `headers`, see `append`) from a thread other than
-        the loop's, blocking while the window is full; returns a future of its entry id,
-        resolved once acknowledged."""
+        """Queues `payload` (with `key`, `headers` and `sequence`, see `append`) from a thread
+        other than the loop's, blocking while the window is full; returns a future of its
+        entry id, resolved once acknowledged."""
         if threading.get_ident() == self._loop_thread:
             raise InvalidArgumentError("submit_threadsafe called on the writer's loop thread")
         queued: bytes | AttributedPayload = payload
         if type(payload) is not bytes or len(payload) > self._max_entry_bytes:
             queued = payload = self._check_payload(payload)
-        if key is not None or headers:
-            queued = self._with_attributes(payload, key, headers)
+        if key is not None or headers or sequence is not None or self._gate is not None:
+            queued = self._with_attributes(payload, key, headers, sequence)
+            if queued.sequence < 0:  # a duplicate: nothing to write
+                done: AppendFuture[int] = AppendFuture()
+                done.set_result(-queued.sequence - 2)
+                return done
         ticket = next(self._tickets)
         if ticket >= self._completed + self._window_entries:
             self._wait_room_threadsafe(ticket)
@@ -282,49 +329,96 @@ class AsyncStreamWriter:
             self._room_event.clear()
 
     async def append(
-        self, payload: bytes, key: bytes | None = None, headers: HeadersArg | None = None
+        self,
+        payload: bytes,
+        key: bytes | None = None,
+        headers: HeadersArg | None = None,
+        sequence: int | None = None,
     ) -> int:
         """Appends `payload` from the loop's thread; returns its entry id once acknowledged.
         `key` (bytes) and `headers` ((name, value) pairs, names str and values bytes, in
         order and possibly repeated; or a mapping of names to values) are stored with the
         entry, covered by its checksum, and returned by readers as `Entry.key` and
-        `Entry.headers`."""
-        return await self.append_nowait(payload, key, headers)
+        `Entry.headers`. A producer writer's appends each need a `sequence` (docs/design.md
+        §11): one at or below `last_sequence` writes nothing and returns the id already
+        written (-1 when that is no longer known); a gap or a step back raises
+        `InvalidArgumentError`. Other writers refuse `sequence`."""
+        return await self.append_nowait(payload, key, headers, sequence)
 
     def append_nowait(
-        self, payload: bytes, key: bytes | None = None, headers: HeadersArg | None = None
+        self,
+        payload: bytes,
+        key: bytes | None = None,
+        headers: HeadersArg | None = None,
+        sequence: int | None = None,
     ) -> Awaitable[int]:
         """Queues `payload` (with `key` and `headers`, see `append`) from the loop's thread
         and returns an awaitable of its entry id; when the window is full the awaitable first
         waits for room."""
         queued: bytes | AttributedPayload = self._check_payload(payload)
-        if key is not None or headers:
-            queued = self._with_attributes(queued, key, headers)
+        if key is not None or headers or sequence is not None or self._gate is not None:
+            queued = self._with_attributes(queued, key, headers, sequence)
+            if queued.sequence < 0:  # a duplicate: nothing to write
+                assert self._loop is not None
+                done: asyncio.Future[int] = self._loop.create_future()
+                done.set_result(-queued.sequence - 2)
+                return done
         self._raise_if_stopped()
         ticket = next(self._tickets)
-        if ticket < self._completed + self._window_entries:
+        # A producer's appends enter the queue in the order their sequences were admitted.
+        if ticket < self._completed + self._window_entries or self._gate is not None:
             return self._enqueue(queued)
         return self._append_when_room(queued, ticket)
 
     def _with_attributes(
-        self, payload: bytes, key: bytes | None, headers: HeadersArg | None
+        self,
+        payload: bytes,
+        key: bytes | None,
+        headers: HeadersArg | None,
+        sequence: int | None = None,
     ) -> AttributedPayload:
         """Returns `payload` with its checked attributes, and sends every later drain through
         the path that looks for them (set before the payload is queued, so a drain that
-        takes it sees the flag)."""
-        attributed = AttributedPayload(payload, check_key(key), check_headers(headers))
-        size = len(payload) + len(attributed.key or b"")
-        size += sum(len(name) + len(value) for name, value in attributed.headers)
-        if size > self._max_entry_bytes:
-            raise InvalidArgumentError(
-                "entry with its key and headers larger than the bookies accept "
-                "(their max_entry_bytes)",
-                stream=self.name,
-                size=size,
-                max_entry_bytes=self._max_entry_bytes,
-            )
+        takes it sees the flag). A producer's duplicate comes back with wire sequence
+        `-(entry id) - 2` (below zero, never queued); nothing is admitted when a check fails."""
+        checked: Headers = ()
+        if key is not None or headers:
+            key, checked = check_key(key), check_headers(headers)
+            size = len(payload) + len(key or b"")
+            size += sum(len(name) + len(value) for name, value in checked)
+            if size > self._max_entry_bytes:
+                raise InvalidArgumentError(
+                    "entry with its key and headers larger than the bookies accept "
+                    "(their max_entry_bytes)",
+                    stream=self.name,
+                    size=size,
+                    max_entry_bytes=self._max_entry_bytes,
+                )
+        wire_sequence = self._admit(sequence)
+        attributed = AttributedPayload(payload, key, checked, wire_sequence)
+        if wire_sequence < 0:
+            return attributed
         self._attributes_seen = True
         return attributed
+
+    def _admit(self, sequence: int | None) -> int:
+        """Returns the wire sequence of an append numbered `sequence` (0: none; the sequence +
+        1 otherwise), or `-(entry id) - 2` for a producer's duplicate; raises
+        `InvalidArgumentError` for a refused sequence, or one on a writer that is not a
+        producer's."""
+        gate = self._gate
+        if gate is None:
+            if sequence is not None:
+                raise InvalidArgumentError(
+                    "sequence needs a producer writer (open_writer(..., producer_id=...))",
+                    stream=self.name,
+                )
+            return 0
+        duplicate_of = gate.admit(sequence)
+        if duplicate_of is not None:
+            return -duplicate_of - 2
+        assert isinstance(sequence, int)
+        return sequence + 1
 
     async def _append_when_room(self, payload: bytes | AttributedPayload, ticket: int) -> int:
         self._room_waiters += 1
@@ -421,8 +515,18 @@ class AsyncStreamWriter:
                 queue.extendleft(reversed(taken[count:]))
                 del payloads[count:], taken[count:]
             if count:
-                prepare = prepare_mixed_entries if self._attributes_seen else prepare_entries
+                if self._gate is not None:
+                    prepare = prepare_sequenced_entries
+                elif self._attributes_seen:
+                    prepare = prepare_mixed_entries
+                else:
+                    prepare = prepare_entries
                 entries = prepare(stream_id, pipeline.next_entry_id, now_ms, payloads)
+                if self._gate is not None:
+                    self._gate.assigned(
+                        pipeline.next_entry_id,
+                        [p.sequence - 1 for p in payloads],  # type: ignore[union-attr]
+                    )
                 pipeline.add_run(entries)
                 if not unresolved:
                     self._unresolved_first_id = entries[0].entry_id
@@ -830,10 +934,15 @@ class AsyncStreamWriter:
                 last_timestamp_ms=self._fragment_last_ts,
             )
             new = Fragment(last + 1, ensemble, created_ms=now_ms)
+            producers = self._roll_producers(last, now_ms)
             await self._commit(
-                lambda version: self._metadata.roll_fragment(meta.id, version, closed, new),
+                lambda version: self._metadata.roll_fragment(
+                    meta.id, version, closed, new, producers
+                ),
                 pipeline,
             )
+            if self._gate is not None:
+                self._gate.forget_before(last + 1)
             pipeline.roll(last + 1, ensemble)
             self._fragment = new
             self._fragment_bytes = 0
@@ -865,6 +974,23 @@ class AsyncStreamWriter:
             self._roll_committing = False
             if self._error is None:
                 self._drain()
+
+    def _roll_producers(self, last: int, now_ms: int) -> ProducerChange | None:
+        """Returns what a roll closing at `last` records of this writer's producer: its last
+        sequence up to there, and its term moved to the new fragment (None: not a producer)."""
+        gate = self._gate
+        if gate is None:
+            return None
+        sequence = gate.sequence_at(last)
+        positions = ()
+        if sequence != NO_SEQUENCE:
+            positions = (ProducerPosition(gate.producer_id, sequence, last, now_ms),)
+        return ProducerChange(
+            positions,
+            now_ms,
+            int(self._options.producer_expiry_s * 1000),
+            ProducerTerm(self._term, gate.producer_id, last + 1),
+        )
 
     # ------------------------------------------------------------------ stopping
 

@@ -17,6 +17,7 @@ from stream.metadata import (
     CursorStore,
     Fragment,
     MetadataSession,
+    ProducerChange,
     RetentionPolicy,
     StreamMeta,
     StreamState,
@@ -88,6 +89,7 @@ class ZkMetadata:
         fragments_changed: Sequence[Fragment],
         new_fragments: Sequence[Fragment],
         first_entry_id_of_term: int,
+        producers: ProducerChange | None = None,
     ) -> tuple[StreamMeta, int]:
         return await self._run(
             self.store.finish_recovery,
@@ -97,6 +99,7 @@ class ZkMetadata:
             fragments_changed,
             new_fragments,
             first_entry_id_of_term,
+            producers,
         )
 
     async def record_accepted_loss(
@@ -117,9 +120,15 @@ class ZkMetadata:
         expected_version: int,
         closed_fragment: Fragment,
         new_fragment: Fragment,
+        producers: ProducerChange | None = None,
     ) -> tuple[StreamMeta, int]:
         return await self._run(
-            self.store.roll_fragment, stream_id, expected_version, closed_fragment, new_fragment
+            self.store.roll_fragment,
+            stream_id,
+            expected_version,
+            closed_fragment,
+            new_fragment,
+            producers,
         )
 
     async def set_state(

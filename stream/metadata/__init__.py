@@ -27,6 +27,8 @@ from stream.metadata.cursors import (
 from stream.metadata.model import (
     AcceptedLoss,
     Fragment,
+    ProducerChange,
+    ProducerTerm,
     RetentionPolicy,
     StreamMeta,
     StreamState,
@@ -59,6 +61,8 @@ __all__ = [
     "MetadataSession",
     "MetadataSessionExpiredError",
     "MetadataVersionError",
+    "ProducerChange",
+    "ProducerTerm",
     "RetentionPolicy",
     "SessionState",
     "StreamMeta",

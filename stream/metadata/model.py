@@ -17,6 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stream.errors import InvalidArgumentError, MetadataError
+from stream.protocol.producers import (
+    DEFAULT_PRODUCER_EXPIRY_MS,
+    MAX_PRODUCER_ID_CHARS,
+    MAX_PRODUCERS,
+    ProducerPosition,
+    fold_producers,
+)
 from stream.protocol.quorum import QuorumConfig
 
 MAX_NAME_CHARS = 255
@@ -296,13 +303,121 @@ class AcceptedLoss:
             raise InvalidArgumentError("malformed accepted loss", reason=str(exc)) from exc
 
 
+def validate_producer_id(producer_id: object) -> str:
+    """Returns `producer_id` when it is a non-empty str of at most 255 chars; else raises
+    `InvalidArgumentError`."""
+    if (
+        not isinstance(producer_id, str)
+        or not producer_id
+        or len(producer_id) > MAX_PRODUCER_ID_CHARS
+    ):
+        raise InvalidArgumentError(
+            f"producer id must be a non-empty str of at most {MAX_PRODUCER_ID_CHARS} chars",
+            producer_id=producer_id,
+        )
+    return producer_id
+
+
+def producer_position_to_dict(position: ProducerPosition) -> dict[str, Any]:
+    """Returns the JSON object form of one producer table record."""
+    return dataclasses.asdict(position)
+
+
+def producer_position_from_dict(body: object) -> ProducerPosition:
+    """Returns the record in `body` (the `producer_position_to_dict` form), checked; raises
+    `InvalidArgumentError`."""
+    if not isinstance(body, dict):
+        raise InvalidArgumentError("producer record is not an object")
+    try:
+        position = ProducerPosition(
+            producer_id=validate_producer_id(body["producer_id"]),
+            last_sequence=body["last_sequence"],
+            last_entry_id=body["last_entry_id"],
+            last_used_ms=body["last_used_ms"],
+        )
+    except KeyError as exc:
+        raise InvalidArgumentError("malformed producer record", reason=str(exc)) from exc
+    for name in ("last_sequence", "last_entry_id", "last_used_ms"):
+        value = getattr(position, name)
+        if not (_is_int(value) and value >= 0):
+            raise InvalidArgumentError(f"producer record {name} must be an int >= 0")
+    return position
+
+
+@dataclass(frozen=True)
+class ProducerTerm:
+    """The producer that writes in `term`, from `first_entry_id` on (docs/design.md §12): a
+    term has one writer, so its entries carry only their sequence and the producer id lives
+    here. Kept for the newest term only, until the next takeover folds what it wrote into
+    the producer table."""
+
+    term: int
+    producer_id: str
+    first_entry_id: int
+
+    def __post_init__(self) -> None:
+        validate_producer_id(self.producer_id)
+        for name in ("term", "first_entry_id"):
+            value = getattr(self, name)
+            if not (_is_int(value) and value >= 0):
+                raise InvalidArgumentError(f"producer term {name} must be an int >= 0")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Returns the JSON object form."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, body: object) -> ProducerTerm:
+        """Returns the producer term in `body`; raises `InvalidArgumentError`."""
+        if not isinstance(body, dict):
+            raise InvalidArgumentError("producer term is not an object")
+        try:
+            return cls(body["term"], body["producer_id"], body["first_entry_id"])
+        except KeyError as exc:
+            raise InvalidArgumentError("malformed producer term", reason=str(exc)) from exc
+
+
+@dataclass(frozen=True)
+class ProducerChange:
+    """What a takeover's or a roll's metadata change records of producers: `positions` (what
+    producers wrote in the part of the stream being closed) folded into the producer table at
+    `now_ms`, dropping those unused for `expiry_ms`; `producer_term` replaces the stream's:
+    for a takeover the new term's producer (or None), for a roll the same producer from the
+    new fragment on (what a later takeover reads starts there)."""
+
+    positions: tuple[ProducerPosition, ...] = ()
+    now_ms: int = 0
+    expiry_ms: int = DEFAULT_PRODUCER_EXPIRY_MS
+    producer_term: ProducerTerm | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "positions", tuple(self.positions))
+        for position in self.positions:
+            producer_position_from_dict(producer_position_to_dict(position))
+        if not (_is_int(self.now_ms) and self.now_ms >= 0):
+            raise InvalidArgumentError("now_ms must be an int >= 0", now_ms=self.now_ms)
+        if not (_is_int(self.expiry_ms) and self.expiry_ms > 0):
+            raise InvalidArgumentError("producer expiry must be > 0 ms", expiry_ms=self.expiry_ms)
+        if self.producer_term is not None and not isinstance(self.producer_term, ProducerTerm):
+            raise InvalidArgumentError("producer_term must be a ProducerTerm or None")
+
+    def apply(self, meta: StreamMeta) -> StreamMeta:
+        """Returns `meta` with the positions folded in and `producer_term` in place of the
+        previous one."""
+        producers = fold_producers(meta.producers, self.positions, self.now_ms, self.expiry_ms)
+        return meta.replace(producers=producers, producer_term=self.producer_term)
+
+
 @dataclass(frozen=True)
 class StreamMeta:
     """A stream's `meta` znode. `ensemble`, `write_quorum`, `ack_quorum` are E/WQ/AQ;
     `first_entry_id` is the first retained entry; `term_history` holds `(term, first entry id
     of that term)` in increasing term order, one pair per term that opened for writing, the
     newest `MAX_TERM_HISTORY` whose entries are retained (`compact_term_history`);
-    `accepted_losses` the newest `MAX_ACCEPTED_LOSSES` accept-loss recoveries, oldest first."""
+    `accepted_losses` the newest `MAX_ACCEPTED_LOSSES` accept-loss recoveries, oldest first;
+    `producers` the producer table (each producer's last sequence in the closed part of the
+    stream, at most `MAX_PRODUCERS`, by producer id) and `producer_term` the producer of the
+    newest term, if its writer has one (docs/design.md §12)."""
 
     name: str
     id: int
@@ -319,6 +434,8 @@ class StreamMeta:
     term_history: tuple[tuple[int, int], ...] = ()
     created_ms: int = 0
     accepted_losses: tuple[AcceptedLoss, ...] = ()
+    producers: tuple[ProducerPosition, ...] = ()
+    producer_term: ProducerTerm | None = None
     # Derived, not stored: the checked quorum triple for the protocol code.
     quorum: QuorumConfig = field(init=False, repr=False, compare=False)
 
@@ -378,6 +495,16 @@ class StreamMeta:
                 f"accepted_losses holds at most {MAX_ACCEPTED_LOSSES} AcceptedLoss records", **ctx
             )
         object.__setattr__(self, "accepted_losses", losses)
+        producers = tuple(self.producers)
+        ids = [p.producer_id for p in producers if isinstance(p, ProducerPosition)]
+        if len(ids) != len(producers) or len(ids) > MAX_PRODUCERS or ids != sorted(set(ids)):
+            raise InvalidArgumentError(
+                f"producers holds at most {MAX_PRODUCERS} records, one per producer id, sorted",
+                **ctx,
+            )
+        object.__setattr__(self, "producers", producers)
+        if self.producer_term is not None and not isinstance(self.producer_term, ProducerTerm):
+            raise InvalidArgumentError("producer_term must be a ProducerTerm or None", **ctx)
 
     def same_config(self, other: StreamMeta) -> bool:
         """Returns whether `other` was created with the same name and configuration (quorums,
@@ -422,6 +549,10 @@ class StreamMeta:
         }
         if self.accepted_losses:  # absent until the first one: older metas keep their bytes
             body["accepted_losses"] = [loss.to_dict() for loss in self.accepted_losses]
+        if self.producers:  # likewise: streams without producers keep their bytes
+            body["producers"] = [producer_position_to_dict(p) for p in self.producers]
+        if self.producer_term is not None:
+            body["producer_term"] = self.producer_term.to_dict()
         if op_ids:
             body["op_ids"] = list(op_ids)
         return _encode(body)
@@ -447,6 +578,10 @@ class StreamMeta:
             losses = body.get("accepted_losses", [])
             if not isinstance(losses, list):
                 raise InvalidArgumentError("accepted_losses is not a list")
+            producers = body.get("producers", [])
+            if not isinstance(producers, list):
+                raise InvalidArgumentError("producers is not a list")
+            producer_term = body.get("producer_term")
             meta = cls(
                 name=body["name"],
                 id=body["id"],
@@ -463,6 +598,10 @@ class StreamMeta:
                 term_history=tuple(tuple(p) for p in history),
                 created_ms=body.get("created_ms", 0),
                 accepted_losses=tuple(AcceptedLoss.from_dict(loss) for loss in losses),
+                producers=tuple(producer_position_from_dict(p) for p in producers),
+                producer_term=None
+                if producer_term is None
+                else ProducerTerm.from_dict(producer_term),
             )
         except (KeyError, InvalidArgumentError) as exc:
             raise MetadataError("malformed stream meta", reason=str(exc)) from exc

@@ -50,6 +50,7 @@ from stream.metadata.model import (
     MAX_STREAM_ID,
     AcceptedLoss,
     Fragment,
+    ProducerChange,
     RetentionPolicy,
     StreamMeta,
     StreamState,
@@ -685,10 +686,13 @@ class StreamStore:
         fragments_changed: Sequence[Fragment],
         new_fragments: Sequence[Fragment],
         first_entry_id_of_term: int,
+        producers: ProducerChange | None = None,
     ) -> tuple[StreamMeta, int]:
         """Returns `(meta, version)` after one multi-op that reopens the stream (OPEN), writes
         the fragments the recovery changed or created (each replaces the znode with its first
         id, or creates it) and appends `(term, first_entry_id_of_term)` to the term history.
+        `producers` folds what the previous producer term wrote into the producer table and
+        names the new term's producer; without it both stay as they were.
         Raises `BadVersionError`, `InvalidTermError` when `term` is not the stream's term, and
         `InvalidArgumentError` for fragments that do not fit the stream."""
         validate_stream_id(stream_id)
@@ -734,6 +738,8 @@ class StreamStore:
                 (*meta.term_history, (term, first_entry_id_of_term)), meta.first_entry_id
             ),
         )
+        if producers is not None:
+            new_meta = producers.apply(new_meta)
         return self._commit_meta(
             stream_id, expected_version, new_meta, ops, op_ids=op_ids, action="finish_recovery"
         )
@@ -811,10 +817,14 @@ class StreamStore:
         expected_version: int,
         closed_fragment: Fragment,
         new_fragment: Fragment,
+        producers: ProducerChange | None = None,
     ) -> tuple[StreamMeta, int]:
         """Returns `(meta, version)` after a capacity roll: `closed_fragment` (the last one,
         with `last_entry_id` and its totals) replaces its znode and `new_fragment`, starting
-        at `last_entry_id + 1`, is created. OPEN streams only; raises `BadVersionError`."""
+        at `last_entry_id + 1`, is created; `producers` folds what the term's producer wrote
+        in the closed fragment into the producer table and moves its producer term to the new
+        fragment. OPEN streams only; raises
+        `BadVersionError`."""
         validate_stream_id(stream_id)
         meta, op_ids = self._read_meta_at(stream_id, expected_version, "roll_fragment")
         self._require_open(meta, stream_id)
@@ -845,6 +855,8 @@ class StreamStore:
             self._fragment_op(stream_id, closed_fragment, exists=True),
             self._fragment_op(stream_id, new_fragment, exists=False),
         ]
+        if producers is not None:
+            meta = producers.apply(meta)
         return self._commit_meta(
             stream_id, expected_version, meta, ops, op_ids=op_ids, action="roll_fragment"
         )

@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from stream.client.entries import (
+    AttributedPayload,
     Entry,
     EntryColumns,
     checksum_ok,
@@ -14,12 +15,14 @@ from stream.client.entries import (
     is_noop,
     prepare_entries,
     prepare_entry,
+    prepare_sequenced_entries,
     varint,
     verified_columns,
     wire_attributes,
 )
 from stream.client.ports import AddBatch
 from stream.protocol import EntryFlag, entry_checksum
+from stream.protocol.checksum import encode_attributes
 from stream.wire import bookie_pb2 as pb
 
 ids = st.integers(min_value=0, max_value=(1 << 63) - 1)
@@ -272,3 +275,55 @@ def test_columns_extend_and_convert_to_entries() -> None:
         Entry("s", 3, b"c", 30, headers=(("h", b"v"),)),
     ]
     assert EntryColumns.empty().to_entries("s") == []
+
+
+@given(
+    st.integers(min_value=1, max_value=(1 << 63) - 1),
+    st.integers(min_value=0, max_value=(1 << 63) - 1),
+    stamps,
+    st.binary(max_size=300),
+    st.integers(min_value=1, max_value=(1 << 63) - 1),
+)
+def test_sequence_only_entry_is_the_protobuf_encoding(
+    stream_id: int, entry_id: int, stamp: int, payload: bytes, sequence: int
+) -> None:
+    """An idempotent producer's entries (a sequence, no key or headers) are hand-encoded: they
+    parse as the protobuf message, with the attributes' checksum."""
+    prepared = prepare_entry(stream_id, entry_id, 0, stamp, payload, sequence=sequence)
+    flags = int(EntryFlag.ATTRIBUTES)
+    expected = pb.Entry(
+        entry_id=entry_id,
+        flags=flags,
+        timestamp_ms=stamp,
+        payload=payload,
+        crc32c=entry_checksum(
+            stream_id, entry_id, flags, stamp, payload, encode_attributes(None, (), sequence)
+        ),
+        sequence=sequence,
+    )
+    assert prepared.entry() == expected
+    assert checksum_ok(stream_id, prepared.entry())
+
+
+@given(
+    st.integers(min_value=1, max_value=(1 << 63) - 1),
+    st.integers(min_value=0, max_value=(1 << 63) - 300),
+    stamps,
+    st.lists(
+        st.tuples(
+            st.binary(max_size=200),
+            st.integers(min_value=1, max_value=(1 << 63) - 1),
+            st.sampled_from([None, b"", b"k"]),
+        ),
+        max_size=50,
+    ),
+)
+def test_prepared_producer_run_is_prepare_entry_of_each(
+    stream_id: int, first_entry_id: int, stamp: int, rows: list[tuple[bytes, int, bytes | None]]
+) -> None:
+    payloads = [AttributedPayload(p, key, (), sequence) for p, sequence, key in rows]
+    run = prepare_sequenced_entries(stream_id, first_entry_id, stamp, payloads)
+    assert run == [
+        prepare_entry(stream_id, first_entry_id + i, 0, stamp, p, key=key, sequence=sequence)
+        for i, (p, sequence, key) in enumerate(rows)
+    ]
