@@ -91,7 +91,9 @@ def test_partition_batches_have_the_exact_arrow_schema_with_or_without_headers(
     count = ROWS_PER_BATCH + 50
     append_with_attributes(client, stream_name, count)
     for include, schema in ((False, ARROW_SCHEMA), (True, ARROW_HEADERS_SCHEMA)):
-        part = StreamRange(spark_cluster.metadata, stream_name, 3, count - 1, True, include)
+        part = StreamRange(
+            spark_cluster.metadata, stream_name, 3, count - 1, True, include_headers=include
+        )
         batches = list(read_range(part))
         assert [b.num_rows for b in batches] == [ROWS_PER_BATCH, count - 3 - ROWS_PER_BATCH]
         assert all(b.schema.equals(schema) for b in batches)

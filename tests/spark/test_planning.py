@@ -159,10 +159,9 @@ def test_metadata_auth_file_reaches_the_readers_the_writer_and_the_partitions() 
     auth = {**META, "metadataauthfile": " /etc/streamkeeper/auth.toml "}
     source = parse_source_options({**auth, "streams": "a"}, streaming=False)
     assert source.metadata_auth_file == "/etc/streamkeeper/auth.toml"
-    assert parse_sink_options({**auth, "stream": "b"}).metadata_auth_file == (
-        "/etc/streamkeeper/auth.toml"
-    )
-    part = StreamRange("h:1/r", "s", 3, 9, True, source.metadata_auth_file)
+    sink = {**auth, "stream": "b", "checkpointLocation": "/tmp/ck"}
+    assert parse_sink_options(sink).metadata_auth_file == "/etc/streamkeeper/auth.toml"
+    part = StreamRange("h:1/r", "s", 3, 9, True, metadata_auth_file=source.metadata_auth_file)
     assert pickle.loads(pickle.dumps(part)).metadata_auth_file == "/etc/streamkeeper/auth.toml"
 
 
@@ -263,8 +262,9 @@ def test_byte_limits_take_spark_byte_strings() -> None:
 
 
 def test_sink_options() -> None:
-    assert parse_sink_options({**META, "stream": "out"}).stream == "out"
-    assert parse_sink_options({**META, "stream": "out"}).metadata_auth_file is None
+    at_least_once = {**META, "stream": "out", "deliveryGuarantee": "at-least-once"}
+    assert parse_sink_options(at_least_once).stream == "out"
+    assert parse_sink_options(at_least_once).metadata_auth_file is None
     with pytest.raises(ConnectorOptionError, match="'stream' is required"):
         parse_sink_options(META)
     with pytest.raises(ConnectorOptionError, match="unknown option 'streams'"):
