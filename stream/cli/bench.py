@@ -128,7 +128,9 @@ def _client(args: argparse.Namespace, secure: bool = False) -> Iterator[Any]:
     from stream.client import StreamClient
 
     if args.existing:
-        with StreamClient.connect(args.metadata, tls=tls_config(args)) as client:
+        with StreamClient.connect(
+            args.metadata, tls=tls_config(args), metadata_auth_file=args.metadata_auth_file
+        ) as client:
             yield client
         return
     from stream.sandbox.cluster import SandboxCluster
@@ -141,7 +143,9 @@ def _client(args: argparse.Namespace, secure: bool = False) -> Iterator[Any]:
     cluster.start()
     try:
         tls = cluster.tls.client(Role.WRITER) if cluster.tls is not None else None
-        with StreamClient.connect(cluster.metadata, tls=tls) as client:
+        with StreamClient.connect(
+            cluster.metadata, tls=tls, metadata_auth_file=cluster.metadata_auth_file
+        ) as client:
             yield client
     finally:
         cluster.stop()
