@@ -16,8 +16,8 @@ from kazoo.client import KazooClient
 from stream.errors import InvalidArgumentError, StreamError
 from stream.metadata.auth import MetadataAuth, load_metadata_auth, write_metadata_auth_file
 from stream.metadata.connection import kazoo_auth_options
-from stream.retention.process import RetentionProcess
 from stream.sandbox.bookies import BookieProcess, stop_all
+from stream.sandbox.retention import RetentionProcess
 from stream.sandbox.tls import SandboxTLS
 from stream.sandbox.zookeeper import ZooKeeperEnsemble, ZooKeeperServer
 from stream.security.roles import Role

@@ -15,9 +15,9 @@ import pytest
 
 from stream.client import RetentionPolicy, StreamClient, StreamInfo
 from stream.errors import EntryTrimmedError
-from stream.retention.process import RetentionProcess
 from stream.sandbox.cluster import SandboxCluster
 from stream.sandbox.ports import free_port
+from stream.sandbox.retention import RetentionProcess
 from tests.integration.cli_support import streamctl
 from tests.integration.conftest import ClusterFactory
 from tests.integration.retention_support import (

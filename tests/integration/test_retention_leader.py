@@ -15,8 +15,8 @@ import pytest
 from kazoo.client import KazooClient
 
 from stream.metadata import MetadataSession, RetentionPolicy, StreamStore
-from stream.retention.process import RetentionProcess
 from stream.retention.service import ELECTION_PATH
+from stream.sandbox.retention import RetentionProcess
 from stream.sandbox.zookeeper import ZooKeeperServer
 from tests.integration.retention_support import wait_until
 from tests.unit.retention.support import build_stream
