@@ -88,6 +88,15 @@ class MetadataUnavailableError(MetadataError):
     """ZooKeeper could not be reached, or did not answer, in time; trying later may work."""
 
 
+class BadVersionError(MetadataError):
+    """The stream's `meta` znode is not at the expected version: another writer, a takeover or
+    the retention service changed it. Reread the stream (its term may be higher) and decide."""
+
+
+class StreamSealedError(MetadataError):
+    """The stream is SEALED: no takeover, no new fragment and no state change, ever again."""
+
+
 class CookieMismatchError(StreamError):
     """A bookie's directories and its registered cookie disagree; it must not serve."""
 

@@ -64,9 +64,9 @@ from stream.errors import (
     InvalidTermError,
     StreamError,
     StreamNotFoundError,
+    StreamSealedError,
 )
 from stream.metadata.model import Fragment, StreamMeta, StreamState
-from stream.metadata.streams import StreamSealedError
 from stream.protocol.invariant import invariant
 from stream.protocol.rereplication import plan_copy_runs
 from stream.wire import bookie_pb2 as pb

@@ -6,6 +6,7 @@ from __future__ import annotations
 import enum
 
 from stream.errors import (
+    BadVersionError,
     BookieNotFoundError,
     CursorNotFoundError,
     CursorRegressionError,
@@ -19,9 +20,9 @@ from stream.errors import (
     StreamExistsError,
     StreamInUseError,
     StreamNotFoundError,
+    StreamSealedError,
 )
 from stream.metadata.connection import MetadataSessionExpiredError
-from stream.metadata.streams import BadVersionError, StreamSealedError
 
 
 class ExitCode(enum.IntEnum):

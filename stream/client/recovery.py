@@ -41,6 +41,7 @@ from stream.client.producer_tail import last_sequenced_entry, takeover_change
 from stream.client.recovery_reads import BulkSource, RecoveryReads
 from stream.client.timestamps import stamp, timestamp_in_write_set
 from stream.errors import (
+    BadVersionError,
     BookieError,
     EntryTrimmedError,
     InvalidArgumentError,
@@ -49,6 +50,7 @@ from stream.errors import (
     NotEnoughBookiesError,
     StreamError,
     StreamInLimboError,
+    StreamSealedError,
 )
 from stream.metadata.model import (
     AcceptedLoss,
@@ -58,7 +60,6 @@ from stream.metadata.model import (
     StreamState,
     WriterInfo,
 )
-from stream.metadata.streams import BadVersionError, StreamSealedError
 from stream.protocol import (
     BookieCandidate,
     Code,

@@ -48,6 +48,7 @@ from stream.client.recovery import (
 )
 from stream.client.timestamps import stamp
 from stream.errors import (
+    BadVersionError,
     EntryTrimmedError,
     InvalidArgumentError,
     InvalidTermError,
@@ -65,7 +66,6 @@ from stream.metadata.model import (
     StreamState,
     validate_producer_id,
 )
-from stream.metadata.streams import BadVersionError
 from stream.protocol import (
     DEFAULT_MAX_ENTRY_BYTES,
     choose_ensemble,

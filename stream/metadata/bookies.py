@@ -15,11 +15,11 @@ from kazoo.exceptions import BadVersionError as KazooBadVersionError
 from kazoo.exceptions import NodeExistsError, NoNodeError
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 
-from stream.errors import MetadataError
+from stream.errors import BadVersionError, MetadataError
 from stream.metadata import paths
 from stream.metadata.connection import MetadataSession, SessionState
 from stream.metadata.model import validate_bookie_id
-from stream.metadata.streams import BadVersionError, WatchHandle
+from stream.metadata.streams import WatchHandle
 from stream.protocol.placement import DEFAULT_MAX_ENTRY_BYTES
 
 log = structlog.get_logger(__name__)

@@ -33,11 +33,13 @@ from kazoo.exceptions import (
 from kazoo.recipe.watchers import DataWatch
 
 from stream.errors import (
+    BadVersionError,
     InvalidArgumentError,
     InvalidTermError,
     MetadataError,
     StreamExistsError,
     StreamNotFoundError,
+    StreamSealedError,
 )
 from stream.metadata import paths
 from stream.metadata.connection import (
@@ -78,17 +80,8 @@ _WRITER_ATTEMPTS = 8
 OP_IDS_KEPT = 16
 
 
-class BadVersionError(MetadataError):
-    """The stream's `meta` znode is not at the expected version: another writer, a takeover or
-    the retention service changed it. Reread the stream (its term may be higher) and decide."""
-
-
 # The name design discussions use for the same condition.
 MetadataVersionError = BadVersionError
-
-
-class StreamSealedError(MetadataError):
-    """The stream is SEALED: no takeover, no new fragment and no state change, ever again."""
 
 
 @dataclass(frozen=True)
