@@ -18,10 +18,10 @@ import structlog
 
 from stream.autorecovery import metrics
 from stream.autorecovery.worker import sealed_last
-from stream.client.entries import checksum_ok, good_run
 from stream.client.ports import BookieTransport, Clock, SystemClock
 from stream.client.zk_metadata import ZkMetadata
 from stream.errors import StreamError, StreamNotFoundError
+from stream.framing.verify import checksum_ok, good_run
 from stream.metadata import Fragment, StreamMeta
 from stream.metadata.underreplication import Marker, UnderreplicationStore
 from stream.protocol import Code

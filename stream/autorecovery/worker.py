@@ -34,10 +34,11 @@ import structlog
 
 from stream.autorecovery import metrics
 from stream.autorecovery.settings import AutoRecoverySettings
-from stream.client.entries import checksum_ok, good_run, write_back_entry
 from stream.client.ports import AddBatch, AddStream, BookieTransport
 from stream.client.zk_metadata import ZkMetadata
 from stream.errors import NotEnoughBookiesError, StreamError, StreamNotFoundError
+from stream.framing.prepare import write_back_entry
+from stream.framing.verify import checksum_ok, good_run
 from stream.metadata import BadVersionError, Fragment, StreamMeta, StreamState
 from stream.metadata.underreplication import LockInfo, Marker, UnderreplicationStore
 from stream.protocol import Code, choose_replacement, journal_required

@@ -55,7 +55,6 @@ from stream.bookie.cookie import (
 )
 from stream.bookie.storage.fsutil import fsync_dir
 from stream.bookie.unsafe import UNSAFE_SKIP_ENV, unsafe_skip
-from stream.client.entries import good_run
 from stream.client.options import WriterOptions
 from stream.client.ports import BookieTransport, SystemClock
 from stream.client.recovery import Takeover, WriterIdentity, send_lac
@@ -66,6 +65,7 @@ from stream.errors import (
     StreamNotFoundError,
     StreamSealedError,
 )
+from stream.framing.verify import good_run
 from stream.metadata.model import Fragment, StreamMeta, StreamState
 from stream.protocol.invariant import invariant
 from stream.protocol.rereplication import plan_copy_runs

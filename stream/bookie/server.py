@@ -28,7 +28,7 @@ from stream.bookie.access import ANONYMOUS, CALLER, audit_recovery_add
 from stream.bookie.config import BookieConfig
 from stream.bookie.disk import DiskStatus
 from stream.bookie.terms import OVERWRITE, MetadataTerms, Refusal
-from stream.client.entries import varint
+from stream.framing.encoding import varint
 from stream.protocol.invariant import invariant
 from stream.wire import bookie_pb2 as pb
 from stream.wire import bookie_pb2_grpc

@@ -37,7 +37,7 @@ from stream.errors import StreamError
 
 if TYPE_CHECKING:
     from stream.client import StreamWriter
-    from stream.client.entries import Entry
+    from stream.client.entry import Entry
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

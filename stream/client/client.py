@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import structlog
 
 from stream.client.answers import answer_or_none
+from stream.client.attributes import HeadersArg
 from stream.client.cursor import (
     AsyncCursor,
     AutoCommitter,
@@ -30,15 +31,9 @@ from stream.client.cursor import (
     check_interval,
     cursor_lags,
 )
-from stream.client.entries import (
-    BookieStatus,
-    Entry,
-    EntryColumns,
-    Fragment,
-    HeadersArg,
-    StreamInfo,
-)
+from stream.client.entry import Entry, EntryColumns
 from stream.client.grpc_transport import GrpcTransport
+from stream.client.info import BookieStatus, FragmentInfo, StreamInfo
 from stream.client.options import ReaderOptions, WriterOptions
 from stream.client.ports import Clock, SystemClock
 from stream.client.reader import AsyncStreamReader
@@ -373,7 +368,7 @@ class StreamClient:
             if last is None and index + 1 < len(fragments):
                 last = fragments[index + 1].first_entry_id - 1
             shown.append(
-                Fragment(
+                FragmentInfo(
                     fragment.first_entry_id,
                     last,
                     list(fragment.ensemble),

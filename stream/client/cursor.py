@@ -16,7 +16,8 @@ import structlog
 from stream.client.reader import AsyncStreamReader
 from stream.client.zk_metadata import ZkMetadata
 from stream.errors import EntryNotWrittenError, InvalidArgumentError, StreamError
-from stream.metadata.cursors import CursorLag, CursorPosition, cursor_lag, validate_cursor_name
+from stream.metadata.cursors import CursorPosition, validate_cursor_name
+from stream.metadata.lag import CursorLag, cursor_lag
 
 log = structlog.get_logger(__name__)
 

@@ -20,7 +20,8 @@ from typing import Protocol
 import structlog
 
 from stream.client.options import WriterOptions
-from stream.client.ports import AddBatch, AddStream, BookieTransport, PreparedEntry
+from stream.client.ports import AddBatch, AddStream, BookieTransport
+from stream.framing.prepare import PreparedEntry
 from stream.protocol import (
     Code,
     EnsembleChange,

@@ -16,8 +16,9 @@ import asyncio
 import operator
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
+from stream.framing.prepare import PreparedEntry
 from stream.metadata.model import (
     AcceptedLoss,
     Fragment,
@@ -29,50 +30,6 @@ from stream.metadata.model import (
 )
 from stream.protocol import BookieCandidate
 from stream.wire import bookie_pb2 as pb
-
-# Field 7 (`entries`) of AddRequest, wire type 2 (length-delimited): (7 << 3) | 2.
-_ENTRIES_TAG = b"\x3a"
-
-
-def encode_varint(value: int) -> bytes:
-    """Returns the protobuf base-128 varint encoding of `value` (>= 0)."""
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-class PreparedEntry(NamedTuple):
-    """One entry ready for the wire: its id, its `Entry` message serialized and framed as
-    field 7 of an AddRequest (tag + length + bytes), built once and reused for every bookie of
-    the write set and every resend, and the payload size (fragment and window accounting).
-
-    A named tuple: built per append, and `tuple.__new__` (see `entries.prepare_entries`) costs
-    a fraction of a Python `__init__`."""
-
-    entry_id: int
-    framed: bytes
-    payload_bytes: int
-    timestamp_ms: int
-
-    @classmethod
-    def from_entry(cls, entry: pb.Entry) -> PreparedEntry:
-        """Returns `entry` (a wire `Entry`, checksum already set) prepared for sending."""
-        body = entry.SerializeToString()
-        return cls(
-            entry.entry_id,
-            _ENTRIES_TAG + encode_varint(len(body)) + body,
-            len(entry.payload),
-            entry.timestamp_ms,
-        )
-
-    def entry(self) -> pb.Entry:
-        """Returns the wire `Entry` this was prepared from (decoded again: for simulators and
-        tests, never on the hot path)."""
-        return pb.AddRequest.FromString(self.framed).entries[0]
-
 
 _framed = operator.attrgetter("framed")
 

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 
 import structlog
 
-from stream.client.entries import checksum_ok
 from stream.client.ports import BookieTransport
 from stream.errors import StreamError
+from stream.framing.verify import checksum_ok
 from stream.metadata.model import ProducerChange, ProducerTerm, StreamMeta
 from stream.protocol import Code, EntryFlag, ensemble_for
 from stream.protocol.producers import DEFAULT_PRODUCER_EXPIRY_MS, ProducerPosition, TailAnchor

@@ -14,7 +14,7 @@ from typing import Any
 import structlog
 
 from stream.client.answers import answer_or_none
-from stream.client.entries import Entry, EntryColumns, verified_columns
+from stream.client.entry import Entry, EntryColumns, verified_columns
 from stream.client.options import ReaderOptions
 from stream.client.ports import BookieTransport, MetadataPort
 from stream.client.timeseek import first_at_or_after, search_range

@@ -27,16 +27,9 @@ from typing import Any, TypeVar
 import structlog
 
 from stream.client.answers import answer_or_none
-from stream.client.entries import NOOP_TRUNCATE, prepare_entry, write_back_entry
 from stream.client.options import WriterOptions
 from stream.client.pipeline import AddPipeline
-from stream.client.ports import (
-    AddBatch,
-    BookieTransport,
-    Clock,
-    MetadataPort,
-    PreparedEntry,
-)
+from stream.client.ports import AddBatch, BookieTransport, Clock, MetadataPort
 from stream.client.producer_tail import last_sequenced_entry, takeover_change
 from stream.client.recovery_reads import BulkSource, RecoveryReads
 from stream.client.timestamps import stamp, timestamp_in_write_set
@@ -52,6 +45,7 @@ from stream.errors import (
     StreamInLimboError,
     StreamSealedError,
 )
+from stream.framing.prepare import NOOP_TRUNCATE, PreparedEntry, prepare_entry, write_back_entry
 from stream.metadata.model import (
     AcceptedLoss,
     Fragment,

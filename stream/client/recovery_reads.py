@@ -32,9 +32,9 @@ from typing import Any
 
 import structlog
 
-from stream.client.entries import checksum_ok, good_run
 from stream.client.options import WriterOptions
 from stream.client.ports import BookieTransport
+from stream.framing.verify import checksum_ok, good_run
 from stream.protocol import Code, QuorumConfig, ReadOutcome, RecoveryReadTally, invariant
 from stream.wire import bookie_pb2 as pb
 

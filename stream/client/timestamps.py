@@ -9,8 +9,8 @@ from collections.abc import Sequence
 
 import structlog
 
-from stream.client.entries import checksum_ok
 from stream.client.ports import BookieTransport, Clock
+from stream.framing.verify import checksum_ok
 from stream.protocol import Code, QuorumConfig
 
 log = structlog.get_logger(__name__)

@@ -22,16 +22,7 @@ from typing import Any
 
 import structlog
 
-from stream.client.entries import (
-    AttributedPayload,
-    Headers,
-    HeadersArg,
-    check_headers,
-    check_key,
-    prepare_entries,
-    prepare_mixed_entries,
-    prepare_sequenced_entries,
-)
+from stream.client.attributes import HeadersArg, check_headers, check_key
 from stream.client.futures import AppendFuture
 from stream.client.options import WriterOptions
 from stream.client.pipeline import AddPipeline
@@ -57,6 +48,13 @@ from stream.errors import (
     StreamError,
     StreamNotFoundError,
     WriterClosedError,
+)
+from stream.framing.encoding import Headers
+from stream.framing.prepare import (
+    AttributedPayload,
+    prepare_entries,
+    prepare_mixed_entries,
+    prepare_sequenced_entries,
 )
 from stream.metadata.model import (
     Fragment,

@@ -36,8 +36,8 @@ from dataclasses import dataclass
 
 import structlog
 
-from stream.client.entries import checksum_ok
 from stream.errors import StreamError, StreamNotFoundError
+from stream.framing.verify import checksum_ok
 from stream.metadata.model import Fragment, StreamMeta, StreamState
 from stream.protocol import (
     Code,

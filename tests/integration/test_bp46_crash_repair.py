@@ -33,7 +33,7 @@ import grpc
 import pytest
 
 from stream.client import StreamClient, WriterOptions
-from stream.client.entries import StreamInfo
+from stream.client.info import StreamInfo
 from stream.protocol.quorum import QuorumConfig
 from stream.sandbox.bookies import BookieProcess
 from stream.sandbox.cluster import SandboxCluster

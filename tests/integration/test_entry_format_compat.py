@@ -18,7 +18,7 @@ import crc32c
 import pytest
 
 from stream.client import StreamClient
-from stream.client.entries import varint as _varint
+from stream.framing.encoding import varint as _varint
 from stream.sandbox.cluster import SandboxCluster
 from stream.wire import bookie_pb2 as pb
 from tests.integration.bookie_support import add_all

@@ -27,7 +27,7 @@ import structlog
 
 from stream.client import StreamClient
 from stream.client import reader as reader_module
-from stream.client.entries import Entry
+from stream.client.entry import Entry
 from stream.client.ports import SystemClock
 from stream.logging import use_standard_logging
 from stream.sandbox.cluster import SandboxCluster

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from stream.client import StreamClient
-from stream.client.entries import StreamInfo
+from stream.client.info import StreamInfo
 from stream.errors import InvalidTermError
 from stream.protocol import Code, EntryFlag, QuorumConfig
 from stream.sandbox.cluster import SandboxCluster

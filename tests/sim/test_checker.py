@@ -3,7 +3,7 @@ the observations agree."""
 
 from __future__ import annotations
 
-from stream.client.entries import NOOP_TRUNCATE, prepare_entry
+from stream.framing.prepare import NOOP_TRUNCATE, prepare_entry
 from stream.metadata.model import Fragment, StreamMeta
 from stream.protocol import QuorumConfig
 from stream.sim.checker import (

@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from stream.client.entries import prepare_entry
 from stream.client.ports import AddBatch
+from stream.framing.prepare import prepare_entry
 from stream.protocol import Code
 from stream.sim.bookie import SimBookie
 from stream.sim.loop import run_simulated

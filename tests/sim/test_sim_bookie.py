@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from stream.client.entries import NOOP_TRUNCATE, prepare_entry
 from stream.errors import StreamNotFoundError
+from stream.framing.prepare import NOOP_TRUNCATE, prepare_entry
 from stream.metadata.model import Fragment, StreamMeta, StreamState
 from stream.protocol import Code
 from stream.sim.bookie import BookieProtections, SimBookie

@@ -47,8 +47,8 @@ from stream.bookie.storage.journal import Journal, JournalPosition, replay
 from stream.bookie.storage.state import StreamState, StreamStateView
 from stream.bookie.storage.write_cache import WriteCache
 from stream.bookie.unsafe import unsafe_skip
-from stream.client.entries import checksum_ok
 from stream.errors import StorageError
+from stream.framing.verify import checksum_ok
 from stream.protocol.checksum import ENTRY_HEADER
 from stream.protocol.codes import limbo_code
 from stream.protocol.invariant import invariant

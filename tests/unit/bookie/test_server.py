@@ -407,7 +407,7 @@ def test_hand_framed_read_range_answers_parse_as_the_answer() -> None:
     head's fields then each record framed as one of `entries`: it parses as the answer,
     across varint length boundaries and after its cache of frames was emptied."""
     from stream.bookie import server
-    from stream.client.entries import varint
+    from stream.framing.encoding import varint
 
     sizes = [0, 1, 100, 127, 128, 1000, 16_383, 16_384, 70_000]
     entries = [

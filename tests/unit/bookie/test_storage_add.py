@@ -10,7 +10,7 @@ import pytest
 
 from stream.bookie.storage import StreamStorage
 from stream.bookie.storage.storage import _entry_is_valid, _scan_entries
-from stream.client.entries import prepare_entry
+from stream.framing.prepare import prepare_entry
 from stream.protocol.checksum import entry_checksum
 from stream.wire import bookie_pb2 as pb
 

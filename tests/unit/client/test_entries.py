@@ -6,21 +6,16 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stream.client.entries import (
+from stream.client.entry import Entry, EntryColumns, verified_columns
+from stream.client.ports import AddBatch
+from stream.framing.encoding import varint
+from stream.framing.prepare import (
     AttributedPayload,
-    Entry,
-    EntryColumns,
-    checksum_ok,
-    good_run,
-    is_noop,
     prepare_entries,
     prepare_entry,
     prepare_sequenced_entries,
-    varint,
-    verified_columns,
-    wire_attributes,
 )
-from stream.client.ports import AddBatch
+from stream.framing.verify import checksum_ok, good_run, is_noop, wire_attributes
 from stream.protocol import EntryFlag, entry_checksum
 from stream.protocol.checksum import encode_attributes
 from stream.wire import bookie_pb2 as pb
