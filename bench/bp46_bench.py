@@ -31,7 +31,7 @@ from rich.console import Console
 from rich.table import Table
 
 from stream.client import StreamClient
-from stream.logging import configure_logging
+from stream.logs import configure_logging
 from stream.sandbox.bookies import BookieProcess
 from stream.sandbox.cluster import SandboxCluster
 from stream.sandbox.zookeeper import ZooKeeperServer

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from stream.bookie.unsafe import UNSAFE_SKIP_ENV
-from stream.logging import configure_logging
+from stream.logs import configure_logging
 from stream.sandbox.chaos.checker import Availability, Verdict
 from stream.sandbox.chaos.nemesis import FAULTS
 from stream.sandbox.chaos.run import run_chaos

@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from stream.client import StreamClient
-from stream.logging import configure_logging
+from stream.logs import configure_logging
 from stream.metadata import MetadataSession, StreamStore
 from stream.metadata.underreplication import UnderreplicationStore
 from stream.sandbox.cluster import SandboxCluster

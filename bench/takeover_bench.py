@@ -68,7 +68,7 @@ STALL_S = 0.5
 _CHILD = r"""
 import sys, threading, time
 from stream.client import StreamClient
-from stream.logging import configure_logging
+from stream.logs import configure_logging
 configure_logging(json=True, level="warning")
 client = StreamClient.connect(sys.argv[1])
 writer = client.open_writer(sys.argv[2])

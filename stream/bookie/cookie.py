@@ -34,7 +34,7 @@ from typing import Protocol
 import structlog
 
 from stream.bookie.config import BookieConfig
-from stream.bookie.storage.fsutil import fsync_dir
+from stream.bookie.storage.fsutil import fsync_dir, write_file_durably
 from stream.errors import CookieMismatchError, StreamError
 from stream.protocol.invariant import invariant
 
@@ -395,13 +395,7 @@ def write_directory_cookie(path: Path, cookie: Cookie) -> None:
     """Writes `cookie` to `path/COOKIE` durably (temporary file, fsync, rename, fsync dir),
     creating the directory when needed."""
     path.mkdir(parents=True, exist_ok=True)
-    tmp = path / (COOKIE_FILE + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(cookie.to_json())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path / COOKIE_FILE)
-    fsync_dir(path)
+    write_file_durably(path / COOKIE_FILE, cookie.to_json())
 
 
 def _read_zk_cookie(

@@ -35,7 +35,7 @@ from stream.bookie.cookie import check_cookies
 from stream.bookie.disk import DiskStatus, check_disks
 from stream.bookie.server import BookieService, StartReport, add_to_server, server_options
 from stream.errors import ConfigError, StreamError
-from stream.logging import configure_logging
+from stream.logs import configure_logging
 from stream.security.tls import ServerCredentials
 
 log = structlog.get_logger(__name__)

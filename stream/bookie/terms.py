@@ -21,7 +21,6 @@ delete entries metadata still promises. The same metadata read serves both check
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import Any
 import structlog
 
 from stream.bookie.config import BookieConfig
-from stream.bookie.storage.fsutil import fsync_dir
+from stream.bookie.storage.fsutil import write_file_durably
 from stream.errors import StorageError, StreamError, StreamNotFoundError
 from stream.protocol import must_justify_term, must_learn_term, term_justified, trim_refusal
 from stream.wire import bookie_pb2 as pb
@@ -66,14 +65,8 @@ def note_forgotten_terms(config: BookieConfig, next_stream_id: int) -> None:
     crash before then repeats the fix, and this with it."""
     path = _path(config)
     bound = max(next_stream_id, forgotten_terms_bound(config))
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.parent.mkdir(parents=True, exist_ok=True)
-    with open(tmp, "w") as f:
-        f.write(f"{bound}\n")
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
-    fsync_dir(path.parent)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_file_durably(path, f"{bound}\n".encode())
     log.warning("terms.forgotten", below_stream_id=bound)
 
 

@@ -88,7 +88,7 @@ def _ms(text: str) -> int:
 def _run(args: argparse.Namespace) -> int:
     from stream.autorecovery import AutoRecoverySettings
     from stream.autorecovery.service import AutoRecovery
-    from stream.logging import configure_logging
+    from stream.logs import configure_logging
     from stream.retention.units import parse_duration, parse_size
 
     settings = AutoRecoverySettings(

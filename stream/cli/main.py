@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from stream.cli import arguments
 from stream.cli.exit_codes import ExitCode, exit_code_for
 from stream.errors import StreamError
-from stream.logging import configure_logging
+from stream.logs import configure_logging
 
 DEFAULT_METADATA = "127.0.0.1:2181/streamkeeper"
 METADATA_ENV = "STREAMKEEPER_METADATA"

@@ -217,7 +217,7 @@ def _shut_down(server: Any) -> Iterator[None]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from stream.logging import configure_logging
+    from stream.logs import configure_logging
     from stream.retention.service import RetentionService, RetentionSettings
     from stream.retention.units import parse_duration
 

@@ -82,16 +82,6 @@ class FenceTally:
         return self._unknowns
 
     @property
-    def highest_lac(self) -> int:
-        """Return the highest LAC among the positives counted (-1: none)."""
-        return self._highest_lac
-
-    @property
-    def highest_lafr(self) -> int:
-        """Return the highest LAFR among the positives counted (-1: none)."""
-        return self._highest_lafr
-
-    @property
     def frozen_lac(self) -> int:
         """Return the LAC that recovery write-backs carry: the highest LAC among the positives
         at completion, frozen for the whole recovery."""

@@ -21,7 +21,6 @@ Nothing here reads real time or global randomness.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -734,8 +733,3 @@ class SimMetadata(ZkMetadata):
 
     def close(self) -> None:
         """Nothing to stop (no thread pool in simulation)."""
-
-
-def schedule_on(loop: asyncio.AbstractEventLoop) -> Callable[[Callable[[], object]], object]:
-    """Returns a `schedule` for `FakeZooKeeper` that runs callbacks soon on `loop`."""
-    return lambda fn: loop.call_soon(fn)

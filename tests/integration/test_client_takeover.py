@@ -65,7 +65,7 @@ def test_two_writers_in_turn(client: StreamClient) -> None:
 _CHILD = r"""
 import sys
 from stream.client import StreamClient
-from stream.logging import configure_logging
+from stream.logs import configure_logging
 configure_logging(json=True, level="warning")  # logs to stderr: stdout carries the ids
 client = StreamClient.connect(sys.argv[1])
 writer = client.open_writer("abandoned")

@@ -44,7 +44,7 @@ import functools, sys, threading
 from stream.client import StreamClient
 from stream.client.options import Protections, WriterOptions
 from stream.errors import StreamError
-from stream.logging import configure_logging
+from stream.logs import configure_logging
 configure_logging(json=True, level="warning")  # logs go to stderr: stdout carries the reports
 metadata, name, term_fencing = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 options = WriterOptions(protections=Protections(term_fencing=term_fencing))

@@ -145,11 +145,6 @@ class EntryLogs:
         """Returns the total size of the entry-log files."""
         return sum(self.log_sizes().values()) + _FILE_HEADER_BYTES * len(self.log_ids())
 
-    @property
-    def current_id(self) -> int:
-        """Returns the id of the log that the next write goes to."""
-        return self._current_id
-
     def immutable_below(self) -> int:
         """Returns the id below which logs get no new locations in the index: below the
         current log and below the first log of a flush whose index commit is pending."""

@@ -112,12 +112,6 @@ class Index:
         with self.env.begin(db=self._streams) as txn:
             return {STREAM_PREFIX.unpack(k)[0]: bytes(v) for k, v in txn.cursor()}
 
-    def put_states(self, states: dict[int, bytes]) -> None:
-        """Stores packed stream states (no sync)."""
-        with self.env.begin(db=self._streams, write=True) as txn:
-            for stream_id, packed in states.items():
-                txn.put(_pack_stream(stream_id), packed)
-
     # -- entry locations ------------------------------------------------------------------
 
     def get(self, stream_id: int, entry_id: int) -> bytes | None:

@@ -231,13 +231,6 @@ def _flush_parts(
         yield part
 
 
-def _done_future() -> Future[None]:
-    fut: Future[None] = Future()
-    fut.set_running_or_notify_cancel()
-    fut.set_result(None)
-    return fut
-
-
 def _scan_entries(
     stream_id: int, entries: list[Entry], max_entry_bytes: int
 ) -> tuple[list[int], int, list[int]]:

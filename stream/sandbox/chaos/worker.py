@@ -21,7 +21,7 @@ from pathlib import Path
 from stream.client import StreamClient, StreamWriter
 from stream.client.options import Protections, ReaderOptions, WriterOptions
 from stream.errors import EntryTrimmedError, StreamError, StreamSealedError
-from stream.logging import configure_logging
+from stream.logs import configure_logging
 from stream.sandbox.chaos.history import ACK, ERROR, FAIL, INVOKE, OPEN, READ, HistoryWriter
 
 # A superseded writer waits this long (at random) before it takes the stream over again.
