@@ -6,8 +6,9 @@ The names below load their module on first use (PEP 562), so importing a module 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from stream.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from stream.client.client import StreamClient, StreamReader, StreamWriter
@@ -20,25 +21,25 @@ if TYPE_CHECKING:
     from stream.metadata.model import RetentionPolicy
     from stream.security.tls import TLSConfig
 
-# name -> (the module that defines it, its name there). `Fragment` is the name docs/design.md
-# §5 gives `stream_info`'s fragments; inside the package it is `FragmentInfo`, apart from the
-# metadata's `Fragment`.
+# name -> the module that defines it (":name there" where that differs). `Fragment` is the name
+# docs/design.md §5 gives `stream_info`'s fragments; inside the package it is `FragmentInfo`,
+# apart from the metadata's `Fragment`.
 _SOURCES = {
-    "BookieStatus": ("stream.client.info", "BookieStatus"),
-    "Cursor": ("stream.client.cursor", "Cursor"),
-    "CursorLag": ("stream.metadata.lag", "CursorLag"),
-    "Entry": ("stream.client.entry", "Entry"),
-    "EntryColumns": ("stream.client.entry", "EntryColumns"),
-    "Fragment": ("stream.client.info", "FragmentInfo"),
-    "Protections": ("stream.client.options", "Protections"),
-    "ReaderOptions": ("stream.client.options", "ReaderOptions"),
-    "RetentionPolicy": ("stream.metadata.model", "RetentionPolicy"),
-    "StreamClient": ("stream.client.client", "StreamClient"),
-    "StreamInfo": ("stream.client.info", "StreamInfo"),
-    "StreamReader": ("stream.client.client", "StreamReader"),
-    "StreamWriter": ("stream.client.client", "StreamWriter"),
-    "TLSConfig": ("stream.security.tls", "TLSConfig"),
-    "WriterOptions": ("stream.client.options", "WriterOptions"),
+    "BookieStatus": "stream.client.info",
+    "Cursor": "stream.client.cursor",
+    "CursorLag": "stream.metadata.lag",
+    "Entry": "stream.client.entry",
+    "EntryColumns": "stream.client.entry",
+    "Fragment": "stream.client.info:FragmentInfo",
+    "Protections": "stream.client.options",
+    "ReaderOptions": "stream.client.options",
+    "RetentionPolicy": "stream.metadata.model",
+    "StreamClient": "stream.client.client",
+    "StreamInfo": "stream.client.info",
+    "StreamReader": "stream.client.client",
+    "StreamWriter": "stream.client.client",
+    "TLSConfig": "stream.security.tls",
+    "WriterOptions": "stream.client.options",
 }
 
 __all__ = [
@@ -59,11 +60,4 @@ __all__ = [
     "WriterOptions",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    source = _SOURCES.get(name)
-    if source is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(source[0]), source[1])
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _SOURCES)

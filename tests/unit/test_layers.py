@@ -24,7 +24,12 @@ STREAM_DIR = Path(stream.__file__).parent
 
 # Lowest first. A package may import its own layer and those below it.
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
-    ("foundation", frozenset({"stream", "stream.errors", "stream.addresses", "stream.logs"})),
+    (
+        "foundation",
+        frozenset(
+            {"stream", "stream.errors", "stream.addresses", "stream.logs", "stream.lazy_exports"}
+        ),
+    ),
     ("protocol", frozenset({"stream.protocol"})),
     ("wire and framing", frozenset({"stream.wire", "stream.framing", "stream.security"})),
     ("metadata", frozenset({"stream.metadata"})),
