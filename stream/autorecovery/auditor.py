@@ -15,7 +15,6 @@ import asyncio
 import os
 import random
 import socket
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -25,7 +24,7 @@ from stream.autorecovery import metrics
 from stream.autorecovery.settings import AutoRecoverySettings
 from stream.autorecovery.worker import sealed_last
 from stream.client.options import WriterOptions
-from stream.client.ports import BookieTransport, Clock, SystemClock
+from stream.client.ports import BookieTransport
 from stream.client.recovery import (
     Takeover,
     TakeoverResult,
@@ -34,6 +33,7 @@ from stream.client.recovery import (
     send_lac,
 )
 from stream.client.zk_metadata import ZkMetadata
+from stream.clock import Clock, SystemClock
 from stream.errors import InvalidTermError, NotEnoughBookiesError, StreamError, StreamNotFoundError
 from stream.metadata import Fragment, StreamMeta, StreamSealedError
 from stream.metadata.underreplication import Marker, UnderreplicationStore
@@ -70,15 +70,16 @@ class Auditor:
         identifier: str,
         rng: random.Random | None = None,
         clock: Clock | None = None,
-        monotonic: Callable[[], float] = time.monotonic,
+        monotonic: Callable[[], float] | None = None,
     ) -> None:
+        """`monotonic` overrides `clock.monotonic` (tests that step the delays by hand)."""
         self._metadata = metadata
         self._store = UnderreplicationStore(metadata.session)
         self._transport = transport
         self._settings = settings
         self._rng = rng or random.Random()
         self._clock = clock or SystemClock()
-        self._monotonic = monotonic
+        self._monotonic = monotonic or self._clock.monotonic
         self._identity = WriterIdentity(f"auditor-{identifier}", socket.gethostname(), os.getpid())
         self._writer_options = WriterOptions(
             takeover_deadline_s=max(30.0, settings.bookie_timeout_ms / 1000 * 3)

@@ -13,7 +13,6 @@ import os
 import random
 import socket
 import threading
-import time
 import uuid
 from typing import Any
 
@@ -28,6 +27,7 @@ from stream.autorecovery.settings import AutoRecoverySettings
 from stream.autorecovery.worker import ReplicationWorker
 from stream.client.grpc_transport import GrpcTransport
 from stream.client.zk_metadata import ZkMetadata
+from stream.clock import Clock, SystemClock
 from stream.errors import StreamError
 from stream.metadata import MetadataSession, SessionState, paths
 from stream.metadata.bookies import BookieRegistry
@@ -52,9 +52,11 @@ class AutoRecovery:
         identifier: str | None = None,
         auditor: bool = True,
         tls: TLSConfig | None = None,
+        clock: Clock | None = None,
     ) -> None:
         """`tls`: reach the bookies over TLS with these files (None: plaintext)."""
         self._tls = tls
+        self._clock = clock or SystemClock()
         self.settings = settings or AutoRecoverySettings()
         self.identifier = identifier or (
             f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -121,6 +123,7 @@ class AutoRecovery:
                 transport=transport,
                 settings=self.settings,
                 identifier=f"{self.identifier}/w{i}",
+                clock=self._clock,
             )
             for i in range(self.settings.replication_workers)
         ]
@@ -170,7 +173,7 @@ class AutoRecovery:
                 return
             except (KazooException, StreamError) as e:
                 log.warning("autorecovery.election_failed", error=repr(e))
-                await asyncio.sleep(_ELECTION_BACKOFF_S)
+                await self._clock.sleep(_ELECTION_BACKOFF_S)
                 continue
             finally:
                 self._pending_lock = None
@@ -186,7 +189,7 @@ class AutoRecovery:
                 raise
             except Exception:
                 log.exception("autorecovery.auditor_failed")
-                await asyncio.sleep(_ELECTION_BACKOFF_S)
+                await self._clock.sleep(_ELECTION_BACKOFF_S)
             finally:
                 self.leading = False
                 metrics.AUDITOR_LEADING.set(0)
@@ -209,9 +212,13 @@ class AutoRecovery:
             settings=settings,
             identifier=self.identifier,
             rng=random.Random(),
+            clock=self._clock,
         )
         scrubber = Scrubber(
-            metadata=metadata, transport=transport, timeout_s=settings.bookie_timeout_ms / 1000
+            metadata=metadata,
+            transport=transport,
+            timeout_s=settings.bookie_timeout_ms / 1000,
+            clock=self._clock,
         )
         registry = BookieRegistry(self._session)
         watch = await asyncio.to_thread(registry.watch_available, lambda _: self._wake_up())
@@ -223,7 +230,7 @@ class AutoRecovery:
                 self._wake_up()
 
         self._session.add_session_listener(on_session)
-        now = time.monotonic()
+        now = self._clock.monotonic()
         next_audit = now
         next_scrub = now + settings.scrub_interval_ms / 1000
         full_s = settings.scrub_full_interval_ms / 1000
@@ -234,7 +241,7 @@ class AutoRecovery:
                 assert self._wake is not None
                 self._wake.clear()
                 bad = await auditor.bad_bookies()
-                now = time.monotonic()
+                now = self._clock.monotonic()
                 deadline = auditor.next_deadline()
                 if (
                     now >= next_audit
@@ -244,20 +251,22 @@ class AutoRecovery:
                     report = await auditor.audit(lambda: not self._stopping)
                     self.audits += 1
                     last_bad = report.bad
-                    next_audit = time.monotonic() + settings.audit_interval_ms / 1000
-                now = time.monotonic()
+                    next_audit = self._clock.monotonic() + settings.audit_interval_ms / 1000
+                now = self._clock.monotonic()
                 if now >= next_scrub:
                     full = now >= next_full
                     await scrubber.scrub(full=full, may_continue=lambda: not self._stopping)
-                    next_scrub = time.monotonic() + settings.scrub_interval_ms / 1000
+                    next_scrub = self._clock.monotonic() + settings.scrub_interval_ms / 1000
                     if full:
-                        next_full = time.monotonic() + full_s
+                        next_full = self._clock.monotonic() + full_s
                 deadline = auditor.next_deadline()
                 wake_at = min(
                     next_audit, next_scrub, deadline if deadline is not None else next_audit
                 )
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), max(wake_at - time.monotonic(), 0.05))
+                    await asyncio.wait_for(
+                        self._wake.wait(), max(wake_at - self._clock.monotonic(), 0.05)
+                    )
         finally:
             watch.stop()
             drain_watch.stop()

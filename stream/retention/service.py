@@ -38,7 +38,6 @@ import os
 import random
 import socket
 import threading
-import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -51,11 +50,12 @@ from kazoo.exceptions import KazooException
 from stream.client.cursor import cursor_lags
 from stream.client.grpc_transport import GrpcTransport
 from stream.client.options import WriterOptions
-from stream.client.ports import BookieTransport, Clock, SystemClock
+from stream.client.ports import BookieTransport
 from stream.client.reader import AsyncStreamReader
 from stream.client.recovery import Takeover, WriterIdentity, close_after_takeover, send_lac
 from stream.client.timestamps import read_timestamp, timestamp_in_write_set
 from stream.client.zk_metadata import ZkMetadata
+from stream.clock import Clock, SystemClock
 from stream.errors import (
     InvalidArgumentError,
     InvalidTermError,
@@ -356,12 +356,12 @@ class RetentionService:
                     "retention.leadership_lost", reason="lock node gone", id=self.identifier
                 )
                 return
-            started = time.monotonic()
+            started = self._clock.monotonic()
             try:
                 await self.run_round()
             except Exception:  # the service must outlive any one round's failure
                 log.exception("retention.round_failed", id=self.identifier)
-            elapsed = time.monotonic() - started
+            elapsed = self._clock.monotonic() - started
             await self._pause(max(self.settings.interval_s - elapsed, 0.0))
 
     async def _holds(self, lock: Any) -> bool:
@@ -371,7 +371,7 @@ class RetentionService:
         """Returns after `seconds`, or earlier on stop() or a session change."""
         wake = self._wake
         if wake is None:
-            await asyncio.sleep(seconds)
+            await self._clock.sleep(seconds)
             return
         wake.clear()
         # A wake-up that came just before the clear() is seen here instead.
@@ -406,7 +406,7 @@ class RetentionService:
         report = RoundReport()
         budget = _Budget(settings.max_fragments_per_round, settings.max_takeovers_per_round)
         may_continue = self._leadership_check()
-        started = time.monotonic()
+        started = self._clock.monotonic()
         try:
             ids = await asyncio.to_thread(self._store.stream_ids)
         except MetadataError as e:
@@ -458,7 +458,7 @@ class RetentionService:
             idle_takeovers=report.idle_takeovers,
             errors=report.errors,
             fragments_read=report.fragments_read,
-            seconds=round(time.monotonic() - started, 3),
+            seconds=round(self._clock.monotonic() - started, 3),
         )
         return report
 
@@ -663,7 +663,7 @@ class RetentionService:
         if meta.state is StreamState.SEALED or not idle_candidate(last, meta.retention, now_ms):
             return False
         retry_at = self._takeover_retry_at.get(meta.id)
-        if retry_at is not None and time.monotonic() < retry_at:
+        if retry_at is not None and self._clock.monotonic() < retry_at:
             return False
         if await asyncio.to_thread(self._store.writer_alive, meta.id):
             return False
@@ -686,7 +686,9 @@ class RetentionService:
             log.info("retention.idle_takeover_yielded", stream=meta.name, reason=str(e))
             return False
         except StreamError as e:
-            self._takeover_retry_at[meta.id] = time.monotonic() + self.settings.takeover_retry_s
+            self._takeover_retry_at[meta.id] = (
+                self._clock.monotonic() + self.settings.takeover_retry_s
+            )
             log.warning("retention.idle_takeover_failed", stream=meta.name, error=str(e))
             report.errors += 1
             return False
