@@ -14,11 +14,8 @@ import random
 import socket
 import threading
 import uuid
-from typing import Any
 
 import structlog
-from kazoo.exceptions import CancelledError as KazooCancelledError
-from kazoo.exceptions import KazooException
 
 from stream.autorecovery import metrics
 from stream.autorecovery.auditor import Auditor
@@ -26,18 +23,16 @@ from stream.autorecovery.scrub import Scrubber
 from stream.autorecovery.settings import AutoRecoverySettings
 from stream.autorecovery.worker import ReplicationWorker
 from stream.client.grpc_transport import GrpcTransport
+from stream.client.ports import BookieTransport
 from stream.client.zk_metadata import ZkMetadata
 from stream.clock import Clock, SystemClock
-from stream.errors import StreamError
-from stream.metadata import MetadataSession, SessionState, paths
+from stream.metadata import MetadataSession, paths
 from stream.metadata.bookies import BookieRegistry
-from stream.metadata.election import holds_lock
+from stream.metadata.election import ELECTION_BACKOFF_S, LeaderElection
 from stream.metadata.underreplication import UnderreplicationStore
 from stream.security.tls import TLSConfig
 
 log = structlog.get_logger(__name__)
-
-_ELECTION_BACKOFF_S = 1.0
 
 
 class AutoRecovery:
@@ -67,7 +62,7 @@ class AutoRecovery:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None  # the leading auditor's
         self._stopped: asyncio.Event | None = None
-        self._pending_lock: Any = None
+        self._election: LeaderElection | None = None
         self._thread: threading.Thread | None = None
         self.workers: list[ReplicationWorker] = []
         self.leading = False
@@ -89,10 +84,9 @@ class AutoRecovery:
         """Stops the auditor and the workers (a copy in progress is abandoned: its lock goes,
         the marker stays). Thread-safe."""
         self._stopping = True
-        pending = self._pending_lock
-        if pending is not None:
-            with contextlib.suppress(Exception):
-                pending.cancel()
+        election = self._election
+        if election is not None:
+            election.cancel()
         for worker in self.workers:
             worker.stop()
         loop, stopped = self._loop, self._stopped
@@ -163,47 +157,38 @@ class AutoRecovery:
 
     # -- the auditor's election --------------------------------------------------------------
 
-    async def _contend(self, metadata: ZkMetadata, transport: GrpcTransport) -> None:
-        while not self._stopping:
-            lock = self._session.zk.Lock(paths.AUDITOR_ELECTION, self.identifier)
-            self._pending_lock = lock
-            try:
-                acquired = await asyncio.to_thread(lock.acquire)
-            except KazooCancelledError:
-                return
-            except (KazooException, StreamError) as e:
-                log.warning("autorecovery.election_failed", error=repr(e))
-                await self._clock.sleep(_ELECTION_BACKOFF_S)
-                continue
-            finally:
-                self._pending_lock = None
-            if not acquired:
-                continue
-            generation = self._session.session_generation
-            self.leading = True
-            metrics.AUDITOR_LEADING.set(1)
-            log.info("autorecovery.auditor_elected", id=self.identifier)
-            try:
-                await self._lead(metadata, transport, lock, generation)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("autorecovery.auditor_failed")
-                await self._clock.sleep(_ELECTION_BACKOFF_S)
-            finally:
-                self.leading = False
-                metrics.AUDITOR_LEADING.set(0)
-                with contextlib.suppress(Exception):
-                    await asyncio.to_thread(lock.release)
-
-    async def _holds(self, lock: Any, generation: int) -> bool:
-        """Returns whether we still lead: our lock node, on the session we were elected on."""
-        if self._session.session_generation != generation:
-            return False
-        return await holds_lock(self._session, lock, paths.AUDITOR_ELECTION)
+    async def _contend(self, metadata: ZkMetadata, transport: BookieTransport) -> None:
+        election = LeaderElection(
+            self._session,
+            paths.AUDITOR_ELECTION,
+            self.identifier,
+            events="autorecovery",
+            on_change=self._wake_up,
+        )
+        self._election = election
+        try:
+            while not self._stopping:
+                if not await election.campaign():
+                    continue
+                self.leading = True
+                metrics.AUDITOR_LEADING.set(1)
+                log.info("autorecovery.auditor_elected", id=self.identifier)
+                try:
+                    await self._lead(metadata, transport, election)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("autorecovery.auditor_failed")
+                    await self._clock.sleep(ELECTION_BACKOFF_S)
+                finally:
+                    self.leading = False
+                    metrics.AUDITOR_LEADING.set(0)
+                    await election.resign()
+        finally:
+            election.close()
 
     async def _lead(
-        self, metadata: ZkMetadata, transport: GrpcTransport, lock: Any, generation: int
+        self, metadata: ZkMetadata, transport: BookieTransport, election: LeaderElection
     ) -> None:
         settings = self.settings
         auditor = Auditor(
@@ -225,11 +210,6 @@ class AutoRecovery:
         store = UnderreplicationStore(self._session)
         drain_watch = await asyncio.to_thread(store.watch_draining, lambda _: self._wake_up())
 
-        def on_session(state: SessionState) -> None:
-            if state is SessionState.LOST:
-                self._wake_up()
-
-        self._session.add_session_listener(on_session)
         now = self._clock.monotonic()
         next_audit = now
         next_scrub = now + settings.scrub_interval_ms / 1000
@@ -237,7 +217,7 @@ class AutoRecovery:
         next_full = now + full_s if full_s else float("inf")
         last_bad: dict[str, str] | None = None
         try:
-            while not self._stopping and await self._holds(lock, generation):
+            while not self._stopping and await election.holds():
                 assert self._wake is not None
                 self._wake.clear()
                 bad = await auditor.bad_bookies()
@@ -270,4 +250,3 @@ class AutoRecovery:
         finally:
             watch.stop()
             drain_watch.stop()
-            self._session.remove_session_listener(on_session)

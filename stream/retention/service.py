@@ -37,15 +37,12 @@ import dataclasses
 import os
 import random
 import socket
-import threading
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import structlog
-from kazoo.exceptions import CancelledError as KazooCancelledError
-from kazoo.exceptions import KazooException
 
 from stream.client.cursor import cursor_lags
 from stream.client.grpc_transport import GrpcTransport
@@ -69,12 +66,11 @@ from stream.metadata import (
     Fragment,
     MetadataSession,
     MetadataSessionExpiredError,
-    SessionState,
     StreamMeta,
     StreamSealedError,
     StreamState,
 )
-from stream.metadata.election import holds_lock
+from stream.metadata.election import LeaderElection
 from stream.protocol import Code
 from stream.retention import metrics
 from stream.retention.fragments import FragmentWindow, StaleFragments, read_fragments
@@ -91,8 +87,6 @@ ELECTION_PATH = "/retention/leader"
 _DELETES_PER_CAS = MAX_OPS_PER_MULTI - 1
 # Rereads of a stream whose meta version moved under a trim (a writer rolled meanwhile).
 _CAS_ATTEMPTS = 4
-# After a failed election attempt (ZooKeeper away), wait this long before contending again.
-_ELECTION_BACKOFF_S = 1.0
 _TRIM_OK = (int(Code.OK), int(Code.NO_SUCH_STREAM))
 
 
@@ -210,13 +204,15 @@ class RetentionService:
         self._remembered_count = 0
         # Label sets of the lag gauges set, per stream id (removed when the cursor goes).
         self._lag_labels: dict[int, set[tuple[str, str]]] = {}
-        # Leadership state, shared with the session listener and stop().
-        self._state_lock = threading.Lock()
         self._stopping = False
-        self._leading = False
-        self._leader_generation: int | None = None
-        self._session_lost = False
-        self._pending_lock: Any = None
+        self._election = LeaderElection(
+            session,
+            ELECTION_PATH,
+            self.identifier,
+            events="retention",
+            rng=random.Random(self._rng.getrandbits(64)),
+            on_change=self._wake_up,
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self.rounds = 0
@@ -227,21 +223,14 @@ class RetentionService:
     @property
     def is_leader(self) -> bool:
         """Returns whether this instance leads now (holds the lock on its current session)."""
-        with self._state_lock:
-            return (
-                self._leading
-                and not self._session_lost
-                and self._leader_generation == self._session.session_generation
-            )
+        return self._election.leading and not self._stopping
 
     def run(self) -> None:
         """Contends for leadership and runs a round every `interval_s` while leading, until
         `stop()`; survives ZooKeeper outages and session losses (contends again)."""
-        self._session.add_session_listener(self._on_session)
         try:
             asyncio.run(self._serve())
         finally:
-            self._session.remove_session_listener(self._on_session)
             self.close()
 
     def run_once(self) -> RoundReport:
@@ -259,29 +248,17 @@ class RetentionService:
     def close(self) -> None:
         """Releases the service's worker threads (`run()` does it when it returns); the
         metadata session stays open (it is not the service's)."""
+        self._election.close()
         self._metadata.close()
 
     def stop(self) -> None:
         """Makes `run()` return soon: a pending election is cancelled, a leader releases the
         lock after the stream it is working on. Thread-safe and idempotent."""
-        with self._state_lock:
-            self._stopping = True
-            pending = self._pending_lock
-        if pending is not None:
-            pending.cancel()
+        self._stopping = True
+        self._election.cancel()
         self._wake_up()
 
     # ------------------------------------------------------------------ election
-
-    def _on_session(self, state: SessionState) -> None:
-        """Session listener: a lost session ends leadership (its lock node is gone)."""
-        if state is SessionState.LOST:
-            with self._state_lock:
-                self._session_lost = True
-                was_leading = self._leading
-            if was_leading:
-                log.warning("retention.leadership_lost", reason="session lost", id=self.identifier)
-        self._wake_up()
 
     def _wake_up(self) -> None:
         loop, wake = self._loop, self._wake
@@ -296,62 +273,27 @@ class RetentionService:
         log.info("retention.started", id=self.identifier, interval_s=self.settings.interval_s)
         try:
             while not self._stopping:
-                lock = await self._elect()
-                if lock is None:
+                if not await self._election.campaign():
                     continue
                 try:
-                    await self._lead(lock)
+                    if not self._stopping:
+                        log.info(
+                            "retention.elected",
+                            id=self.identifier,
+                            session=self._session.session_id_hex,
+                        )
+                        await self._lead()
                 finally:
-                    with self._state_lock:
-                        self._leading = False
-                    # A lost session already dropped the node; otherwise hand over at once.
-                    with contextlib.suppress(Exception):
-                        await asyncio.to_thread(lock.release)
+                    await self._election.resign()
                     log.info("retention.leadership_released", id=self.identifier)
         finally:
             await self._close_transport()
             log.info("retention.stopped", id=self.identifier, rounds=self.rounds)
 
-    async def _elect(self) -> Any:
-        """Returns the held lock once this instance leads; None when stopping or after a
-        failed attempt (after a backoff)."""
-        with self._state_lock:
-            if self._stopping:
-                return None
-            lock = self._session.zk.Lock(ELECTION_PATH, self.identifier)
-            self._pending_lock = lock
-        try:
-            # Blocks until every earlier contender is gone; stop() cancels it.
-            acquired = await asyncio.to_thread(lock.acquire)
-        except KazooCancelledError:
-            return None
-        except (KazooException, StreamError) as e:
-            log.warning("retention.election_failed", error=repr(e), id=self.identifier)
-            await self._pause(_ELECTION_BACKOFF_S)
-            return None
-        finally:
-            with self._state_lock:
-                self._pending_lock = None
-        if not acquired:
-            return None
-        with self._state_lock:
-            # kazoo's acquire outlives session losses (it contends again on the new session),
-            # so leadership starts with the session current now; `_holds` checks the node.
-            self._leader_generation = self._session.session_generation
-            self._session_lost = False
-            self._leading = not self._stopping
-            leading = self._leading
-        if not leading:
-            with contextlib.suppress(Exception):
-                await asyncio.to_thread(lock.release)
-            return None
-        log.info("retention.elected", id=self.identifier, session=self._session.session_id_hex)
-        return lock
-
-    async def _lead(self, lock: Any) -> None:
+    async def _lead(self) -> None:
         """Runs rounds every `interval_s` while this instance leads."""
-        while self.is_leader and not self._stopping:
-            if not await self._holds(lock):
+        while self.is_leader:
+            if not await self._election.holds():
                 log.warning(
                     "retention.leadership_lost", reason="lock node gone", id=self.identifier
                 )
@@ -364,9 +306,6 @@ class RetentionService:
             elapsed = self._clock.monotonic() - started
             await self._pause(max(self.settings.interval_s - elapsed, 0.0))
 
-    async def _holds(self, lock: Any) -> bool:
-        return await holds_lock(self._session, lock, ELECTION_PATH)
-
     async def _pause(self, seconds: float) -> None:
         """Returns after `seconds`, or earlier on stop() or a session change."""
         wake = self._wake
@@ -375,7 +314,7 @@ class RetentionService:
             return
         wake.clear()
         # A wake-up that came just before the clear() is seen here instead.
-        if self._stopping or (self._leading and not self.is_leader):
+        if self._stopping or (self._election.node is not None and not self.is_leader):
             return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(wake.wait(), seconds)
@@ -392,7 +331,7 @@ class RetentionService:
     def _leadership_check(self) -> Callable[[], bool]:
         """Returns a check that the round may go on: still leading (when elected) and not
         stopping. A round run by `run_once` has no leadership to lose."""
-        elected = self._leading
+        elected = self._election.leading
 
         def may_continue() -> bool:
             return not self._stopping and (not elected or self.is_leader)
