@@ -46,10 +46,11 @@ import structlog
 
 from stream.client.cursor import cursor_lags
 from stream.client.grpc_transport import GrpcTransport
+from stream.client.idle_close import IdleClose, IdleCloser
 from stream.client.options import WriterOptions
 from stream.client.ports import BookieTransport
 from stream.client.reader import AsyncStreamReader
-from stream.client.recovery import Takeover, WriterIdentity, close_after_takeover, send_lac
+from stream.client.recovery import TakeoverResult, WriterIdentity
 from stream.client.timestamps import read_timestamp, timestamp_in_write_set
 from stream.client.zk_metadata import ZkMetadata
 from stream.clock import Clock, SystemClock
@@ -678,74 +679,46 @@ class RetentionService:
         """Takes the stream over (new term; the recovery ends with the truncate no-op), then
         closes the last fragment at the no-op and opens an empty one on the same bookies
         (they were in the fragment just before: no new-member truncation needed). Returns
-        whether it closed a fragment."""
+        whether the data fragment is closed."""
         transport = self._transport
         if transport is None:
             return False
         identity = WriterIdentity(f"retention-{self.identifier}", socket.gethostname(), os.getpid())
         log.info("retention.idle_takeover", stream=meta.name, stream_id=meta.id, term=meta.term + 1)
-        try:
-            result = await Takeover(
-                meta.name,
-                transport=transport,
-                metadata=self._metadata,
-                clock=self._clock,
-                rng=self._rng,
-                options=self._writer_options,
-                identity=identity,
-            ).run()
-            current = result.last_fragment
-            if result.last_entry_id < current.first_entry_id:
-                # The recovery itself moved to a fresh fragment after the no-op: the data
-                # fragment is closed already.
-                return True
+        timeout_s = self.settings.bookie_timeout_s
+
+        async def same_bookies(result: TakeoverResult) -> Sequence[str]:
+            return result.last_fragment.ensemble
+
+        async def newest_real_entry(result: TakeoverResult) -> int | None:
             # The fragment's newest real entry ages it (the no-op is stamped now).
-            last_ts = None
-            if result.last_entry_id - 1 >= current.first_entry_id:
-                last_ts = await timestamp_in_write_set(
-                    transport,
-                    meta.id,
-                    meta.quorum,
-                    current.ensemble,
-                    result.last_entry_id - 1,
-                    self.settings.bookie_timeout_s,
-                )
-            closed = Fragment(
-                current.first_entry_id,
-                current.ensemble,
-                created_ms=current.created_ms,
-                last_entry_id=result.last_entry_id,
-                bytes=current.bytes,
-                first_timestamp_ms=result.first_timestamp_ms,
-                last_timestamp_ms=last_ts if last_ts is not None else newest_ts,
-            )
-            fresh = Fragment(
-                result.last_entry_id + 1, current.ensemble, created_ms=self._clock.now_ms()
-            )
-            await send_lac(
+            current = result.last_fragment
+            if result.last_entry_id - 1 < current.first_entry_id:
+                return newest_ts
+            stamp = await timestamp_in_write_set(
                 transport,
                 meta.id,
-                result.term,
+                meta.quorum,
                 current.ensemble,
-                result.last_entry_id,
-                self.settings.bookie_timeout_s,
+                result.last_entry_id - 1,
+                timeout_s,
             )
-            if not await close_after_takeover(
-                transport=transport,
-                metadata=self._metadata,
-                result=result,
-                closed=closed,
-                fresh=fresh,
-                options=self._writer_options,
-            ):
-                return False  # a writer took over meanwhile: the stream is its own
-            log.info(
-                "retention.idle_closed",
-                stream=meta.name,
-                term=result.term,
-                last_entry_id=result.last_entry_id,
-            )
-            return True
-        finally:
-            with contextlib.suppress(StreamError):
-                await self._metadata.unregister_writer(meta.id)
+            return stamp if stamp is not None else newest_ts
+
+        closer = IdleCloser(
+            transport=transport,
+            metadata=self._metadata,
+            clock=self._clock,
+            rng=self._rng,
+            options=self._writer_options,
+            identity=identity,
+            bookie_timeout_s=timeout_s,
+        )
+        outcome = await closer.take_over_and_close(
+            meta.name, next_ensemble=same_bookies, last_timestamp=newest_real_entry
+        )
+        if outcome is IdleClose.YIELDED:
+            return False  # a writer took over meanwhile: the stream is its own
+        # EMPTY: the recovery itself moved to a fresh fragment after the no-op.
+        log.info("retention.idle_closed", stream=meta.name, outcome=outcome.value)
+        return True
