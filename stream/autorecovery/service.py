@@ -48,10 +48,18 @@ class AutoRecovery:
         auditor: bool = True,
         tls: TLSConfig | None = None,
         clock: Clock | None = None,
+        rng: random.Random | None = None,
+        metadata: ZkMetadata | None = None,
+        transport: BookieTransport | None = None,
     ) -> None:
-        """`tls`: reach the bookies over TLS with these files (None: plaintext)."""
+        """`tls`: reach the bookies over TLS with these files (None: plaintext). `metadata`
+        and `transport` are the metadata port on `session` and the bookie transport (default:
+        a `ZkMetadata` and gRPC, built on the service's loop; the service closes them)."""
         self._tls = tls
         self._clock = clock or SystemClock()
+        self._rng = rng or random.Random()
+        self._metadata = metadata
+        self._transport = transport
         self.settings = settings or AutoRecoverySettings()
         self.identifier = identifier or (
             f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -71,7 +79,7 @@ class AutoRecovery:
     # -- lifecycle -------------------------------------------------------------------------
 
     def run(self) -> None:
-        asyncio.run(self._serve())
+        asyncio.run(self.serve())
 
     def start(self) -> threading.Thread:
         """Runs the service on a daemon thread (its own event loop: copies and audits stay
@@ -103,14 +111,15 @@ class AutoRecovery:
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(wake.set)
 
-    async def _serve(self) -> None:
+    async def serve(self) -> None:
+        """`run()` on the running event loop: returns after `stop()`."""
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self._stopped = asyncio.Event()
         if self._stopping:
             return
-        metadata = ZkMetadata(self._session)
-        transport = GrpcTransport(metadata.bookie_address, tls=self._tls)
+        metadata = self._metadata or ZkMetadata(self._session)
+        transport = self._transport or GrpcTransport(metadata.bookie_address, tls=self._tls)
         self.workers = [
             ReplicationWorker(
                 metadata=metadata,
@@ -118,6 +127,7 @@ class AutoRecovery:
                 settings=self.settings,
                 identifier=f"{self.identifier}/w{i}",
                 clock=self._clock,
+                rng=random.Random(self._rng.getrandbits(64)),
             )
             for i in range(self.settings.replication_workers)
         ]
@@ -163,6 +173,7 @@ class AutoRecovery:
             paths.AUDITOR_ELECTION,
             self.identifier,
             events="autorecovery",
+            rng=random.Random(self._rng.getrandbits(64)),
             on_change=self._wake_up,
         )
         self._election = election
@@ -196,7 +207,7 @@ class AutoRecovery:
             transport=transport,
             settings=settings,
             identifier=self.identifier,
-            rng=random.Random(),
+            rng=random.Random(self._rng.getrandbits(64)),
             clock=self._clock,
         )
         scrubber = Scrubber(

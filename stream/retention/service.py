@@ -176,16 +176,17 @@ class RetentionService:
         writer_options: WriterOptions | None = None,
         transport_factory: Callable[[ZkMetadata], BookieTransport] | None = None,
         tls: TLSConfig | None = None,
+        metadata: ZkMetadata | None = None,
     ) -> None:
         """`transport_factory` builds the bookie transport on the service's event loop
         (default: gRPC to the registered bookie addresses, over TLS with `tls`'s files when
-        given)."""
+        given). `metadata` is the metadata port on `session` (default: a `ZkMetadata`)."""
         self.settings = settings or RetentionSettings()
         self.identifier = identifier or (
             f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         )
         self._session = session
-        self._metadata = ZkMetadata(session)
+        self._metadata = metadata or ZkMetadata(session)
         self._store = self._metadata.store
         self._clock = clock or SystemClock()
         self._rng = rng or random.Random()
@@ -230,21 +231,21 @@ class RetentionService:
         """Contends for leadership and runs a round every `interval_s` while leading, until
         `stop()`; survives ZooKeeper outages and session losses (contends again)."""
         try:
-            asyncio.run(self._serve())
+            asyncio.run(self.serve())
         finally:
             self.close()
 
     def run_once(self) -> RoundReport:
         """Runs one round now, without the election, and returns what it did."""
+        return asyncio.run(self.run_once_async())
 
-        async def once() -> RoundReport:
-            self._transport = self._transport_factory(self._metadata)
-            try:
-                return await self.run_round()
-            finally:
-                await self._close_transport()
-
-        return asyncio.run(once())
+    async def run_once_async(self) -> RoundReport:
+        """`run_once` on the running event loop (not beside `serve()`: it has the transport)."""
+        self._transport = self._transport_factory(self._metadata)
+        try:
+            return await self.run_round()
+        finally:
+            await self._close_transport()
 
     def close(self) -> None:
         """Releases the service's worker threads (`run()` does it when it returns); the
@@ -267,7 +268,9 @@ class RetentionService:
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
                 loop.call_soon_threadsafe(wake.set)
 
-    async def _serve(self) -> None:
+    async def serve(self) -> None:
+        """`run()` on the running event loop (it returns after `stop()`); `close()` is the
+        caller's."""
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self._transport = self._transport_factory(self._metadata)
@@ -430,10 +433,7 @@ class RetentionService:
         if policy is None or (policy.max_age_s is None and policy.max_bytes is None):
             self._forget(stream_id)
             return  # nothing to read further: most streams keep everything
-        positions: list[int] = []
-        if policy.keep_unconsumed:
-            cursors = await asyncio.to_thread(self._metadata.cursors.list, stream_id)
-            positions = [p.entry_id for p in cursors.values()]
+        positions = await self._cursor_positions(stream_id) if policy.keep_unconsumed else []
         fragments = await asyncio.to_thread(
             read_fragments, self._session, stream_id, self._remembered.get(stream_id)
         )
@@ -454,6 +454,11 @@ class RetentionService:
         finally:
             report.fragments_read += fragments.reads
         self._remember(stream_id, fragments)
+
+    async def _cursor_positions(self, stream_id: int) -> list[int]:
+        """Returns the positions of the stream's durable cursors (what they have consumed)."""
+        cursors = await asyncio.to_thread(self._metadata.cursors.list, stream_id)
+        return [p.entry_id for p in cursors.values()]
 
     async def _delete_planned(
         self,
