@@ -112,19 +112,22 @@ class LeaderElection:
         attempt and a backoff (the caller calls again)."""
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
+        with self._state_lock:
+            self._generation = None  # a candidate again, whatever it led before
+        elected = False
         try:
             while not self._cancelled:
                 try:
-                    return await self._contend()
+                    elected = await self._contend()
+                    return elected
                 except _NodeGone:
                     continue
         except (KazooException, StreamError) as e:
             log.warning(f"{self._events}.election_failed", error=repr(e), id=self.identifier)
             await self._resign_node()
             await self._wait(self._backoff_s)
-            return False
         finally:
-            if self._cancelled and self._generation is None:
+            if not elected:  # cancelled, failed or interrupted: leave the line
                 await self._resign_node()
         return False
 
@@ -134,6 +137,11 @@ class LeaderElection:
         with self._state_lock:
             self._generation = None
         await self._resign_node()
+
+    @property
+    def cancelled(self) -> bool:
+        """Returns whether `cancel()` was called."""
+        return self._cancelled
 
     def cancel(self) -> None:
         """Makes a pending and every later `campaign()` return False. Thread-safe."""

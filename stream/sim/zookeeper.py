@@ -459,15 +459,18 @@ class FakeTransaction:
 
 
 class _SimHandler:
-    """What kazoo's watch recipes (`ChildrenWatch`, `DataWatch`) ask of a client's handler:
-    a lock, a way to run a call later (on the loop, as watch callbacks run) and a sleep between
-    their retries (never a real one)."""
+    """What kazoo's recipes (`ChildrenWatch`, `DataWatch`, a `Lock` that does not block) ask of
+    a client's handler: locks, events, a way to run a call later (on the loop, as watch
+    callbacks run) and a sleep between their retries (never a real one)."""
 
     def __init__(self, schedule: Callable[[Callable[[], object]], object]) -> None:
         self._schedule = schedule
 
     def lock_object(self) -> threading.RLock:
         return threading.RLock()
+
+    def event_object(self) -> threading.Event:
+        return threading.Event()
 
     def spawn(self, fn: Callable[..., object], *args: Any, **kwargs: Any) -> None:
         self._schedule(lambda: fn(*args, **kwargs))
