@@ -246,6 +246,14 @@ class SimServices:
         self._cursors.commit(self.sim.stream_id, CURSOR, entry_id)
         self.sim.trace.record("consumed", e=entry_id)
 
+    def expire_session(self, node: str, reconnect_after_s: float) -> None:
+        """Expires the ZooKeeper session of service `node` (`RETENTION_NODE` or
+        `AUTORECOVERY_NODE`); it gets a new one `reconnect_after_s` later and contends again."""
+        nodes = {RETENTION_NODE: self.retention_node, AUTORECOVERY_NODE: self.autorecovery_node}
+        self.sim.faults += 1
+        self.sim.trace.record("expire", c=node)
+        nodes[node].session.zk.expire(reconnect_after_s)
+
     # ------------------------------------------------------------------ the oracle
 
     def _on_zk_write(self, path: str, data: bytes) -> None:

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from stream.metadata.model import RetentionPolicy
 from stream.sim.cluster import SimConfig, Simulation
 from stream.sim.runner import RunResult, run_simulation
-from stream.sim.services import RETENTION_HOLDS, SimServices
+from stream.sim.services import RETENTION_HOLDS, RETENTION_NODE, SimServices
 
 # Writer "a"'s clock runs about 100 s behind the cluster's (`CLOCK_SKEW_MS`): what it writes is
 # past a 1 s age limit at once, so the cursor alone decides what retention may drop.
@@ -27,7 +28,18 @@ def _run(seed: int, script: Callable[[Simulation], Awaitable[None]]) -> RunResul
     return run_simulation(seed, SimConfig(), whole, steps=0, scenario="services")
 
 
-def _retention_run(seed: int, seen: list[SimServices], unsafe: frozenset[str]) -> RunResult:
+@dataclass
+class _RetentionRun:
+    result: RunResult
+    services: SimServices
+    # How many trims had landed when the leader's session was expired.
+    trims_before_expiry: int
+
+
+def _retention_run(seed: int, unsafe: frozenset[str] = frozenset()) -> _RetentionRun:
+    seen: list[SimServices] = []
+    trims_before_expiry: list[int] = []
+
     async def script(sim: Simulation) -> None:
         services = await sim.start_services(retention_policy=KEEP_UNCONSUMED, unsafe=unsafe)
         seen.append(services)
@@ -38,23 +50,26 @@ def _retention_run(seed: int, seen: list[SimServices], unsafe: frozenset[str]) -
             if step % 4 == 3 and sim.checker.acked:
                 # The consumer stays a little behind the writer.
                 await services.consume(max(sim.checker.acked) - 15)
+            if step == 20:
+                # The leader loses its session: it steps down, and leads again on a new one.
+                trims_before_expiry.append(len(services.trims))
+                services.expire_session(RETENTION_NODE, 0.5)
 
-    return _run(seed, script)
+    result = _run(seed, script)
+    return _RetentionRun(result, seen[0], trims_before_expiry[0])
 
 
 def test_retention_trims_old_fragments_while_a_writer_appends() -> None:
-    seen: list[SimServices] = []
-    result = _retention_run(3, seen, frozenset())
-    assert result.ok, result.violations
-    services = seen[0]
-    assert len(services.trims) >= 3, services.trims  # trimmed round after round
-    assert result.acknowledged >= 100
-    again = _retention_run(3, [], frozenset())
-    assert again.trace_digest == result.trace_digest
+    run = _retention_run(3)
+    assert run.result.ok, run.result.violations
+    assert len(run.services.trims) >= 3, run.services.trims  # trimmed round after round
+    assert len(run.services.trims) > run.trims_before_expiry  # and after the session loss
+    assert run.result.acknowledged >= 100
+    assert _retention_run(3).result.trace_digest == run.result.trace_digest
 
 
 def test_retention_that_ignores_the_cursors_is_caught() -> None:
-    result = _retention_run(3, [], frozenset({"ignore-cursors"}))
+    result = _retention_run(3, frozenset({"ignore-cursors"})).result
     assert not result.ok
     assert {v.property for v in result.violations} == {RETENTION_HOLDS}
 
