@@ -31,6 +31,7 @@ from stream.metadata.bookies import BookieRegistry
 from stream.metadata.election import ELECTION_BACKOFF_S, LeaderElection
 from stream.metadata.underreplication import UnderreplicationStore
 from stream.security.tls import TLSConfig
+from stream.wakeup import wake
 
 log = structlog.get_logger(__name__)
 
@@ -106,10 +107,7 @@ class AutoRecovery:
             self._thread.join(timeout_s)
 
     def _wake_up(self) -> None:
-        loop, wake = self._loop, self._wake
-        if loop is not None and wake is not None and not loop.is_closed():
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(wake.set)
+        wake(self._loop, self._wake)
 
     async def serve(self) -> None:
         """`run()` on the running event loop: returns after `stop()`."""

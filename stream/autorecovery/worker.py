@@ -48,6 +48,7 @@ from stream.protocol.rereplication import (
     replacement_ensemble,
     share_ends,
 )
+from stream.wakeup import wake
 from stream.wire import bookie_pb2 as pb
 
 log = structlog.get_logger(__name__)
@@ -117,10 +118,7 @@ class ReplicationWorker:
 
     def wake_up(self) -> None:
         """Makes the worker list the markers now (thread-safe)."""
-        loop, wake = self._loop, self._wake
-        if loop is not None and wake is not None and not loop.is_closed():
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(wake.set)
+        wake(self._loop, self._wake)
 
     async def run(self) -> None:
         self._loop = asyncio.get_running_loop()

@@ -24,6 +24,7 @@ from kazoo.exceptions import KazooException, NoNodeError
 
 from stream.errors import StreamError
 from stream.metadata.connection import MetadataSession, SessionState
+from stream.wakeup import wake
 
 log = structlog.get_logger(__name__)
 
@@ -217,12 +218,12 @@ class LeaderElection:
             )
 
     async def _wait(self, seconds: float) -> None:
-        wake = self._wake
-        if wake is None or self._cancelled:
+        event = self._wake
+        if event is None or self._cancelled:
             return
-        wake.clear()
+        event.clear()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(wake.wait(), seconds)
+            await asyncio.wait_for(event.wait(), seconds)
 
     def _on_watch(self, _event: Any) -> None:
         self._wake_up()
@@ -241,7 +242,4 @@ class LeaderElection:
             self._on_change()
 
     def _wake_up(self) -> None:
-        loop, wake = self._loop, self._wake
-        if loop is not None and wake is not None and not loop.is_closed():
-            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                loop.call_soon_threadsafe(wake.set)
+        wake(self._loop, self._wake)

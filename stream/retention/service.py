@@ -77,6 +77,7 @@ from stream.retention import metrics
 from stream.retention.fragments import FragmentWindow, StaleFragments, read_fragments
 from stream.retention.policy import IdleAction, idle_action, idle_candidate, plan_retention
 from stream.security.tls import TLSConfig
+from stream.wakeup import wake
 
 log = structlog.get_logger(__name__)
 
@@ -263,10 +264,7 @@ class RetentionService:
     # ------------------------------------------------------------------ election
 
     def _wake_up(self) -> None:
-        loop, wake = self._loop, self._wake
-        if loop is not None and wake is not None and not loop.is_closed():
-            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                loop.call_soon_threadsafe(wake.set)
+        wake(self._loop, self._wake)
 
     async def serve(self) -> None:
         """`run()` on the running event loop (it returns after `stop()`); `close()` is the
@@ -312,16 +310,16 @@ class RetentionService:
 
     async def _pause(self, seconds: float) -> None:
         """Returns after `seconds`, or earlier on stop() or a session change."""
-        wake = self._wake
-        if wake is None:
+        event = self._wake
+        if event is None:
             await self._clock.sleep(seconds)
             return
-        wake.clear()
+        event.clear()
         # A wake-up that came just before the clear() is seen here instead.
         if self._stopping or (self._election.node is not None and not self.is_leader):
             return
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(wake.wait(), seconds)
+            await asyncio.wait_for(event.wait(), seconds)
 
     async def _close_transport(self) -> None:
         transport, self._transport = self._transport, None

@@ -244,16 +244,17 @@ async def _election_script(
     return out
 
 
-def test_election_on_the_fake() -> None:
-    async def main() -> list[tuple[str, Any]]:
-        server = FakeZooKeeper(schedule=asyncio.get_running_loop().call_soon)
-        admin = FakeKazooClient(server)
-        admin.ensure_path(ELECTION)
-        return await _election_script(
-            [_session(server), _session(server)], admin, lambda s: s.zk.expire(0.0)
-        )
+async def _election_on_the_fake() -> list[tuple[str, Any]]:
+    server = FakeZooKeeper(schedule=asyncio.get_running_loop().call_soon)
+    admin = FakeKazooClient(server)
+    admin.ensure_path(ELECTION)
+    return await _election_script(
+        [_session(server), _session(server)], admin, lambda s: s.zk.expire(0.0)
+    )
 
-    got = dict(asyncio.run(main()))
+
+def test_election_on_the_fake() -> None:
+    got = dict(asyncio.run(_election_on_the_fake()))
     assert got["one waits behind it"] == (False, ["old", "one"])
     assert got["one leads once it goes"] == (True, True)
     assert got["two waits"] == (False, True, False)
@@ -281,12 +282,4 @@ def test_election_on_the_fake_as_on_a_real_zookeeper(
         for session in sessions:
             session.close()
 
-    async def fake() -> list[tuple[str, Any]]:
-        server = FakeZooKeeper(schedule=asyncio.get_running_loop().call_soon)
-        admin = FakeKazooClient(server)
-        admin.ensure_path(ELECTION)
-        return await _election_script(
-            [_session(server), _session(server)], admin, lambda s: s.zk.expire(0.0)
-        )
-
-    assert asyncio.run(fake()) == expected
+    assert asyncio.run(_election_on_the_fake()) == expected
