@@ -9,8 +9,10 @@ simulated network with its own session on the simulated ZooKeeper, on the virtua
   them, and the schedule would no longer follow from the seed.
 - Their leader elections (`LeaderElection`) run on the simulated ZooKeeper; kazoo's watch
   recipes (the auditor's bookie and marker watches) run on `FakeKazooClient`.
-- `start()` runs them periodically (`serve()`, their production loops); the actions
-  `run_retention_once()` and `run_audit_once()` run one pass now, for fault schedulers.
+- `start()` runs the replication workers, and, when `periodic`, the retention service and the
+  auditor on their own schedules (`serve()`, their production loops, elections included); the
+  actions `run_retention_once()` and `run_audit_once()` run one pass now, for fault
+  schedulers.
 
 What the checker cannot know, services add: entries retention trimmed legitimately are not
 lost (they leave the checker's acknowledged set when the services stop), and a trim past the
@@ -163,6 +165,7 @@ class SimServices:
             node.session,  # type: ignore[arg-type]
             self.autorecovery_settings,
             identifier=AUTORECOVERY_NODE,
+            auditor=periodic,
             clock=node.clock,
             rng=random.Random(node.rng.getrandbits(64)),
             metadata=node.metadata,
@@ -197,11 +200,11 @@ class SimServices:
             # Created at -1: the consumer has read nothing yet, so a keep_unconsumed policy
             # holds everything until `consume` moves it.
             self._cursors.commit(sim.stream_id, CURSOR, -1)
+        # The workers always run (markers wake them); the auditor and retention run on their
+        # own schedule only when periodic, otherwise when the actions say.
+        self._tasks = [sim.spawn(self.autorecovery.serve())]
         if self.periodic:
-            self._tasks = [
-                sim.spawn(self.retention.serve()),
-                sim.spawn(self.autorecovery.serve()),
-            ]
+            self._tasks.append(sim.spawn(self.retention.serve()))
         sim.trace.record("services_started", periodic=int(self.periodic))
 
     async def stop(self) -> None:

@@ -105,3 +105,36 @@ def test_auditor_and_worker_rereplicate_after_bookies_are_lost() -> None:
     assert seen[0].autorecovery.audits >= 1
     again = _rereplication_run(5, [])
     assert again.trace_digest == result.trace_digest
+
+
+def test_fault_schedulers_run_one_retention_round_or_audit_at_a_time() -> None:
+    seen: list[SimServices] = []
+
+    async def script(sim: Simulation) -> None:
+        services = await sim.start_services(
+            retention_policy=RetentionPolicy(max_age_s=1.0), periodic=False
+        )
+        seen.append(services)
+        await sim.open_writer(LAGGING_WRITER)
+        sim.append(LAGGING_WRITER, 40)
+        await sim.until(lambda: len(sim.checker.acked) >= 40, 10.0)
+        await sim.run_retention_once()
+        assert services.trims, "one round trims what the policy drops"
+        victim = sim.snapshot()[2][-1].ensemble[0]
+        sim.crash(victim, lose_disk=True)
+        sim.append(LAGGING_WRITER, 10)
+
+        async def audited() -> bool:
+            await sim.run_audit_once()
+            return not _named(sim, victim)
+
+        deadline = sim.loop.time() + 30.0
+        while not await audited():
+            assert sim.loop.time() < deadline, f"{victim} still named"
+            await asyncio.sleep(0.25)
+
+    result = _run(11, script)
+    assert result.ok, result.violations
+    assert seen[0].retention.rounds == 1
+    assert seen[0].autorecovery.audits == 0  # no auditor of its own: the actions audited
+    assert sum(w.outcomes.get("replicated", 0) for w in seen[0].autorecovery.workers) >= 1
