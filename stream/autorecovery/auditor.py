@@ -15,8 +15,7 @@ import asyncio
 import os
 import random
 import socket
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import structlog
@@ -24,16 +23,12 @@ import structlog
 from stream.autorecovery import metrics
 from stream.autorecovery.settings import AutoRecoverySettings
 from stream.autorecovery.worker import sealed_last
+from stream.client.idle_close import IdleClose, IdleCloser
 from stream.client.options import WriterOptions
-from stream.client.ports import BookieTransport, Clock, SystemClock
-from stream.client.recovery import (
-    Takeover,
-    TakeoverResult,
-    WriterIdentity,
-    close_after_takeover,
-    send_lac,
-)
+from stream.client.ports import BookieTransport
+from stream.client.recovery import TakeoverResult, WriterIdentity
 from stream.client.zk_metadata import ZkMetadata
+from stream.clock import Clock, SystemClock
 from stream.errors import InvalidTermError, NotEnoughBookiesError, StreamError, StreamNotFoundError
 from stream.metadata import Fragment, StreamMeta, StreamSealedError
 from stream.metadata.underreplication import Marker, UnderreplicationStore
@@ -70,18 +65,26 @@ class Auditor:
         identifier: str,
         rng: random.Random | None = None,
         clock: Clock | None = None,
-        monotonic: Callable[[], float] = time.monotonic,
+        monotonic: Callable[[], float] | None = None,
     ) -> None:
+        """`monotonic` overrides `clock.monotonic` (tests that step the delays by hand)."""
         self._metadata = metadata
         self._store = UnderreplicationStore(metadata.session)
         self._transport = transport
         self._settings = settings
         self._rng = rng or random.Random()
         self._clock = clock or SystemClock()
-        self._monotonic = monotonic
-        self._identity = WriterIdentity(f"auditor-{identifier}", socket.gethostname(), os.getpid())
-        self._writer_options = WriterOptions(
-            takeover_deadline_s=max(30.0, settings.bookie_timeout_ms / 1000 * 3)
+        self._monotonic = monotonic or self._clock.monotonic
+        self._closer = IdleCloser(
+            transport=transport,
+            metadata=metadata,
+            clock=self._clock,
+            rng=self._rng,
+            options=WriterOptions(
+                takeover_deadline_s=max(30.0, settings.bookie_timeout_ms / 1000 * 3)
+            ),
+            identity=WriterIdentity(f"auditor-{identifier}", socket.gethostname(), os.getpid()),
+            bookie_timeout_s=settings.bookie_timeout_ms / 1000,
         )
         # Bookies missing from the registry: since when (monotonic).
         self.missing_since: dict[str, float] = {}
@@ -239,82 +242,41 @@ class Auditor:
             first_entry_id=last.first_entry_id,
             term=meta.term + 1,
         )
+
+        async def without_bad(result: TakeoverResult) -> Sequence[str] | None:
+            if not any(b in bad for b in result.last_fragment.ensemble):
+                return None
+            return await self._replacement_ensemble(result, bad)
+
         try:
-            result = await Takeover(
-                meta.name,
-                transport=self._transport,
-                metadata=self._metadata,
-                clock=self._clock,
-                rng=self._rng,
-                options=self._writer_options,
-                identity=self._identity,
-            ).run()
+            outcome = await self._closer.take_over_and_close(meta.name, next_ensemble=without_bad)
         except (StreamSealedError, InvalidTermError) as e:
             log.info("autorecovery.takeover_yielded", stream=meta.name, reason=str(e))
+            return False
+        except NotEnoughBookiesError as e:
+            log.warning("autorecovery.no_replacement", stream=meta.name, error=str(e))
             return False
         except StreamError as e:
             log.warning("autorecovery.takeover_failed", stream=meta.name, error=str(e))
             return False
-        try:
-            await send_lac(
-                self._transport,
-                meta.id,
-                result.term,
-                result.last_fragment.ensemble,
-                result.last_entry_id,
-                self._settings.bookie_timeout_ms / 1000,
-            )
-            if any(b in bad for b in result.last_fragment.ensemble):
-                return await self._roll_away(result, bad)
-            return True
-        finally:
-            await self._unregister(meta.id)
+        # EMPTY: an empty last fragment still naming a bad bookie; the next writer's first add
+        # moves it.
+        return outcome in (IdleClose.CLOSED, IdleClose.KEPT)
 
-    async def _roll_away(self, result: TakeoverResult, bad: set[str]) -> bool:
-        """Closes the last fragment at the takeover's no-op and opens an empty one with the
-        bad bookies replaced."""
+    async def _replacement_ensemble(self, result: TakeoverResult, bad: set[str]) -> Sequence[str]:
+        """Returns the last fragment's ensemble with each bad bookie replaced; raises
+        NotEnoughBookiesError."""
         current = result.last_fragment
         candidates = await self._metadata.available_bookies()
         replacements: dict[str, str] = {}
-        try:
-            for bookie_id in current.ensemble:
-                if bookie_id in bad:
-                    replacements[bookie_id] = choose_replacement(
-                        current.ensemble,
-                        current.ensemble.index(bookie_id),
-                        candidates,
-                        self._rng,
-                        exclude={*bad, *replacements.values()},
-                        needs_journal=journal_required(result.meta.ack_quorum),
-                    )
-        except NotEnoughBookiesError as e:
-            log.warning("autorecovery.no_replacement", stream=result.meta.name, error=str(e))
-            return False
-        ensemble = replacement_ensemble(current.ensemble, replacements)
-        now_ms = self._clock.now_ms()
-        if result.last_entry_id < current.first_entry_id:
-            return False  # an empty last fragment: the next writer's first add moves it
-        closed = Fragment(
-            current.first_entry_id,
-            current.ensemble,
-            created_ms=current.created_ms,
-            last_entry_id=result.last_entry_id,
-            bytes=current.bytes,
-            first_timestamp_ms=result.first_timestamp_ms or current.first_timestamp_ms,
-            last_timestamp_ms=result.last_timestamp_ms or current.last_timestamp_ms,
-        )
-        fresh = Fragment(result.last_entry_id + 1, ensemble, created_ms=now_ms)
-        return await close_after_takeover(
-            transport=self._transport,
-            metadata=self._metadata,
-            result=result,
-            closed=closed,
-            fresh=fresh,
-            options=self._writer_options,
-        )
-
-    async def _unregister(self, stream_id: int) -> None:
-        try:
-            await self._metadata.unregister_writer(stream_id)
-        except StreamError as e:
-            log.debug("autorecovery.unregister_failed", stream_id=stream_id, error=str(e))
+        for bookie_id in current.ensemble:
+            if bookie_id in bad:
+                replacements[bookie_id] = choose_replacement(
+                    current.ensemble,
+                    current.ensemble.index(bookie_id),
+                    candidates,
+                    self._rng,
+                    exclude={*bad, *replacements.values()},
+                    needs_journal=journal_required(result.meta.ack_quorum),
+                )
+        return replacement_ensemble(current.ensemble, replacements)

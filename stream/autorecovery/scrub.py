@@ -18,8 +18,9 @@ import structlog
 
 from stream.autorecovery import metrics
 from stream.autorecovery.worker import sealed_last
-from stream.client.ports import BookieTransport, Clock, SystemClock
+from stream.client.ports import BookieTransport
 from stream.client.zk_metadata import ZkMetadata
+from stream.clock import Clock, SystemClock
 from stream.errors import StreamError, StreamNotFoundError
 from stream.framing.verify import checksum_ok, good_run
 from stream.metadata import Fragment, StreamMeta

@@ -13,13 +13,9 @@ import os
 import random
 import socket
 import threading
-import time
 import uuid
-from typing import Any
 
 import structlog
-from kazoo.exceptions import CancelledError as KazooCancelledError
-from kazoo.exceptions import KazooException
 
 from stream.autorecovery import metrics
 from stream.autorecovery.auditor import Auditor
@@ -27,17 +23,17 @@ from stream.autorecovery.scrub import Scrubber
 from stream.autorecovery.settings import AutoRecoverySettings
 from stream.autorecovery.worker import ReplicationWorker
 from stream.client.grpc_transport import GrpcTransport
+from stream.client.ports import BookieTransport
 from stream.client.zk_metadata import ZkMetadata
-from stream.errors import StreamError
-from stream.metadata import MetadataSession, SessionState, paths
+from stream.clock import Clock, SystemClock
+from stream.metadata import MetadataSession, paths
 from stream.metadata.bookies import BookieRegistry
-from stream.metadata.election import holds_lock
+from stream.metadata.election import ELECTION_BACKOFF_S, LeaderElection
 from stream.metadata.underreplication import UnderreplicationStore
 from stream.security.tls import TLSConfig
+from stream.wakeup import wake
 
 log = structlog.get_logger(__name__)
-
-_ELECTION_BACKOFF_S = 1.0
 
 
 class AutoRecovery:
@@ -52,9 +48,19 @@ class AutoRecovery:
         identifier: str | None = None,
         auditor: bool = True,
         tls: TLSConfig | None = None,
+        clock: Clock | None = None,
+        rng: random.Random | None = None,
+        metadata: ZkMetadata | None = None,
+        transport: BookieTransport | None = None,
     ) -> None:
-        """`tls`: reach the bookies over TLS with these files (None: plaintext)."""
+        """`tls`: reach the bookies over TLS with these files (None: plaintext). `metadata`
+        and `transport` are the metadata port on `session` and the bookie transport (default:
+        a `ZkMetadata` and gRPC, built on the service's loop; the service closes them)."""
         self._tls = tls
+        self._clock = clock or SystemClock()
+        self._rng = rng or random.Random()
+        self._metadata = metadata
+        self._transport = transport
         self.settings = settings or AutoRecoverySettings()
         self.identifier = identifier or (
             f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -65,7 +71,7 @@ class AutoRecovery:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None  # the leading auditor's
         self._stopped: asyncio.Event | None = None
-        self._pending_lock: Any = None
+        self._election: LeaderElection | None = None
         self._thread: threading.Thread | None = None
         self.workers: list[ReplicationWorker] = []
         self.leading = False
@@ -74,7 +80,7 @@ class AutoRecovery:
     # -- lifecycle -------------------------------------------------------------------------
 
     def run(self) -> None:
-        asyncio.run(self._serve())
+        asyncio.run(self.serve())
 
     def start(self) -> threading.Thread:
         """Runs the service on a daemon thread (its own event loop: copies and audits stay
@@ -87,10 +93,9 @@ class AutoRecovery:
         """Stops the auditor and the workers (a copy in progress is abandoned: its lock goes,
         the marker stays). Thread-safe."""
         self._stopping = True
-        pending = self._pending_lock
-        if pending is not None:
-            with contextlib.suppress(Exception):
-                pending.cancel()
+        election = self._election
+        if election is not None:
+            election.cancel()
         for worker in self.workers:
             worker.stop()
         loop, stopped = self._loop, self._stopped
@@ -102,25 +107,25 @@ class AutoRecovery:
             self._thread.join(timeout_s)
 
     def _wake_up(self) -> None:
-        loop, wake = self._loop, self._wake
-        if loop is not None and wake is not None and not loop.is_closed():
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(wake.set)
+        wake(self._loop, self._wake)
 
-    async def _serve(self) -> None:
+    async def serve(self) -> None:
+        """`run()` on the running event loop: returns after `stop()`."""
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self._stopped = asyncio.Event()
         if self._stopping:
             return
-        metadata = ZkMetadata(self._session)
-        transport = GrpcTransport(metadata.bookie_address, tls=self._tls)
+        metadata = self._metadata or ZkMetadata(self._session)
+        transport = self._transport or GrpcTransport(metadata.bookie_address, tls=self._tls)
         self.workers = [
             ReplicationWorker(
                 metadata=metadata,
                 transport=transport,
                 settings=self.settings,
                 identifier=f"{self.identifier}/w{i}",
+                clock=self._clock,
+                rng=random.Random(self._rng.getrandbits(64)),
             )
             for i in range(self.settings.replication_workers)
         ]
@@ -160,47 +165,39 @@ class AutoRecovery:
 
     # -- the auditor's election --------------------------------------------------------------
 
-    async def _contend(self, metadata: ZkMetadata, transport: GrpcTransport) -> None:
-        while not self._stopping:
-            lock = self._session.zk.Lock(paths.AUDITOR_ELECTION, self.identifier)
-            self._pending_lock = lock
-            try:
-                acquired = await asyncio.to_thread(lock.acquire)
-            except KazooCancelledError:
-                return
-            except (KazooException, StreamError) as e:
-                log.warning("autorecovery.election_failed", error=repr(e))
-                await asyncio.sleep(_ELECTION_BACKOFF_S)
-                continue
-            finally:
-                self._pending_lock = None
-            if not acquired:
-                continue
-            generation = self._session.session_generation
-            self.leading = True
-            metrics.AUDITOR_LEADING.set(1)
-            log.info("autorecovery.auditor_elected", id=self.identifier)
-            try:
-                await self._lead(metadata, transport, lock, generation)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("autorecovery.auditor_failed")
-                await asyncio.sleep(_ELECTION_BACKOFF_S)
-            finally:
-                self.leading = False
-                metrics.AUDITOR_LEADING.set(0)
-                with contextlib.suppress(Exception):
-                    await asyncio.to_thread(lock.release)
-
-    async def _holds(self, lock: Any, generation: int) -> bool:
-        """Returns whether we still lead: our lock node, on the session we were elected on."""
-        if self._session.session_generation != generation:
-            return False
-        return await holds_lock(self._session, lock, paths.AUDITOR_ELECTION)
+    async def _contend(self, metadata: ZkMetadata, transport: BookieTransport) -> None:
+        election = LeaderElection(
+            self._session,
+            paths.AUDITOR_ELECTION,
+            self.identifier,
+            events="autorecovery",
+            rng=random.Random(self._rng.getrandbits(64)),
+            on_change=self._wake_up,
+        )
+        self._election = election
+        try:
+            while not self._stopping:
+                if not await election.campaign():
+                    continue
+                self.leading = True
+                metrics.AUDITOR_LEADING.set(1)
+                log.info("autorecovery.auditor_elected", id=self.identifier)
+                try:
+                    await self._lead(metadata, transport, election)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("autorecovery.auditor_failed")
+                    await self._clock.sleep(ELECTION_BACKOFF_S)
+                finally:
+                    self.leading = False
+                    metrics.AUDITOR_LEADING.set(0)
+                    await election.resign()
+        finally:
+            election.close()
 
     async def _lead(
-        self, metadata: ZkMetadata, transport: GrpcTransport, lock: Any, generation: int
+        self, metadata: ZkMetadata, transport: BookieTransport, election: LeaderElection
     ) -> None:
         settings = self.settings
         auditor = Auditor(
@@ -208,33 +205,32 @@ class AutoRecovery:
             transport=transport,
             settings=settings,
             identifier=self.identifier,
-            rng=random.Random(),
+            rng=random.Random(self._rng.getrandbits(64)),
+            clock=self._clock,
         )
         scrubber = Scrubber(
-            metadata=metadata, transport=transport, timeout_s=settings.bookie_timeout_ms / 1000
+            metadata=metadata,
+            transport=transport,
+            timeout_s=settings.bookie_timeout_ms / 1000,
+            clock=self._clock,
         )
         registry = BookieRegistry(self._session)
         watch = await asyncio.to_thread(registry.watch_available, lambda _: self._wake_up())
         store = UnderreplicationStore(self._session)
         drain_watch = await asyncio.to_thread(store.watch_draining, lambda _: self._wake_up())
 
-        def on_session(state: SessionState) -> None:
-            if state is SessionState.LOST:
-                self._wake_up()
-
-        self._session.add_session_listener(on_session)
-        now = time.monotonic()
+        now = self._clock.monotonic()
         next_audit = now
         next_scrub = now + settings.scrub_interval_ms / 1000
         full_s = settings.scrub_full_interval_ms / 1000
         next_full = now + full_s if full_s else float("inf")
         last_bad: dict[str, str] | None = None
         try:
-            while not self._stopping and await self._holds(lock, generation):
+            while not self._stopping and await election.holds():
                 assert self._wake is not None
                 self._wake.clear()
                 bad = await auditor.bad_bookies()
-                now = time.monotonic()
+                now = self._clock.monotonic()
                 deadline = auditor.next_deadline()
                 if (
                     now >= next_audit
@@ -244,21 +240,22 @@ class AutoRecovery:
                     report = await auditor.audit(lambda: not self._stopping)
                     self.audits += 1
                     last_bad = report.bad
-                    next_audit = time.monotonic() + settings.audit_interval_ms / 1000
-                now = time.monotonic()
+                    next_audit = self._clock.monotonic() + settings.audit_interval_ms / 1000
+                now = self._clock.monotonic()
                 if now >= next_scrub:
                     full = now >= next_full
                     await scrubber.scrub(full=full, may_continue=lambda: not self._stopping)
-                    next_scrub = time.monotonic() + settings.scrub_interval_ms / 1000
+                    next_scrub = self._clock.monotonic() + settings.scrub_interval_ms / 1000
                     if full:
-                        next_full = time.monotonic() + full_s
+                        next_full = self._clock.monotonic() + full_s
                 deadline = auditor.next_deadline()
                 wake_at = min(
                     next_audit, next_scrub, deadline if deadline is not None else next_audit
                 )
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), max(wake_at - time.monotonic(), 0.05))
+                    await asyncio.wait_for(
+                        self._wake.wait(), max(wake_at - self._clock.monotonic(), 0.05)
+                    )
         finally:
             watch.stop()
             drain_watch.stop()
-            self._session.remove_session_listener(on_session)

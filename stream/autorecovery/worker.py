@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import dataclasses
 import random
-import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from stream.autorecovery import metrics
 from stream.autorecovery.settings import AutoRecoverySettings
 from stream.client.ports import AddBatch, AddStream, BookieTransport
 from stream.client.zk_metadata import ZkMetadata
+from stream.clock import Clock, SystemClock
 from stream.errors import NotEnoughBookiesError, StreamError, StreamNotFoundError
 from stream.framing.prepare import write_back_entry
 from stream.framing.verify import checksum_ok, good_run
@@ -49,6 +49,7 @@ from stream.protocol.rereplication import (
     replacement_ensemble,
     share_ends,
 )
+from stream.wakeup import wake
 from stream.wire import bookie_pb2 as pb
 
 log = structlog.get_logger(__name__)
@@ -96,8 +97,10 @@ class ReplicationWorker:
         settings: AutoRecoverySettings,
         identifier: str,
         rng: random.Random | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self._metadata = metadata
+        self._clock = clock or SystemClock()
         self._store = UnderreplicationStore(metadata.session)
         self._transport = transport
         self._settings = settings
@@ -116,10 +119,7 @@ class ReplicationWorker:
 
     def wake_up(self) -> None:
         """Makes the worker list the markers now (thread-safe)."""
-        loop, wake = self._loop, self._wake
-        if loop is not None and wake is not None and not loop.is_closed():
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(wake.set)
+        wake(self._loop, self._wake)
 
     async def run(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -142,7 +142,7 @@ class ReplicationWorker:
         """Takes one marker that is free and due, works it; returns whether it found one."""
         names = await asyncio.to_thread(self._store_names)
         self._rng.shuffle(names)
-        now = time.monotonic()
+        now = self._clock.monotonic()
         for name in names:
             if self._stopping:
                 return False
@@ -162,7 +162,7 @@ class ReplicationWorker:
             if outcome in ("failed", "open"):
                 backoff = _RETRY_S if due is None or outcome == "open" else due[1] * 2
                 backoff = min(backoff, _RETRY_MAX_S)
-                self._retry_at[name] = (time.monotonic() + backoff, backoff)
+                self._retry_at[name] = (self._clock.monotonic() + backoff, backoff)
             else:
                 self._retry_at.pop(name, None)
             return True
@@ -224,7 +224,7 @@ class ReplicationWorker:
         )
         if bounds is None:
             return "open"
-        started = time.monotonic()
+        started = self._clock.monotonic()
         targets = await self._choose_targets(fragment.ensemble, replace, meta.ack_quorum)
         available = {c.bookie_id for c in await self._metadata.available_bookies()}
         unavailable = {b for b in fragment.ensemble if b not in available} | set(replace)
@@ -260,7 +260,7 @@ class ReplicationWorker:
             ensemble=list(new.ensemble),
             entries=progress.entries,
             bytes=progress.bytes,
-            seconds=round(time.monotonic() - started, 3),
+            seconds=round(self._clock.monotonic() - started, 3),
         )
         return "replicated"
 
@@ -328,8 +328,11 @@ class ReplicationWorker:
             meta,
             timeout_s=self._settings.bookie_timeout_ms / 1000,
             rate_bytes=self._settings.replication_rate_bytes,
+            clock=self._clock,
         )
-        reporter = _LockReporter(self._store, marker.name, self.identifier, target, progress)
+        reporter = _LockReporter(
+            self._store, marker.name, self.identifier, target, progress, self._clock
+        )
         slots = asyncio.Semaphore(_PARALLEL_RUNS)
         try:
             for window_first in range(first, last + 1, _WINDOW_IDS):
@@ -439,14 +442,21 @@ class _CopySink:
     """Adds of copied entries to the target, a few batches in flight, each checked."""
 
     def __init__(
-        self, stream: AddStream, meta: StreamMeta, *, timeout_s: float, rate_bytes: int
+        self,
+        stream: AddStream,
+        meta: StreamMeta,
+        *,
+        timeout_s: float,
+        rate_bytes: int,
+        clock: Clock,
     ) -> None:
+        self._clock = clock
         self._stream = stream
         self._meta = meta
         self._timeout_s = timeout_s
         self._rate_bytes = rate_bytes
         self._in_flight: deque[tuple[asyncio.Future[pb.AddResponse], AddBatch]] = deque()
-        self._started = time.monotonic()
+        self._started = clock.monotonic()
         self._sent_bytes = 0
 
     def _batch(self, entries: list[pb.Entry]) -> AddBatch:
@@ -467,9 +477,9 @@ class _CopySink:
             await self._settle_oldest()
         if self._rate_bytes:
             self._sent_bytes += sum(e.payload_bytes for e in batch.entries)
-            ahead = self._sent_bytes / self._rate_bytes - (time.monotonic() - self._started)
+            ahead = self._sent_bytes / self._rate_bytes - (self._clock.monotonic() - self._started)
             if ahead > 0:
-                await asyncio.sleep(ahead)
+                await self._clock.sleep(ahead)
 
     async def drain(self) -> None:
         while self._in_flight:
@@ -486,7 +496,7 @@ class _CopySink:
             if codes == {Code.OK} and len(response.entry_ids) == len(batch.entries):
                 return
             if codes == {Code.TOO_BUSY} or codes == {Code.OK, Code.TOO_BUSY}:
-                await asyncio.sleep(_BUSY_BACKOFF_S)
+                await self._clock.sleep(_BUSY_BACKOFF_S)
                 future = self._stream.send(batch)  # OK ones are stored again: harmless
                 continue
             raise ReplicationFailed(
@@ -514,7 +524,9 @@ class _LockReporter:
         owner: str,
         target: str,
         progress: Progress,
+        clock: Clock,
     ) -> None:
+        self._clock = clock
         self._store = store
         self._name = name
         self._owner = owner
@@ -523,7 +535,7 @@ class _LockReporter:
         self._last = 0.0
 
     async def maybe_report(self, force: bool = False) -> None:
-        now = time.monotonic()
+        now = self._clock.monotonic()
         if not force and now - self._last < _PROGRESS_EVERY_S:
             return
         self._last = now

@@ -13,13 +13,13 @@ every stream when ZooKeeper cannot be read.
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
 from kazoo.exceptions import NoNodeError
 
+from stream.clock import Clock, SystemClock
 from stream.errors import MetadataError, StreamError
 from stream.metadata import paths
 from stream.metadata.connection import MetadataSession
@@ -54,7 +54,9 @@ class MetadataReconciler:
         *,
         interval_s: float,
         max_streams_per_round: int = 10_000,
+        clock: Clock | None = None,
     ) -> None:
+        self._clock = clock or SystemClock()
         self._storage = storage
         self._session = session
         self._interval_s = interval_s
@@ -72,7 +74,7 @@ class MetadataReconciler:
                 raise
             except Exception:  # never let one bad round stop reconciliation for good
                 log.exception("reconcile.failed")
-            await asyncio.sleep(self._interval_s)
+            await self._clock.sleep(self._interval_s)
 
     def _candidates(self) -> list[tuple[int, int]]:
         """Returns `(stream_id, local first retained entry)` of the held streams to look at
@@ -95,7 +97,7 @@ class MetadataReconciler:
         candidates = self._candidates()
         if not candidates:
             return ReconcileReport(0, 0, 0)
-        started = time.monotonic()
+        started = self._clock.monotonic()
         try:
             targets = await asyncio.to_thread(self._read_targets, [s for s, _ in candidates])
         except StreamError as e:
@@ -133,7 +135,7 @@ class MetadataReconciler:
                 streams=len(candidates),
                 trimmed=trimmed,
                 deleted=deleted,
-                seconds=round(time.monotonic() - started, 3),
+                seconds=round(self._clock.monotonic() - started, 3),
             )
         return ReconcileReport(len(candidates), trimmed, deleted)
 

@@ -37,25 +37,23 @@ import dataclasses
 import os
 import random
 import socket
-import threading
-import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import structlog
-from kazoo.exceptions import CancelledError as KazooCancelledError
-from kazoo.exceptions import KazooException
 
 from stream.client.cursor import cursor_lags
 from stream.client.grpc_transport import GrpcTransport
+from stream.client.idle_close import IdleClose, IdleCloser
 from stream.client.options import WriterOptions
-from stream.client.ports import BookieTransport, Clock, SystemClock
+from stream.client.ports import BookieTransport
 from stream.client.reader import AsyncStreamReader
-from stream.client.recovery import Takeover, WriterIdentity, close_after_takeover, send_lac
+from stream.client.recovery import TakeoverResult, WriterIdentity
 from stream.client.timestamps import read_timestamp, timestamp_in_write_set
 from stream.client.zk_metadata import ZkMetadata
+from stream.clock import Clock, SystemClock
 from stream.errors import (
     InvalidArgumentError,
     InvalidTermError,
@@ -69,17 +67,17 @@ from stream.metadata import (
     Fragment,
     MetadataSession,
     MetadataSessionExpiredError,
-    SessionState,
     StreamMeta,
     StreamSealedError,
     StreamState,
 )
-from stream.metadata.election import holds_lock
+from stream.metadata.election import LeaderElection
 from stream.protocol import Code
 from stream.retention import metrics
 from stream.retention.fragments import FragmentWindow, StaleFragments, read_fragments
 from stream.retention.policy import IdleAction, idle_action, idle_candidate, plan_retention
 from stream.security.tls import TLSConfig
+from stream.wakeup import wake
 
 log = structlog.get_logger(__name__)
 
@@ -91,8 +89,6 @@ ELECTION_PATH = "/retention/leader"
 _DELETES_PER_CAS = MAX_OPS_PER_MULTI - 1
 # Rereads of a stream whose meta version moved under a trim (a writer rolled meanwhile).
 _CAS_ATTEMPTS = 4
-# After a failed election attempt (ZooKeeper away), wait this long before contending again.
-_ELECTION_BACKOFF_S = 1.0
 _TRIM_OK = (int(Code.OK), int(Code.NO_SUCH_STREAM))
 
 
@@ -181,16 +177,17 @@ class RetentionService:
         writer_options: WriterOptions | None = None,
         transport_factory: Callable[[ZkMetadata], BookieTransport] | None = None,
         tls: TLSConfig | None = None,
+        metadata: ZkMetadata | None = None,
     ) -> None:
         """`transport_factory` builds the bookie transport on the service's event loop
         (default: gRPC to the registered bookie addresses, over TLS with `tls`'s files when
-        given)."""
+        given). `metadata` is the metadata port on `session` (default: a `ZkMetadata`)."""
         self.settings = settings or RetentionSettings()
         self.identifier = identifier or (
             f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         )
         self._session = session
-        self._metadata = ZkMetadata(session)
+        self._metadata = metadata or ZkMetadata(session)
         self._store = self._metadata.store
         self._clock = clock or SystemClock()
         self._rng = rng or random.Random()
@@ -210,13 +207,15 @@ class RetentionService:
         self._remembered_count = 0
         # Label sets of the lag gauges set, per stream id (removed when the cursor goes).
         self._lag_labels: dict[int, set[tuple[str, str]]] = {}
-        # Leadership state, shared with the session listener and stop().
-        self._state_lock = threading.Lock()
         self._stopping = False
-        self._leading = False
-        self._leader_generation: int | None = None
-        self._session_lost = False
-        self._pending_lock: Any = None
+        self._election = LeaderElection(
+            session,
+            ELECTION_PATH,
+            self.identifier,
+            events="retention",
+            rng=random.Random(self._rng.getrandbits(64)),
+            on_change=self._wake_up,
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self.rounds = 0
@@ -227,158 +226,100 @@ class RetentionService:
     @property
     def is_leader(self) -> bool:
         """Returns whether this instance leads now (holds the lock on its current session)."""
-        with self._state_lock:
-            return (
-                self._leading
-                and not self._session_lost
-                and self._leader_generation == self._session.session_generation
-            )
+        return self._election.leading and not self._stopping
 
     def run(self) -> None:
         """Contends for leadership and runs a round every `interval_s` while leading, until
         `stop()`; survives ZooKeeper outages and session losses (contends again)."""
-        self._session.add_session_listener(self._on_session)
         try:
-            asyncio.run(self._serve())
+            asyncio.run(self.serve())
         finally:
-            self._session.remove_session_listener(self._on_session)
             self.close()
 
     def run_once(self) -> RoundReport:
         """Runs one round now, without the election, and returns what it did."""
+        return asyncio.run(self.run_once_async())
 
-        async def once() -> RoundReport:
-            self._transport = self._transport_factory(self._metadata)
-            try:
-                return await self.run_round()
-            finally:
-                await self._close_transport()
-
-        return asyncio.run(once())
+    async def run_once_async(self) -> RoundReport:
+        """`run_once` on the running event loop (not beside `serve()`: it has the transport)."""
+        self._transport = self._transport_factory(self._metadata)
+        try:
+            return await self.run_round()
+        finally:
+            await self._close_transport()
 
     def close(self) -> None:
         """Releases the service's worker threads (`run()` does it when it returns); the
         metadata session stays open (it is not the service's)."""
+        self._election.close()
         self._metadata.close()
 
     def stop(self) -> None:
         """Makes `run()` return soon: a pending election is cancelled, a leader releases the
         lock after the stream it is working on. Thread-safe and idempotent."""
-        with self._state_lock:
-            self._stopping = True
-            pending = self._pending_lock
-        if pending is not None:
-            pending.cancel()
+        self._stopping = True
+        self._election.cancel()
         self._wake_up()
 
     # ------------------------------------------------------------------ election
 
-    def _on_session(self, state: SessionState) -> None:
-        """Session listener: a lost session ends leadership (its lock node is gone)."""
-        if state is SessionState.LOST:
-            with self._state_lock:
-                self._session_lost = True
-                was_leading = self._leading
-            if was_leading:
-                log.warning("retention.leadership_lost", reason="session lost", id=self.identifier)
-        self._wake_up()
-
     def _wake_up(self) -> None:
-        loop, wake = self._loop, self._wake
-        if loop is not None and wake is not None and not loop.is_closed():
-            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                loop.call_soon_threadsafe(wake.set)
+        wake(self._loop, self._wake)
 
-    async def _serve(self) -> None:
+    async def serve(self) -> None:
+        """`run()` on the running event loop (it returns after `stop()`); `close()` is the
+        caller's."""
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self._transport = self._transport_factory(self._metadata)
         log.info("retention.started", id=self.identifier, interval_s=self.settings.interval_s)
         try:
             while not self._stopping:
-                lock = await self._elect()
-                if lock is None:
+                if not await self._election.campaign():
                     continue
                 try:
-                    await self._lead(lock)
+                    if not self._stopping:
+                        log.info(
+                            "retention.elected",
+                            id=self.identifier,
+                            session=self._session.session_id_hex,
+                        )
+                        await self._lead()
                 finally:
-                    with self._state_lock:
-                        self._leading = False
-                    # A lost session already dropped the node; otherwise hand over at once.
-                    with contextlib.suppress(Exception):
-                        await asyncio.to_thread(lock.release)
+                    await self._election.resign()
                     log.info("retention.leadership_released", id=self.identifier)
         finally:
             await self._close_transport()
             log.info("retention.stopped", id=self.identifier, rounds=self.rounds)
 
-    async def _elect(self) -> Any:
-        """Returns the held lock once this instance leads; None when stopping or after a
-        failed attempt (after a backoff)."""
-        with self._state_lock:
-            if self._stopping:
-                return None
-            lock = self._session.zk.Lock(ELECTION_PATH, self.identifier)
-            self._pending_lock = lock
-        try:
-            # Blocks until every earlier contender is gone; stop() cancels it.
-            acquired = await asyncio.to_thread(lock.acquire)
-        except KazooCancelledError:
-            return None
-        except (KazooException, StreamError) as e:
-            log.warning("retention.election_failed", error=repr(e), id=self.identifier)
-            await self._pause(_ELECTION_BACKOFF_S)
-            return None
-        finally:
-            with self._state_lock:
-                self._pending_lock = None
-        if not acquired:
-            return None
-        with self._state_lock:
-            # kazoo's acquire outlives session losses (it contends again on the new session),
-            # so leadership starts with the session current now; `_holds` checks the node.
-            self._leader_generation = self._session.session_generation
-            self._session_lost = False
-            self._leading = not self._stopping
-            leading = self._leading
-        if not leading:
-            with contextlib.suppress(Exception):
-                await asyncio.to_thread(lock.release)
-            return None
-        log.info("retention.elected", id=self.identifier, session=self._session.session_id_hex)
-        return lock
-
-    async def _lead(self, lock: Any) -> None:
+    async def _lead(self) -> None:
         """Runs rounds every `interval_s` while this instance leads."""
-        while self.is_leader and not self._stopping:
-            if not await self._holds(lock):
+        while self.is_leader:
+            if not await self._election.holds():
                 log.warning(
                     "retention.leadership_lost", reason="lock node gone", id=self.identifier
                 )
                 return
-            started = time.monotonic()
+            started = self._clock.monotonic()
             try:
                 await self.run_round()
             except Exception:  # the service must outlive any one round's failure
                 log.exception("retention.round_failed", id=self.identifier)
-            elapsed = time.monotonic() - started
+            elapsed = self._clock.monotonic() - started
             await self._pause(max(self.settings.interval_s - elapsed, 0.0))
-
-    async def _holds(self, lock: Any) -> bool:
-        return await holds_lock(self._session, lock, ELECTION_PATH)
 
     async def _pause(self, seconds: float) -> None:
         """Returns after `seconds`, or earlier on stop() or a session change."""
-        wake = self._wake
-        if wake is None:
-            await asyncio.sleep(seconds)
+        event = self._wake
+        if event is None:
+            await self._clock.sleep(seconds)
             return
-        wake.clear()
+        event.clear()
         # A wake-up that came just before the clear() is seen here instead.
-        if self._stopping or (self._leading and not self.is_leader):
+        if self._stopping or (self._election.node is not None and not self.is_leader):
             return
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(wake.wait(), seconds)
+            await asyncio.wait_for(event.wait(), seconds)
 
     async def _close_transport(self) -> None:
         transport, self._transport = self._transport, None
@@ -392,7 +333,7 @@ class RetentionService:
     def _leadership_check(self) -> Callable[[], bool]:
         """Returns a check that the round may go on: still leading (when elected) and not
         stopping. A round run by `run_once` has no leadership to lose."""
-        elected = self._leading
+        elected = self._election.leading
 
         def may_continue() -> bool:
             return not self._stopping and (not elected or self.is_leader)
@@ -406,7 +347,7 @@ class RetentionService:
         report = RoundReport()
         budget = _Budget(settings.max_fragments_per_round, settings.max_takeovers_per_round)
         may_continue = self._leadership_check()
-        started = time.monotonic()
+        started = self._clock.monotonic()
         try:
             ids = await asyncio.to_thread(self._store.stream_ids)
         except MetadataError as e:
@@ -458,7 +399,7 @@ class RetentionService:
             idle_takeovers=report.idle_takeovers,
             errors=report.errors,
             fragments_read=report.fragments_read,
-            seconds=round(time.monotonic() - started, 3),
+            seconds=round(self._clock.monotonic() - started, 3),
         )
         return report
 
@@ -490,10 +431,7 @@ class RetentionService:
         if policy is None or (policy.max_age_s is None and policy.max_bytes is None):
             self._forget(stream_id)
             return  # nothing to read further: most streams keep everything
-        positions: list[int] = []
-        if policy.keep_unconsumed:
-            cursors = await asyncio.to_thread(self._metadata.cursors.list, stream_id)
-            positions = [p.entry_id for p in cursors.values()]
+        positions = await self._cursor_positions(stream_id) if policy.keep_unconsumed else []
         fragments = await asyncio.to_thread(
             read_fragments, self._session, stream_id, self._remembered.get(stream_id)
         )
@@ -514,6 +452,11 @@ class RetentionService:
         finally:
             report.fragments_read += fragments.reads
         self._remember(stream_id, fragments)
+
+    async def _cursor_positions(self, stream_id: int) -> list[int]:
+        """Returns the positions of the stream's durable cursors (what they have consumed)."""
+        cursors = await asyncio.to_thread(self._metadata.cursors.list, stream_id)
+        return [p.entry_id for p in cursors.values()]
 
     async def _delete_planned(
         self,
@@ -663,7 +606,7 @@ class RetentionService:
         if meta.state is StreamState.SEALED or not idle_candidate(last, meta.retention, now_ms):
             return False
         retry_at = self._takeover_retry_at.get(meta.id)
-        if retry_at is not None and time.monotonic() < retry_at:
+        if retry_at is not None and self._clock.monotonic() < retry_at:
             return False
         if await asyncio.to_thread(self._store.writer_alive, meta.id):
             return False
@@ -686,7 +629,9 @@ class RetentionService:
             log.info("retention.idle_takeover_yielded", stream=meta.name, reason=str(e))
             return False
         except StreamError as e:
-            self._takeover_retry_at[meta.id] = time.monotonic() + self.settings.takeover_retry_s
+            self._takeover_retry_at[meta.id] = (
+                self._clock.monotonic() + self.settings.takeover_retry_s
+            )
             log.warning("retention.idle_takeover_failed", stream=meta.name, error=str(e))
             report.errors += 1
             return False
@@ -737,74 +682,46 @@ class RetentionService:
         """Takes the stream over (new term; the recovery ends with the truncate no-op), then
         closes the last fragment at the no-op and opens an empty one on the same bookies
         (they were in the fragment just before: no new-member truncation needed). Returns
-        whether it closed a fragment."""
+        whether the data fragment is closed."""
         transport = self._transport
         if transport is None:
             return False
         identity = WriterIdentity(f"retention-{self.identifier}", socket.gethostname(), os.getpid())
         log.info("retention.idle_takeover", stream=meta.name, stream_id=meta.id, term=meta.term + 1)
-        try:
-            result = await Takeover(
-                meta.name,
-                transport=transport,
-                metadata=self._metadata,
-                clock=self._clock,
-                rng=self._rng,
-                options=self._writer_options,
-                identity=identity,
-            ).run()
-            current = result.last_fragment
-            if result.last_entry_id < current.first_entry_id:
-                # The recovery itself moved to a fresh fragment after the no-op: the data
-                # fragment is closed already.
-                return True
+        timeout_s = self.settings.bookie_timeout_s
+
+        async def same_bookies(result: TakeoverResult) -> Sequence[str]:
+            return result.last_fragment.ensemble
+
+        async def newest_real_entry(result: TakeoverResult) -> int | None:
             # The fragment's newest real entry ages it (the no-op is stamped now).
-            last_ts = None
-            if result.last_entry_id - 1 >= current.first_entry_id:
-                last_ts = await timestamp_in_write_set(
-                    transport,
-                    meta.id,
-                    meta.quorum,
-                    current.ensemble,
-                    result.last_entry_id - 1,
-                    self.settings.bookie_timeout_s,
-                )
-            closed = Fragment(
-                current.first_entry_id,
-                current.ensemble,
-                created_ms=current.created_ms,
-                last_entry_id=result.last_entry_id,
-                bytes=current.bytes,
-                first_timestamp_ms=result.first_timestamp_ms,
-                last_timestamp_ms=last_ts if last_ts is not None else newest_ts,
-            )
-            fresh = Fragment(
-                result.last_entry_id + 1, current.ensemble, created_ms=self._clock.now_ms()
-            )
-            await send_lac(
+            current = result.last_fragment
+            if result.last_entry_id - 1 < current.first_entry_id:
+                return newest_ts
+            stamp = await timestamp_in_write_set(
                 transport,
                 meta.id,
-                result.term,
+                meta.quorum,
                 current.ensemble,
-                result.last_entry_id,
-                self.settings.bookie_timeout_s,
+                result.last_entry_id - 1,
+                timeout_s,
             )
-            if not await close_after_takeover(
-                transport=transport,
-                metadata=self._metadata,
-                result=result,
-                closed=closed,
-                fresh=fresh,
-                options=self._writer_options,
-            ):
-                return False  # a writer took over meanwhile: the stream is its own
-            log.info(
-                "retention.idle_closed",
-                stream=meta.name,
-                term=result.term,
-                last_entry_id=result.last_entry_id,
-            )
-            return True
-        finally:
-            with contextlib.suppress(StreamError):
-                await self._metadata.unregister_writer(meta.id)
+            return stamp if stamp is not None else newest_ts
+
+        closer = IdleCloser(
+            transport=transport,
+            metadata=self._metadata,
+            clock=self._clock,
+            rng=self._rng,
+            options=self._writer_options,
+            identity=identity,
+            bookie_timeout_s=timeout_s,
+        )
+        outcome = await closer.take_over_and_close(
+            meta.name, next_ensemble=same_bookies, last_timestamp=newest_real_entry
+        )
+        if outcome is IdleClose.YIELDED:
+            return False  # a writer took over meanwhile: the stream is its own
+        # EMPTY: the recovery itself moved to a fresh fragment after the no-op.
+        log.info("retention.idle_closed", stream=meta.name, outcome=outcome.value)
+        return True

@@ -35,6 +35,7 @@ from stream.protocol import EntryFlag, fragment_index_for
 from stream.sim.bookie import BookieProtections, SimBookie
 from stream.sim.checker import LIVENESS, PROGRESS, Checker
 from stream.sim.network import NetworkFaults, SimClock, SimNetwork, SimTransport, SkewedClock
+from stream.sim.services import SimServices
 from stream.sim.trace import Trace
 from stream.sim.zookeeper import (
     FakeKazooClient,
@@ -266,6 +267,8 @@ class Simulation:
         self._restarts: dict[str, asyncio.TimerHandle] = {}
         self.finished = False
         self._snapshot: tuple[StreamMeta, int, list[Fragment]] | None = None
+        # The real background services, once `start_services` ran them.
+        self.services: SimServices | None = None
 
     # ------------------------------------------------------------------ setup
 
@@ -342,6 +345,26 @@ class Simulation:
     def _on_zk_write(self, path: str, data: bytes) -> None:
         if path == paths.stream_meta(self.stream_id):
             self.checker.on_term_fixed(StreamMeta.from_json(data))
+
+    # ------------------------------------------------------------------ services
+
+    async def start_services(self, **options: Any) -> SimServices:
+        """Runs the real retention service, auditor, replication workers and scrub in this
+        simulation (`stream.sim.services.SimServices` takes `options`); `finish()` stops
+        them before the final takeover."""
+        self.services = SimServices(self, **options)
+        await self.services.start()
+        return self.services
+
+    async def run_retention_once(self) -> None:
+        """Runs one retention round now (after `start_services`)."""
+        assert self.services is not None, "start_services first"
+        await self.services.run_retention_once()
+
+    async def run_audit_once(self) -> None:
+        """Runs one audit pass now (after `start_services`)."""
+        assert self.services is not None, "start_services first"
+        await self.services.run_audit_once()
 
     # ------------------------------------------------------------------ tasks
 
@@ -608,6 +631,8 @@ class Simulation:
     async def finish(self, *, settle_s: float = 0.5) -> None:
         """Heals every fault, stops every writer, runs a last takeover and a last read of the
         whole stream, and gives them to the checker."""
+        if self.services is not None:
+            await self.services.stop()
         self.network.faults = replace(
             self.network.faults, spike_rate=0.0, loss_rate=0.0, duplicate_rate=0.0
         )

@@ -22,6 +22,7 @@ Nothing here reads real time or global randomness.
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -51,6 +52,7 @@ from stream.metadata.connection import (
     SessionListener,
     SessionState,
 )
+from stream.metadata.cursors import CursorStore
 from stream.metadata.streams import StreamStore
 from stream.sim.network import ZK_NODE
 
@@ -159,6 +161,10 @@ class FakeZooKeeper:
             if path in self._nodes:
                 self._remove(path)
         return owned
+
+    def later(self, fn: Callable[[], object]) -> None:
+        """Runs `fn` later, as a watch callback runs (kazoo's recipes spawn their work so)."""
+        self._schedule(fn)
 
     def connect(self) -> FakeKazooClient:
         """Returns a client with a new session."""
@@ -451,6 +457,27 @@ class FakeTransaction:
             return _Result(error=e)
 
 
+class _SimHandler:
+    """What kazoo's recipes (`ChildrenWatch`, `DataWatch`, a `Lock` that does not block) ask of
+    a client's handler: locks, events, a way to run a call later (on the loop, as watch
+    callbacks run) and a sleep between their retries (never a real one)."""
+
+    def __init__(self, schedule: Callable[[Callable[[], object]], object]) -> None:
+        self._schedule = schedule
+
+    def lock_object(self) -> threading.RLock:
+        return threading.RLock()
+
+    def event_object(self) -> threading.Event:
+        return threading.Event()
+
+    def spawn(self, fn: Callable[..., object], *args: Any, **kwargs: Any) -> None:
+        self._schedule(lambda: fn(*args, **kwargs))
+
+    def sleep_func(self, seconds: float) -> None:
+        """Retries of a simulated call happen at the same virtual instant."""
+
+
 class FakeKazooClient:
     """One session's client on a `FakeZooKeeper`, with kazoo's method names and errors.
 
@@ -475,6 +502,7 @@ class FakeKazooClient:
         self.closed = False
         self.state_listeners: list[Callable[[str], None]] = []
         self.default_acl = None
+        self.handler = _SimHandler(server.later)
 
     # ------------------------------------------------------------------ session
 
@@ -611,6 +639,15 @@ class FakeKazooClient:
     def transaction(self) -> FakeTransaction:
         return FakeTransaction(self)
 
+    def retry(self, func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """kazoo's `retry`: calls `func` again after a lost connection (bounded here)."""
+        for _ in range(_RETRY_ATTEMPTS - 1):
+            try:
+                return func(*args, **kwargs)
+            except (ConnectionLoss, OperationTimeoutError):
+                continue
+        return func(*args, **kwargs)
+
 
 class SimMetadataSession:
     """What `StreamStore` and `BookieRegistry` need of a `MetadataSession`, over a
@@ -689,6 +726,7 @@ class SimMetadata(ZkMetadata):
         self.session = session  # type: ignore[assignment]
         self.store = StreamStore(session, clock_ms=network.now_ms)  # type: ignore[arg-type]
         self.registry = BookieRegistry(session)  # type: ignore[arg-type]
+        self.cursors = CursorStore(session, clock_ms=network.now_ms)  # type: ignore[arg-type]
         self._addresses = {}
 
     async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from stream.clock import SystemClock
 from stream.metadata import (
     Fragment,
     MetadataSession,
@@ -44,7 +45,9 @@ BOOKIES = tuple(f"bookie-{i}" for i in range(1, 7))
 E3 = BOOKIES[:3]
 
 
-class FixedClock:
+class FixedClock(SystemClock):
+    """Wall time stands still (ages are the test's to set); intervals run on real time."""
+
     def __init__(self, now_ms: int = NOW_MS) -> None:
         self.now = now_ms
 

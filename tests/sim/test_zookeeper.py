@@ -3,18 +3,24 @@ the REAL StreamStore and BookieRegistry running on it, session expiry and lost r
 
 from __future__ import annotations
 
+import asyncio
+import random
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
 from kazoo.protocol.states import ZnodeStat
+from kazoo.recipe.lock import Lock
 
 from stream.errors import InvalidTermError
 from stream.metadata import BadVersionError, Fragment, StreamStore, WriterInfo, paths
 from stream.metadata.bookies import BookieRegistration, BookieRegistry
-from stream.metadata.connection import MetadataSessionExpiredError
+from stream.metadata.connection import MetadataSession, MetadataSessionExpiredError
+from stream.metadata.election import LeaderElection
+from stream.sandbox.zookeeper import ZooKeeperServer
 from stream.sim.zookeeper import FakeKazooClient, FakeZooKeeper, SimMetadataSession
+from tests.unit.metadata.conftest import expire_session
 
 E3 = ("b1", "b2", "b3")
 
@@ -180,3 +186,100 @@ def test_session_expiry_drops_ephemerals_and_reconnects_later() -> None:
     # The registry restored its registration on the new session, as after a real expiry.
     assert "b1" in registry.available()
     assert not store.writer_alive(stream_id)
+
+
+ELECTION = "/election"
+
+
+async def _until(predicate: Callable[[], object], timeout_s: float = 15.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not predicate():
+        assert loop.time() < deadline, f"timed out waiting for {predicate}"
+        await asyncio.sleep(0.01)
+
+
+async def _election_script(
+    sessions: list[Any], admin: Any, expire: Callable[[Any], None]
+) -> list[tuple[str, Any]]:
+    """Runs `LeaderElection`s on `sessions` beside a candidate of an older release (kazoo's
+    `Lock` on `admin`); returns what each step saw."""
+    out: list[tuple[str, Any]] = []
+    one, two = (
+        LeaderElection(s, ELECTION, name, events="test", rng=random.Random(i))
+        for i, (s, name) in enumerate(zip(sessions, ("one", "two"), strict=True))
+    )
+
+    def line() -> int:
+        return len(admin.get_children(ELECTION))
+
+    async def contend(election: LeaderElection) -> bool:
+        # As the services do: a failed attempt (a session ending meanwhile) is tried again.
+        while not election.cancelled:
+            if await election.campaign():
+                return True
+        return False
+
+    old = Lock(admin, ELECTION, "old")
+    out.append(("old release leads", (old.acquire(blocking=False),)))
+    first = asyncio.ensure_future(one.campaign())
+    await _until(lambda: line() == 2)
+    out.append(("one waits behind it", (first.done(), Lock(admin, ELECTION).contenders())))
+    old.release()
+    out.append(("one leads once it goes", (await asyncio.wait_for(first, 15), one.leading)))
+    second = asyncio.ensure_future(two.campaign())
+    await _until(lambda: line() == 2)
+    out.append(("two waits", (second.done(), await one.holds(), await two.holds())))
+    expire(sessions[0])
+    out.append(("two leads when one's session ends", (await asyncio.wait_for(second, 15),)))
+    await _until(lambda: not one.leading)
+    out.append(("one does not", (one.leading, await one.holds(), two.leading)))
+    again = asyncio.ensure_future(contend(one))
+    await _until(lambda: line() == 2)
+    one.cancel()
+    out.append(("a cancelled campaign", (await asyncio.wait_for(again, 15),)))
+    await _until(lambda: line() == 1)
+    await two.resign()
+    out.append(("resigned", (two.leading, line())))
+    return out
+
+
+async def _election_on_the_fake() -> list[tuple[str, Any]]:
+    server = FakeZooKeeper(schedule=asyncio.get_running_loop().call_soon)
+    admin = FakeKazooClient(server)
+    admin.ensure_path(ELECTION)
+    return await _election_script(
+        [_session(server), _session(server)], admin, lambda s: s.zk.expire(0.0)
+    )
+
+
+def test_election_on_the_fake() -> None:
+    got = dict(asyncio.run(_election_on_the_fake()))
+    assert got["one waits behind it"] == (False, ["old", "one"])
+    assert got["one leads once it goes"] == (True, True)
+    assert got["two waits"] == (False, True, False)
+    assert got["two leads when one's session ends"] == (True,)
+    assert got["one does not"] == (False, False, True)
+    assert got["a cancelled campaign"] == (False,)
+    assert got["resigned"] == (False, 0)
+
+
+@pytest.mark.integration
+def test_election_on_the_fake_as_on_a_real_zookeeper(
+    metadata_root: str, zookeeper: ZooKeeperServer
+) -> None:
+    sessions = [MetadataSession.connect(metadata_root, session_timeout_s=6.0) for _ in range(2)]
+    admin = KazooClient(hosts=metadata_root)
+    admin.start(timeout=10)
+    try:
+        admin.ensure_path(ELECTION)
+        expected = asyncio.run(
+            _election_script(sessions, admin, lambda s: expire_session(s, zookeeper.hosts))
+        )
+    finally:
+        admin.stop()
+        admin.close()
+        for session in sessions:
+            session.close()
+
+    assert asyncio.run(_election_on_the_fake()) == expected
