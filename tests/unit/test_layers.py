@@ -27,7 +27,15 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     (
         "foundation",
         frozenset(
-            {"stream", "stream.errors", "stream.addresses", "stream.logs", "stream.lazy_exports"}
+            {
+                "stream",
+                "stream.errors",
+                "stream.addresses",
+                "stream.logs",
+                "stream.lazy_exports",
+                "stream.clock",
+                "stream.wakeup",
+            }
         ),
     ),
     ("protocol", frozenset({"stream.protocol"})),
