@@ -770,7 +770,8 @@ def _print_measured(args: argparse.Namespace, run: MeasuredRun) -> None:
         "total", "", f"{total_cpu:.2f}", f"{run.cpu_us_per_entry:.1f}", "", f"{total_written:.0f}"
     )
     out.print(table)
-    latency = Table(title="append latency (ms, from each append's due time)")
+    since = "sent" if run.target_rate is None else "due"
+    latency = Table(title=f"append latency (ms, from the time each append was {since})")
     for column in ("p50", "p99", "p999", "max", "samples"):
         latency.add_column(column, justify="right")
     latency.add_row(
