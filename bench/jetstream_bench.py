@@ -161,7 +161,7 @@ def main() -> int:
         parser.error("--rounds, --seconds, --size and --in-flight must be positive")
     configure_logging(json=False, level="warning")
     install()
-    console = Console(width=120)
+    console = Console(width=150)
     base = Path(tempfile.mkdtemp(prefix="jetstream-bench-"))
     pairs: list[dict[str, float]] = []
     try:
@@ -182,11 +182,9 @@ def main() -> int:
                             publisher, url, args.seconds, args.size, args.in_flight
                         )
                     )
-                pair = {
-                    "round": n + 1,
-                    **rates,
-                    "ratio": rates["streamkeeper"] / rates["jetstream"],
-                }
+                ratio = rates["streamkeeper"] / rates["jetstream"]
+                pair = {"round": n + 1, **{k: round(v) for k, v in rates.items()}}
+                pair["ratio"] = round(ratio, 3)
                 pairs.append(pair)
                 console.print(f"  {pair}", highlight=False)
     finally:
