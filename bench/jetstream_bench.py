@@ -189,10 +189,12 @@ def main() -> int:
                 console.print(f"  {pair}", highlight=False)
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    table = Table(
-        title=f"{args.size} B, one writer: Streamkeeper e3w3a2 (journal on) / JetStream R3 "
-        f"(file, C client, {args.in_flight} in flight); load average {load:.1f}"
+    console.print(
+        f"{args.size} B, one writer: Streamkeeper e3w3a2 (journal on) / JetStream R3 (file, C "
+        f"client, {args.in_flight} in flight); load average {load:.1f} at the start",
+        highlight=False,
     )
+    table = Table(title="appends/s, rounds alternating")
     for column in ("round", "Streamkeeper/s", "JetStream/s", "ratio"):
         table.add_column(column, justify="right")
     for p in pairs:

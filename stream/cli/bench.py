@@ -432,6 +432,8 @@ def _tail(args: argparse.Namespace) -> int:
 # After the measured window the writer keeps appending this long, so that the window's last
 # acknowledgments are not the final flush's.
 _TAIL_S = 0.5
+# Below this fraction of its target rate a paced run says it fell behind.
+_KEPT_RATE = 0.95
 # The disk test's write size (one fdatasync after each, like a journal's group commit).
 _DISK_TEST_BLOCK = 1 << 20
 
@@ -752,6 +754,12 @@ def _print_measured(args: argparse.Namespace, run: MeasuredRun) -> None:
         f"{run.entries_per_s:,}/s (load average {run.load_average})",
         highlight=False,
     )
+    if run.target_rate is not None and run.entries_per_s < _KEPT_RATE * run.target_rate:
+        # Latency then measures the backlog, and CPU per entry a different batching.
+        out.print(
+            f"behind schedule: {run.entries_per_s / run.target_rate:.0%} of the target rate",
+            highlight=False,
+        )
     table = Table(title="CPU per acknowledged entry, memory, disk writes")
     for column in ("process", "pid", "CPU s", "CPU us/entry", "peak RSS MiB", "written MB"):
         table.add_column(column, justify="right")

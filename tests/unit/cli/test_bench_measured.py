@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from stream.cli.bench import _figures, _print_measured, _Snapshot
+from stream.cli.bench import MeasuredRun, _figures, _print_measured, _Snapshot
 from stream.cli.main import build_parser, main
 
 
@@ -70,7 +70,7 @@ def _window() -> tuple[list[tuple[float, float]], _Snapshot, _Snapshot]:
     return samples, first, last
 
 
-def _measured(command: str, synced: float | None) -> object:
+def _measured(command: str, synced: float | None) -> MeasuredRun:
     samples, first, last = _window()
     args = build_parser().parse_args(["bench", command])
     processes = [("client", 1), ("bookie-1", 2), ("bookie-2", 3)]
@@ -117,3 +117,14 @@ def test_json_for_scripts_and_tables_for_people(capsys: pytest.CaptureFixture[st
     text = capsys.readouterr().out
     for expected in ("CPU us/entry", "bookie-2", "p999", "rate / ceiling", "2 40"):
         assert expected in text
+
+
+def test_a_paced_run_that_fell_behind_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    # Its latencies then measure the backlog: the reader must not take them for the target's.
+    args = build_parser().parse_args(["bench", "paced"])
+    kept = _measured("paced", None)
+    _print_measured(args, kept)
+    assert "behind schedule" not in capsys.readouterr().out
+    kept.target_rate = 10_000.0
+    _print_measured(args, kept)
+    assert "behind schedule: 80% of the target rate" in capsys.readouterr().out
