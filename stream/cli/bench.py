@@ -6,6 +6,7 @@ and disk writes from /proc over a measured window (so they need the sandbox's ow
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -191,6 +192,11 @@ def _percentile(sorted_values: list[float], fraction: float) -> float:
     return sorted_values[index]
 
 
+def _payload(size: int) -> bytes:
+    """Returns the `size`-byte payload every append of a run carries (not all one byte)."""
+    return bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+
+
 def _run_writer(
     writer: Any,
     payload: bytes,
@@ -258,7 +264,7 @@ def _append_run(
     client: Any, size: int, writers: int, quorum: str, seconds: float, rate: float | None
 ) -> AppendResult:
     e, w, a = _parse_quorum(quorum)
-    payload = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+    payload = _payload(size)
     handles = []
     for _ in range(writers):
         name = f"bench-{uuid.uuid4().hex[:10]}"
@@ -645,21 +651,19 @@ def _drive(
 ) -> tuple[list[tuple[float, float]], _Snapshot, _Snapshot]:
     """Appends with `_run_writer` for the warm-up, the window and a tail; returns the latency
     samples and the processes' snapshots at the window's start and end."""
-    payload = bytes(range(256)) * (args.size // 256) + b"x" * (args.size % 256)
     samples: list[tuple[float, float]] = []
     counts: list[int] = []
-    driver = threading.Thread(
-        target=_run_writer,
-        args=(writer, payload, args.warmup + args.seconds + _TAIL_S, rate, samples, counts),
-        daemon=True,
-    )
-    started = time.perf_counter()
-    driver.start()
-    time.sleep(max(0.0, started + args.warmup - time.perf_counter()))
-    first = _snapshot(pids)
-    time.sleep(max(0.0, started + args.warmup + args.seconds - time.perf_counter()))
-    last = _snapshot(pids)
-    driver.join()
+    seconds = args.warmup + args.seconds + _TAIL_S
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        started = time.perf_counter()
+        driving = pool.submit(
+            _run_writer, writer, _payload(args.size), seconds, rate, samples, counts
+        )
+        time.sleep(max(0.0, started + args.warmup - time.perf_counter()))
+        first = _snapshot(pids)
+        time.sleep(max(0.0, started + args.warmup + args.seconds - time.perf_counter()))
+        last = _snapshot(pids)
+        driving.result()  # a writer that failed fails the run, its figures unprinted
     return samples, first, last
 
 
