@@ -26,6 +26,8 @@ from rich.table import Table
 
 from stream.cli import arguments
 from stream.cli.connect import tls_config
+from stream.cli.output import console as output_console
+from stream.cli.output import print_json, supports_json, wants_json
 from stream.errors import InvalidArgumentError
 
 # One append in this many has its latency measured (a done-callback on every future would
@@ -519,11 +521,10 @@ def _register_measured(
     sub: argparse._SubParsersAction[argparse.ArgumentParser],
 ) -> None:
     """Adds `bench paced` and `bench sustained`: one writer's appends to a sandbox of bookie
-    processes, measured over a window after a warm-up (issue 22's figures)."""
-    from stream.cli.output import supports_json
+    processes, measured over a window after a warm-up (the performance aims' figures)."""
 
-    def measured(name: str, help: str, seconds: str) -> argparse.ArgumentParser:
-        parser = sub.add_parser(name, help=help)
+    def measured(name: str, summary: str, seconds: str) -> argparse.ArgumentParser:
+        parser = sub.add_parser(name, help=summary)
         parser.add_argument("--bookies", type=int, default=3, help="sandbox bookies (default 3)")
         parser.add_argument("--data-dir", default=None, help="sandbox directory (default tmp)")
         parser.add_argument("--size", type=arguments.size, default=1024, help="default 1KiB")
@@ -744,12 +745,10 @@ def _per_entry(cpu_s: float, entries: int) -> float:
 
 def _print_measured(args: argparse.Namespace, run: MeasuredRun) -> None:
     """Prints `run` as one JSON line with `--output json`, as tables otherwise."""
-    from stream.cli.output import console, print_json, wants_json
-
     if wants_json(args):
         print_json(asdict(run))
         return
-    out = console()
+    out = output_console()
     target = "full speed" if run.target_rate is None else f"{run.target_rate:,.0f}/s"
     journal = "journal on" if run.journal else "journal off"
     out.print(
