@@ -32,7 +32,7 @@ from rich.table import Table
 
 from stream.protocol.checksum import entry_checksum
 from stream.sandbox.bookies import CHANNEL_OPTIONS, BookieProcess
-from stream.sandbox.processes import cpu_seconds
+from stream.sandbox.processes import cpu_seconds, write_bytes
 from stream.sandbox.zookeeper import ZooKeeperServer
 from stream.wire import bookie_pb2 as pb
 
@@ -86,14 +86,6 @@ def build_batches(stream_id: int, size: int, entries: int, batch: int) -> dict[i
         )
         requests[first] = request.SerializeToString()
     return requests
-
-
-def proc_write_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/io") as f:
-        for line in f:
-            if line.startswith("write_bytes:"):
-                return int(line.split()[1])
-    raise RuntimeError("no write_bytes in /proc/PID/io")
 
 
 def stream_adds(channel: grpc.Channel, batches: dict[int, bytes], window: int) -> tuple[int, int]:
@@ -189,7 +181,7 @@ def run_one(
                 stderr=subprocess.DEVNULL,
             )
             time.sleep(1.0)
-        written_before = proc_write_bytes(bookie.pid)
+        written_before = write_bytes(bookie.pid)
         cpu_before = cpu_seconds(bookie.pid)
         started = time.perf_counter()
         acked, busy = stream_adds(channel, batches, window)
@@ -200,7 +192,7 @@ def run_one(
             profiler.wait(30)
         # Let the write cache reach the entry logs and the index before counting bytes.
         time.sleep(FLUSH_INTERVAL_MS / 1000 * 2.5)
-        disk_bytes = proc_write_bytes(bookie.pid) - written_before
+        disk_bytes = write_bytes(bookie.pid) - written_before
         if acked != entries:
             raise RuntimeError(f"{acked} of {entries} acknowledged")
         channel.close()

@@ -34,6 +34,7 @@ from stream.client import StreamClient
 from stream.logs import configure_logging
 from stream.sandbox.bookies import BookieProcess
 from stream.sandbox.cluster import SandboxCluster
+from stream.sandbox.processes import write_bytes
 from stream.sandbox.zookeeper import ZooKeeperServer
 from stream.wire import bookie_pb2 as pb
 
@@ -78,14 +79,6 @@ class RepairResult:
     @property
     def entries_per_s(self) -> float:
         return self.copied / self.phase_two_s if self.phase_two_s else 0.0
-
-
-def proc_write_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/io") as f:
-        for line in f:
-            if line.startswith("write_bytes:"):
-                return int(line.split()[1])
-    raise RuntimeError("no write_bytes in /proc/PID/io")
 
 
 def log_events(bookie: BookieProcess, since_line: int = 0) -> list[dict[str, Any]]:
@@ -140,11 +133,11 @@ def run_appends(zk: ZooKeeperServer, base: Path, journal: bool, size: int, secon
             # Warm-up: connections, code paths, the first fragment.
             append_for(client, name, size, 0.5, 2_000)
             time.sleep(FLUSH_INTERVAL_MS / 1000 * 1.5)
-            before = {b.pid: proc_write_bytes(b.pid) for b in cluster.bookies}
+            before = {b.pid: write_bytes(b.pid) for b in cluster.bookies}
             entries, elapsed = append_for(client, name, size, seconds, 10_000_000)
             # Let the write caches flush to entry logs and the index.
             time.sleep(FLUSH_INTERVAL_MS / 1000 * 2.5)
-            disk = sum(proc_write_bytes(pid) - b for pid, b in before.items())
+            disk = sum(write_bytes(pid) - b for pid, b in before.items())
     finally:
         cluster.stop()
     return AppendResult(journal, size, entries, elapsed, disk)

@@ -52,7 +52,7 @@ from rich.table import Table
 
 from stream.client import StreamClient
 from stream.sandbox.cluster import SandboxCluster
-from stream.sandbox.processes import cpu_seconds
+from stream.sandbox.processes import cpu_seconds, write_bytes
 
 ENTRY_BYTES = 100
 FRAGMENT_MAX_ENTRIES = 100_000
@@ -139,14 +139,6 @@ def cluster_cpu_s(cluster: SandboxCluster) -> float:
     return usage.ru_utime + usage.ru_stime + sum(cpu_seconds(b.pid) for b in cluster.bookies)
 
 
-def process_write_bytes(pid: int) -> int:
-    """Returns the bytes process `pid` caused to be written to storage so far."""
-    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
-        if line.startswith("write_bytes:"):
-            return int(line.split()[1])
-    return 0
-
-
 def quiesce(cluster: SandboxCluster, console: Console, timeout_s: float = 120.0) -> float:
     """Waits until the bookies are idle (little CPU, no disk writes for a while: the history's
     write cache is flushed) and returns the seconds waited, so that a takeover is not timed
@@ -155,7 +147,7 @@ def quiesce(cluster: SandboxCluster, console: Console, timeout_s: float = 120.0)
     pids = [b.pid for b in cluster.bookies]
 
     def sample() -> tuple[float, int]:
-        return sum(cpu_seconds(p) for p in pids), sum(process_write_bytes(p) for p in pids)
+        return sum(cpu_seconds(p) for p in pids), sum(write_bytes(p) for p in pids)
 
     cpu, written = sample()
     quiet_since = time.monotonic()

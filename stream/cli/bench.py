@@ -1,11 +1,15 @@
-"""`streamctl bench append|tail`: client benchmarks on a sandbox of bookie processes started for
-the run (or an existing cluster with `--existing`), printing comparable figures."""
+"""`streamctl bench append|tail|paced|sustained`: client benchmarks on a sandbox of bookie
+processes started for the run (append and tail: or an existing cluster with `--existing`),
+printing comparable figures. `paced` and `sustained` also read each process's CPU, peak memory
+and disk writes from /proc over a measured window (so they need the sandbox's own bookies)."""
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -22,6 +26,8 @@ from rich.table import Table
 
 from stream.cli import arguments
 from stream.cli.connect import tls_config
+from stream.cli.output import console as output_console
+from stream.cli.output import print_json, supports_json, wants_json
 from stream.errors import InvalidArgumentError
 
 # One append in this many has its latency measured (a done-callback on every future would
@@ -30,7 +36,7 @@ _LATENCY_SAMPLE_EVERY = 8
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Adds `bench append` and `bench tail` to `streamctl`."""
+    """Adds `bench append`, `tail`, `paced` and `sustained` to `streamctl`."""
     bench = subparsers.add_parser("bench", help="client benchmarks on a sandbox")
     sub = bench.add_subparsers(dest="bench_command", metavar="SUBCOMMAND", required=True)
 
@@ -77,6 +83,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     tail.add_argument("--entry-size", type=arguments.size, default=16384, help="default 16KiB")
     tail.add_argument("--quorum", default="e3w3a2")
     tail.set_defaults(handler=_tail)
+    _register_measured(sub)
 
 
 @dataclass
@@ -133,24 +140,45 @@ def _client(args: argparse.Namespace, secure: bool = False) -> Iterator[Any]:
         ) as client:
             yield client
         return
+    with _sandbox(args, secure) as cluster, _sandbox_client(cluster) as client:
+        yield client
+
+
+@contextlib.contextmanager
+def _sandbox(
+    args: argparse.Namespace, secure: bool = False, bookie_settings: dict[str, Any] | None = None
+) -> Iterator[Any]:
+    """Yields a started `SandboxCluster` of `args.bookies` bookies under `--data-dir` (a temp
+    directory, removed afterwards, without it); stops it afterwards."""
     from stream.sandbox.cluster import SandboxCluster
-    from stream.security.roles import Role
 
     base = Path(args.data_dir) if args.data_dir else Path(tempfile.mkdtemp(prefix="sk-bench-"))
     cluster = SandboxCluster(
-        base / ("secure" if secure else "sandbox"), bookies=args.bookies, secure=secure
+        base / ("secure" if secure else "sandbox"),
+        bookies=args.bookies,
+        secure=secure,
+        bookie_settings=bookie_settings,
     )
     cluster.start()
     try:
-        tls = cluster.tls.client(Role.WRITER) if cluster.tls is not None else None
-        with StreamClient.connect(
-            cluster.metadata, tls=tls, metadata_auth_file=cluster.metadata_auth_file
-        ) as client:
-            yield client
+        yield cluster
     finally:
         cluster.stop()
         if not args.data_dir:
             shutil.rmtree(base, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _sandbox_client(cluster: Any) -> Iterator[Any]:
+    """Yields a `StreamClient` of `cluster` (a writer's certificate when it serves TLS)."""
+    from stream.client import StreamClient
+    from stream.security.roles import Role
+
+    tls = cluster.tls.client(Role.WRITER) if cluster.tls is not None else None
+    with StreamClient.connect(
+        cluster.metadata, tls=tls, metadata_auth_file=cluster.metadata_auth_file
+    ) as client:
+        yield client
 
 
 # The pacer's shortest sleep.
@@ -166,15 +194,22 @@ def _percentile(sorted_values: list[float], fraction: float) -> float:
     return sorted_values[index]
 
 
+def _payload(size: int) -> bytes:
+    """Returns the `size`-byte payload every append of a run carries (not all one byte)."""
+    return bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+
+
 def _run_writer(
     writer: Any,
     payload: bytes,
     seconds: float,
     rate: float | None,
-    latencies: list[float],
+    latencies: list[tuple[float, float]],
     counts: list[int],
 ) -> None:
-    """Appends `payload` for `seconds`; at `rate` entries/s when given.
+    """Appends `payload` for `seconds`; at `rate` entries/s when given. Adds `(sent, latency)`
+    of one append in `_LATENCY_SAMPLE_EVERY` to `latencies` (perf_counter seconds; `sent` is
+    the due time of a paced append).
 
     Paced runs follow a fixed schedule (append `n` is due at `start + n / rate`) and measure
     each sampled latency from its due time, not from when the append was actually made: a
@@ -194,7 +229,7 @@ def _run_writer(
         def done(_: Any) -> None:
             elapsed = perf() - since
             with lock:
-                latencies.append(elapsed)
+                latencies.append((since, elapsed))
 
         return done
 
@@ -231,13 +266,13 @@ def _append_run(
     client: Any, size: int, writers: int, quorum: str, seconds: float, rate: float | None
 ) -> AppendResult:
     e, w, a = _parse_quorum(quorum)
-    payload = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+    payload = _payload(size)
     handles = []
     for _ in range(writers):
         name = f"bench-{uuid.uuid4().hex[:10]}"
         client.create_stream(name, ensemble=e, write_quorum=w, ack_quorum=a)
         handles.append(client.open_writer(name))
-    latencies: list[float] = []
+    latencies: list[tuple[float, float]] = []
     counts: list[int] = []
     per_writer_rate = None if rate is None else rate / writers
     threads = [
@@ -255,7 +290,7 @@ def _append_run(
     for h in handles:
         h.close()
     total = sum(counts)
-    ordered = sorted(x * 1000 for x in latencies)
+    ordered = sorted(x * 1000 for _, x in latencies)
     return AppendResult(
         size=size,
         writers=writers,
@@ -398,3 +433,376 @@ def _tail(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(figures) + "\n")
     return 0 if read == count else 1
+
+
+# ---------------------------------------------------------------- bench paced | sustained
+
+# After the measured window the writer keeps appending this long, so that the window's last
+# acknowledgments are not the final flush's.
+_TAIL_S = 0.5
+# Below this fraction of its target rate a paced run says it fell behind.
+_KEPT_RATE = 0.95
+# The disk test's write size (one fdatasync after each, like a journal's group commit).
+_DISK_TEST_BLOCK = 1 << 20
+
+
+@dataclass
+class ProcessFigures:
+    """One process's share of a measured window: CPU (user + system), peak resident memory
+    (VmHWM, the whole life of the process) and bytes it wrote to storage."""
+
+    process: str
+    pid: int
+    cpu_s: float
+    cpu_us_per_entry: float
+    peak_rss_mib: float
+    written_mb: float
+
+
+@dataclass
+class DiskCeiling:
+    """A sustained run against the disk: the disk's synced-write bandwidth measured in the
+    same run, the bytes all bookies wrote per payload byte acknowledged, the append rate those
+    allow, and the run's rate as a fraction of it."""
+
+    synced_mb_per_s: float
+    written_per_payload_byte: float
+    ceiling_entries_per_s: float
+    fraction: float
+
+
+@dataclass
+class MeasuredRun:
+    """One measured window of appends by one writer to a sandbox of bookie processes: the
+    rate acknowledged, CPU per acknowledged entry per process and in total, append latency
+    (from the due time of each paced append, so a stalled sender shows), the largest latency
+    of each second of the window, and, for a sustained run, the disk ceiling."""
+
+    command: str
+    size: int
+    quorum: str
+    journal: bool
+    target_rate: float | None
+    load_average: float
+    seconds: float
+    entries: int
+    entries_per_s: float
+    cpu_us_per_entry: float
+    p50_ms: float
+    p99_ms: float
+    p999_ms: float
+    max_ms: float
+    latency_samples: int
+    per_second_max_ms: list[float]
+    processes: list[ProcessFigures]
+    disk: DiskCeiling | None = None
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    """CPU seconds and bytes written of each process at one moment (perf_counter `at`)."""
+
+    at: float
+    cpu: dict[int, float]
+    written: dict[int, int]
+
+
+def _positive_rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not (value > 0 and value < float("inf")):
+        raise argparse.ArgumentTypeError(f"expected entries per second > 0, got {text!r}")
+    return value
+
+
+def _register_measured(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> None:
+    """Adds `bench paced` and `bench sustained`: one writer's appends to a sandbox of bookie
+    processes, measured over a window after a warm-up (the performance aims' figures)."""
+
+    def measured(name: str, summary: str, seconds: str) -> argparse.ArgumentParser:
+        parser = sub.add_parser(name, help=summary)
+        parser.add_argument("--bookies", type=int, default=3, help="sandbox bookies (default 3)")
+        parser.add_argument("--data-dir", default=None, help="sandbox directory (default tmp)")
+        parser.add_argument("--size", type=arguments.size, default=1024, help="default 1KiB")
+        parser.add_argument("--quorum", default="e3w3a2", help="eEwWaA (default e3w3a2)")
+        parser.add_argument(
+            "--journal",
+            choices=("on", "off"),
+            default="on",
+            help="on: entries in the journal, fsync before acknowledgment (default)",
+        )
+        parser.add_argument(
+            "--warmup", type=arguments.duration, default=2.0, help="unmeasured first (2s)"
+        )
+        parser.add_argument(
+            "--seconds", type=arguments.duration, default=seconds, help=f"measured ({seconds})"
+        )
+        supports_json(parser)
+        return parser
+
+    paced = measured("paced", "CPU per entry per process, latency, memory at a fixed rate", "10")
+    paced.add_argument(
+        "--rate",
+        type=_positive_rate,
+        default=20_000.0,
+        help="appends/s on a fixed schedule (default 20000)",
+    )
+    paced.set_defaults(handler=_paced)
+    sustained = measured(
+        "sustained", "full speed against the disk's synced-write ceiling, memory", "60"
+    )
+    sustained.add_argument(
+        "--disk-test-bytes",
+        type=arguments.size,
+        default=256 << 20,
+        help="synced writes of the disk test, in 1 MiB writes (default 256MiB)",
+    )
+    sustained.set_defaults(handler=_sustained)
+
+
+def _check_measured(args: argparse.Namespace) -> None:
+    """Refuses a quorum the sandbox cannot place, before anything starts."""
+    e, w, a = _parse_quorum(args.quorum)
+    if not e >= w >= a >= 1:
+        raise InvalidArgumentError("quorum needs ensemble >= write >= ack >= 1", quorum=args.quorum)
+    if not e <= args.bookies:
+        raise InvalidArgumentError(
+            "the ensemble is larger than --bookies", quorum=args.quorum, bookies=args.bookies
+        )
+    if args.size < 1:
+        raise InvalidArgumentError("--size must be >= 1", size=args.size)
+
+
+def _paced(args: argparse.Namespace) -> int:
+    _check_measured(args)
+    _print_measured(args, _measured_run(args, "paced", args.rate))
+    return 0
+
+
+def _sustained(args: argparse.Namespace) -> int:
+    _check_measured(args)
+    if args.disk_test_bytes < _DISK_TEST_BLOCK:
+        raise InvalidArgumentError("--disk-test-bytes must be at least 1MiB")
+    _print_measured(args, _measured_run(args, "sustained", None))
+    return 0
+
+
+def _snapshot(pids: list[int]) -> _Snapshot:
+    from stream.sandbox.processes import cpu_seconds, write_bytes
+
+    return _Snapshot(
+        time.perf_counter(),
+        {pid: cpu_seconds(pid) for pid in pids},
+        {pid: write_bytes(pid) for pid in pids},
+    )
+
+
+def synced_write_mb_per_s(directory: Path, total: int) -> float:
+    """Returns the MB/s of `total` bytes written sequentially to a new file in `directory`,
+    1 MiB at a time with an fdatasync after each (as the journal makes entries durable); the
+    file is removed."""
+    path = directory / f"disk-test-{uuid.uuid4().hex[:8]}"
+    block = os.urandom(_DISK_TEST_BLOCK)  # incompressible, whatever the filesystem
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        started = time.perf_counter()
+        for _ in range(total // _DISK_TEST_BLOCK):
+            view = memoryview(block)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fdatasync(fd)
+        elapsed = time.perf_counter() - started
+    finally:
+        os.close(fd)
+        path.unlink()
+    return total // _DISK_TEST_BLOCK * _DISK_TEST_BLOCK / elapsed / 1e6
+
+
+def _measured_run(args: argparse.Namespace, command: str, rate: float | None) -> MeasuredRun:
+    """Runs one writer's appends on a fresh sandbox (the disk test first when sustained)."""
+    from stream.sandbox.processes import peak_rss_bytes
+
+    e, w, a = _parse_quorum(args.quorum)
+    settings = {"journal_write_data": args.journal == "on", "log_level": "warning"}
+    load_average = os.getloadavg()[0]
+    with _sandbox(args, bookie_settings=settings) as cluster:
+        synced = (
+            synced_write_mb_per_s(cluster.data_dir, args.disk_test_bytes)
+            if command == "sustained"
+            else None
+        )
+        with _sandbox_client(cluster) as client:
+            name = f"bench-{uuid.uuid4().hex[:10]}"
+            client.create_stream(name, ensemble=e, write_quorum=w, ack_quorum=a)
+            processes = [("client", os.getpid())] + [(b.bookie_id, b.pid) for b in cluster.bookies]
+            with client.open_writer(name) as writer:
+                samples, first, last = _drive(writer, args, rate, [pid for _, pid in processes])
+            peak = {pid: peak_rss_bytes(pid) for _, pid in processes}
+    return _figures(
+        args, command, rate, load_average, samples, first, last, processes, peak, synced
+    )
+
+
+def _drive(
+    writer: Any, args: argparse.Namespace, rate: float | None, pids: list[int]
+) -> tuple[list[tuple[float, float]], _Snapshot, _Snapshot]:
+    """Appends with `_run_writer` for the warm-up, the window and a tail; returns the latency
+    samples and the processes' snapshots at the window's start and end."""
+    samples: list[tuple[float, float]] = []
+    counts: list[int] = []
+    seconds = args.warmup + args.seconds + _TAIL_S
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        started = time.perf_counter()
+        driving = pool.submit(
+            _run_writer, writer, _payload(args.size), seconds, rate, samples, counts
+        )
+        time.sleep(max(0.0, started + args.warmup - time.perf_counter()))
+        first = _snapshot(pids)
+        time.sleep(max(0.0, started + args.warmup + args.seconds - time.perf_counter()))
+        last = _snapshot(pids)
+        driving.result()  # a writer that failed fails the run, its figures unprinted
+    return samples, first, last
+
+
+def _figures(
+    args: argparse.Namespace,
+    command: str,
+    rate: float | None,
+    load_average: float,
+    samples: list[tuple[float, float]],
+    first: _Snapshot,
+    last: _Snapshot,
+    processes: list[tuple[str, int]],
+    peak: dict[int, int],
+    synced_mb_per_s: float | None,
+) -> MeasuredRun:
+    """Computes a window's figures. Acknowledged entries are counted from the sampled ones
+    acknowledged within the window (acknowledgments come in entry order, one in
+    `_LATENCY_SAMPLE_EVERY` is sampled); latencies are those of appends due within it."""
+    seconds = last.at - first.at
+    acked = _LATENCY_SAMPLE_EVERY * sum(
+        1 for sent, latency in samples if first.at <= sent + latency < last.at
+    )
+    due = [(sent, latency) for sent, latency in samples if first.at <= sent < last.at]
+    ordered = sorted(latency * 1000 for _, latency in due)
+    # Whole seconds: the window's last fraction of a second joins its last second.
+    per_second = [0.0] * max(1, round(seconds))
+    for sent, latency in due:
+        second = min(int(sent - first.at), len(per_second) - 1)
+        per_second[second] = max(per_second[second], latency * 1000)
+    figures = [
+        ProcessFigures(
+            process=name,
+            pid=pid,
+            cpu_s=round(last.cpu[pid] - first.cpu[pid], 2),
+            cpu_us_per_entry=_per_entry(last.cpu[pid] - first.cpu[pid], acked),
+            peak_rss_mib=round(peak[pid] / (1 << 20), 1),
+            written_mb=round((last.written[pid] - first.written[pid]) / 1e6, 1),
+        )
+        for name, pid in processes
+    ]
+    entries_per_s = acked / seconds
+    disk = None
+    if synced_mb_per_s is not None:
+        bookies_written = sum(last.written[p] - first.written[p] for _, p in processes[1:])
+        per_payload = bookies_written / max(1, acked * args.size)
+        ceiling = synced_mb_per_s * 1e6 / (per_payload * args.size) if per_payload else 0.0
+        disk = DiskCeiling(
+            synced_mb_per_s=round(synced_mb_per_s, 1),
+            written_per_payload_byte=round(per_payload, 2),
+            ceiling_entries_per_s=round(ceiling),
+            fraction=round(entries_per_s / ceiling, 3) if ceiling else 0.0,
+        )
+    return MeasuredRun(
+        command=command,
+        size=args.size,
+        quorum=args.quorum,
+        journal=args.journal == "on",
+        target_rate=rate,
+        load_average=round(load_average, 2),
+        seconds=round(seconds, 2),
+        entries=acked,
+        entries_per_s=round(entries_per_s),
+        cpu_us_per_entry=_per_entry(sum(last.cpu.values()) - sum(first.cpu.values()), acked),
+        p50_ms=round(_percentile(ordered, 0.5), 2),
+        p99_ms=round(_percentile(ordered, 0.99), 2),
+        p999_ms=round(_percentile(ordered, 0.999), 2),
+        max_ms=round(ordered[-1], 2) if ordered else float("nan"),
+        latency_samples=len(ordered),
+        per_second_max_ms=[round(v, 1) for v in per_second],
+        processes=figures,
+        disk=disk,
+    )
+
+
+def _per_entry(cpu_s: float, entries: int) -> float:
+    return round(cpu_s / entries * 1e6, 2) if entries else float("nan")
+
+
+def _print_measured(args: argparse.Namespace, run: MeasuredRun) -> None:
+    """Prints `run` as one JSON line with `--output json`, as tables otherwise."""
+    if wants_json(args):
+        print_json(asdict(run))
+        return
+    out = output_console()
+    target = "full speed" if run.target_rate is None else f"{run.target_rate:,.0f}/s"
+    journal = "journal on" if run.journal else "journal off"
+    out.print(
+        f"streamctl bench {run.command}: {run.size} B, {run.quorum}, {journal}, target "
+        f"{target}; {run.entries:,} acknowledged in {run.seconds} s: "
+        f"{run.entries_per_s:,}/s (load average {run.load_average})",
+        highlight=False,
+    )
+    if run.target_rate is not None and run.entries_per_s < _KEPT_RATE * run.target_rate:
+        # Latency then measures the backlog, and CPU per entry a different batching.
+        out.print(
+            f"behind schedule: {run.entries_per_s / run.target_rate:.0%} of the target rate",
+            highlight=False,
+        )
+    table = Table(title="CPU per acknowledged entry, memory, disk writes")
+    for column in ("process", "pid", "CPU s", "CPU us/entry", "peak RSS MiB", "written MB"):
+        table.add_column(column, justify="right")
+    for p in run.processes:
+        table.add_row(
+            p.process,
+            str(p.pid),
+            f"{p.cpu_s:.2f}",
+            f"{p.cpu_us_per_entry:.1f}",
+            f"{p.peak_rss_mib:.0f}",
+            f"{p.written_mb:.0f}",
+        )
+    total_cpu = sum(p.cpu_s for p in run.processes)
+    total_written = sum(p.written_mb for p in run.processes)
+    table.add_row(
+        "total", "", f"{total_cpu:.2f}", f"{run.cpu_us_per_entry:.1f}", "", f"{total_written:.0f}"
+    )
+    out.print(table)
+    since = "sent" if run.target_rate is None else "due"
+    latency = Table(title=f"append latency (ms, from the time each append was {since})")
+    for column in ("p50", "p99", "p999", "max", "samples"):
+        latency.add_column(column, justify="right")
+    latency.add_row(
+        *(f"{v:.1f}" for v in (run.p50_ms, run.p99_ms, run.p999_ms, run.max_ms)),
+        str(run.latency_samples),
+    )
+    out.print(latency)
+    out.print(
+        "largest latency of each second (ms): "
+        + " ".join(f"{v:.0f}" for v in run.per_second_max_ms),
+        highlight=False,
+    )
+    if run.disk is not None:
+        disk = Table(title="sustained rate against the disk's ceiling")
+        for column in ("disk synced MB/s", "written B / payload B", "ceiling/s", "rate / ceiling"):
+            disk.add_column(column, justify="right")
+        disk.add_row(
+            f"{run.disk.synced_mb_per_s:.0f}",
+            f"{run.disk.written_per_payload_byte:.2f}",
+            f"{run.disk.ceiling_entries_per_s:,.0f}",
+            f"{run.disk.fraction:.2f}",
+        )
+        out.print(disk)

@@ -1,5 +1,5 @@
 """The child processes of the sandbox (bookies, retention services): stopping them, and
-reading their CPU time (for the benchmarks)."""
+reading their CPU time, disk writes and peak memory (for the benchmarks)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import os
 import signal
 import subprocess
 from pathlib import Path
+
+from stream.errors import StreamError
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -30,3 +32,22 @@ def cpu_seconds(pid: int) -> float:
     """Returns the user + system CPU seconds process `pid` used so far (from /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+
+def _proc_field(path: str, name: str) -> str:
+    """Returns the value after `name:` in a /proc file of `key: value` lines."""
+    for line in Path(path).read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key == name:
+            return value.strip()
+    raise StreamError(f"no {name} in {path}")
+
+
+def write_bytes(pid: int) -> int:
+    """Returns the bytes process `pid` caused to be written to storage so far (/proc io)."""
+    return int(_proc_field(f"/proc/{pid}/io", "write_bytes"))
+
+
+def peak_rss_bytes(pid: int) -> int:
+    """Returns the largest resident set process `pid` had so far (VmHWM)."""
+    return int(_proc_field(f"/proc/{pid}/status", "VmHWM").split()[0]) * 1024

@@ -1,0 +1,130 @@
+"""`streamctl bench paced|sustained`: their options, what they refuse before starting a
+sandbox, and the figures and output they make of a window's measurements (no processes)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stream.cli.bench import MeasuredRun, _figures, _print_measured, _Snapshot
+from stream.cli.main import build_parser, main
+
+
+def _usage_error(*argv: str) -> bool:
+    with pytest.raises(SystemExit) as refused:
+        build_parser().parse_args(list(argv))
+    return refused.value.code == 2
+
+
+def test_paced_and_sustained_take_issue_22s_defaults_and_units() -> None:
+    paced = build_parser().parse_args(["bench", "paced"])
+    assert (paced.rate, paced.seconds, paced.warmup) == (20_000.0, 10.0, 2.0)
+    assert (paced.size, paced.quorum, paced.journal, paced.bookies) == (1024, "e3w3a2", "on", 3)
+    latency = build_parser().parse_args(
+        ["bench", "paced", "--rate", "15000", "--seconds", "1m", "--size", "4KiB"]
+    )
+    assert (latency.rate, latency.seconds, latency.size) == (15_000.0, 60.0, 4096)
+    sustained = build_parser().parse_args(["bench", "sustained", "--journal", "off"])
+    assert (sustained.seconds, sustained.disk_test_bytes, sustained.journal) == (
+        60.0,
+        256 << 20,
+        "off",
+    )
+    for bad in ("0", "-5", "fast", "inf"):
+        assert _usage_error("bench", "paced", "--rate", bad)
+    assert _usage_error("bench", "sustained", "--seconds", "0")
+    assert _usage_error("bench", "paced", "--journal", "sometimes")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bench", "paced", "--bookies", "2"],  # e3 needs three bookies
+        ["bench", "paced", "--quorum", "e3w4a2"],
+        ["bench", "paced", "--quorum", "three"],
+        ["bench", "sustained", "--disk-test-bytes", "4KiB"],
+    ],
+)
+def test_what_cannot_run_is_refused_before_a_sandbox_starts(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # No --metadata and no ZooKeeper: anything that got as far as a sandbox would take its
+    # time and print figures; a refusal is an error line at once.
+    assert main(argv) != 0
+    captured = capsys.readouterr()
+    assert "error" in captured.err and captured.out == ""
+
+
+def _window() -> tuple[list[tuple[float, float]], _Snapshot, _Snapshot]:
+    """Two seconds of samples at 1,000 sampled appends/s (8,000 appends/s), each taking 2 ms
+    but for one of 40 ms in the second second; client pid 1, bookies 2 and 3."""
+    first = _Snapshot(100.0, {1: 10.0, 2: 20.0, 3: 30.0}, {1: 0, 2: 1000, 3: 1000})
+    written = 1000 + 16_384_000
+    last = _Snapshot(102.0, {1: 10.16, 2: 20.08, 3: 30.08}, {1: 0, 2: written, 3: written})
+    samples = [(99.5, 0.002)]  # before the window: neither counted nor timed
+    # Acknowledged at 100.0005 ... 101.9995, the first two due before the window.
+    samples += [(99.9985 + i / 1000, 0.002) for i in range(2000)]
+    samples[1500] = (samples[1500][0], 0.040)
+    samples.append((101.9995, 0.010))  # due inside, acknowledged after the window
+    return samples, first, last
+
+
+def _measured(command: str, synced: float | None) -> MeasuredRun:
+    samples, first, last = _window()
+    args = build_parser().parse_args(["bench", command])
+    processes = [("client", 1), ("bookie-1", 2), ("bookie-2", 3)]
+    peak = {1: 100 << 20, 2: 200 << 20, 3: 300 << 20}
+    rate = 8000.0 if command == "paced" else None
+    return _figures(args, command, rate, 1.5, samples, first, last, processes, peak, synced)
+
+
+def test_a_window_gives_rate_cpu_per_entry_latency_and_each_seconds_maximum() -> None:
+    run = _measured("paced", None)
+    # 2,000 sampled acknowledgments in the window stand for 8 appends each.
+    assert (run.entries, run.seconds, run.entries_per_s) == (16_000, 2.0, 8000)
+    by_name = {p.process: p for p in run.processes}
+    assert by_name["client"].cpu_us_per_entry == 10.0  # 0.16 s / 16,000
+    assert by_name["bookie-1"].cpu_us_per_entry == 5.0
+    assert run.cpu_us_per_entry == 20.0
+    assert by_name["bookie-2"].peak_rss_mib == 300.0
+    assert by_name["bookie-1"].written_mb == 16.4
+    assert (run.p50_ms, run.p99_ms, run.max_ms) == (2.0, 2.0, 40.0)
+    assert run.latency_samples == 1999
+    assert run.per_second_max_ms == [2.0, 40.0]
+    assert run.disk is None
+
+
+def test_a_sustained_window_is_set_against_the_disks_ceiling() -> None:
+    run = _measured("sustained", 328.0)
+    assert run.disk is not None
+    # The bookies wrote 2 x 16,384,000 bytes for 16,000 KiB of payload: 2 bytes per byte, so
+    # 328 MB/s of synced writes take 328e6 / 2 / 1024 appends/s.
+    assert run.disk.written_per_payload_byte == 2.0
+    assert run.disk.ceiling_entries_per_s == round(328e6 / 2 / 1024)
+    assert run.disk.fraction == round(8000 / (328e6 / 2 / 1024), 3)
+
+
+def test_json_for_scripts_and_tables_for_people(capsys: pytest.CaptureFixture[str]) -> None:
+    run = _measured("sustained", 328.0)
+    _print_measured(build_parser().parse_args(["--output", "json", "bench", "sustained"]), run)
+    (line,) = capsys.readouterr().out.splitlines()
+    figures = json.loads(line)
+    assert figures["entries_per_s"] == 8000 and figures["per_second_max_ms"] == [2.0, 40.0]
+    assert [p["process"] for p in figures["processes"]] == ["client", "bookie-1", "bookie-2"]
+    assert figures["disk"]["written_per_payload_byte"] == 2.0
+    _print_measured(build_parser().parse_args(["bench", "sustained"]), run)
+    text = capsys.readouterr().out
+    for expected in ("CPU us/entry", "bookie-2", "p999", "rate / ceiling", "2 40"):
+        assert expected in text
+
+
+def test_a_paced_run_that_fell_behind_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    # Its latencies then measure the backlog: the reader must not take them for the target's.
+    args = build_parser().parse_args(["bench", "paced"])
+    kept = _measured("paced", None)
+    _print_measured(args, kept)
+    assert "behind schedule" not in capsys.readouterr().out
+    kept.target_rate = 10_000.0
+    _print_measured(args, kept)
+    assert "behind schedule: 80% of the target rate" in capsys.readouterr().out
