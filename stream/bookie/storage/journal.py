@@ -10,7 +10,6 @@ its wrapper cannot cancel the shared future under the other waiters.
 from __future__ import annotations
 
 import contextlib
-import mmap
 import os
 import threading
 import time
@@ -36,7 +35,7 @@ from stream.bookie.storage.codec import (
     parse_numbered_name,
     recycled_journal_name,
 )
-from stream.bookie.storage.fsutil import fsync_dir
+from stream.bookie.storage.disk_port import OS_DISK, DiskPort
 from stream.errors import StorageError
 from stream.protocol.invariant import invariant
 
@@ -101,10 +100,10 @@ def _type_crcs(seed: int) -> dict[int, int]:
     return {t: _crc32c(bytes([t]), seed) for t in RECORD_TYPES}
 
 
-def journal_files(path: Path) -> list[tuple[int, Path]]:
+def journal_files(path: Path, disk: DiskPort = OS_DISK) -> list[tuple[int, Path]]:
     """Returns the journal files under `path` as (seq, path), oldest first."""
     found = []
-    for name in os.listdir(path):
+    for name in disk.listdir(path):
         seq = parse_numbered_name(name, "journal-", 16)
         if seq is not None:
             found.append((seq, path / name))
@@ -112,28 +111,32 @@ def journal_files(path: Path) -> list[tuple[int, Path]]:
     return found
 
 
-def replay(path: Path, checkpoint: JournalPosition) -> Iterator[ReplayedRecord]:
+def replay(
+    path: Path, checkpoint: JournalPosition, disk: DiskPort = OS_DISK
+) -> Iterator[ReplayedRecord]:
     """Yields every valid record at or after `checkpoint`, oldest first.
 
     A torn or corrupt record ends the replay of the last file (the crash interrupted that
     write; its group was never acknowledged) and the file is cut there, so that it is clean
     once newer files follow it. The same damage in an older file is a `StorageError`."""
-    files = [(seq, p) for seq, p in journal_files(path) if seq >= checkpoint.seq]
+    files = [(seq, p) for seq, p in journal_files(path, disk) if seq >= checkpoint.seq]
     for index, (seq, file_path) in enumerate(files):
         last = index == len(files) - 1
         start = checkpoint.offset if seq == checkpoint.seq else JOURNAL_FILE_HEADER.size
-        yield from _replay_file(seq, file_path, start, last=last)
+        yield from _replay_file(disk, seq, file_path, start, last=last)
 
 
-def _replay_file(seq: int, path: Path, start: int, *, last: bool) -> Iterator[ReplayedRecord]:
-    size = path.stat().st_size
+def _replay_file(
+    disk: DiskPort, seq: int, path: Path, start: int, *, last: bool
+) -> Iterator[ReplayedRecord]:
+    size = disk.size(path)
     header_size = JOURNAL_FILE_HEADER.size
     if size < header_size:
-        _headerless(path, size, last=last)
+        _headerless(disk, path, size, last=last)
         return
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+    with disk.mapped(path) as data:
         if not any(data[:header_size]):
-            _headerless(path, size, last=last)
+            _headerless(disk, path, size, last=last)
             return
         magic, file_seq = JOURNAL_FILE_HEADER.unpack_from(data, 0)
         if magic not in (JOURNAL_MAGIC, JOURNAL_MAGIC_V1) or file_seq != seq:
@@ -175,35 +178,43 @@ def _replay_file(seq: int, path: Path, start: int, *, last: bool) -> Iterator[Re
             log.warning("journal.torn_tail", path=str(path), offset=offset, problem=problem)
         # Cut the tail (a torn record, zeros, or a reused file's earlier records) so that
         # this file reads clean once a newer file follows it.
-        fd = os.open(path, os.O_WRONLY)
+        fd = disk.open(path, os.O_WRONLY)
         try:
-            _cut(fd, offset)
+            _cut(disk, fd, offset)
         finally:
-            os.close(fd)
+            disk.close(fd)
 
 
-def _cut(fd: int, size: int) -> None:
+def _cut(disk: DiskPort, fd: int, size: int) -> None:
     """Cuts the file at `size` bytes, durably (a file that a newer one follows must end at
     its last record)."""
-    if os.fstat(fd).st_size > size:
-        os.ftruncate(fd, size)
-        os.fsync(fd)
+    if disk.fsize(fd) > size:
+        disk.ftruncate(fd, size)
+        disk.fsync(fd)
 
 
-def _headerless(path: Path, size: int, *, last: bool) -> None:
+def _headerless(disk: DiskPort, path: Path, size: int, *, last: bool) -> None:
     """Handles a journal file without a header: a crash between creating the file and
     syncing its header left it holding nothing."""
     if not last:
         raise StorageError("journal file without a header", path=str(path))
     log.warning("journal.headerless_file_removed", path=str(path), size=size)
-    path.unlink()
+    disk.unlink(path)
 
 
 class Journal:
     """The journal writer: a thread that group-commits appended records."""
 
-    def __init__(self, path: Path, *, max_file_bytes: int, max_group_wait_ms: float) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        max_file_bytes: int,
+        max_group_wait_ms: float,
+        disk: DiskPort = OS_DISK,
+    ) -> None:
         self._path = path
+        self._disk = disk
         self._max_file_bytes = max_file_bytes
         self._group_wait_s = max_group_wait_ms / 1000.0
         self._cond = threading.Condition(threading.Lock())
@@ -234,10 +245,13 @@ class Journal:
     def start(self) -> None:
         """Opens a new journal file (numbered after every existing one) and starts the
         journal thread."""
-        existing = journal_files(self._path)
-        spares = sorted(p for p in self._path.iterdir() if p.name.startswith("recycle-"))
+        disk = self._disk
+        existing = journal_files(self._path, disk)
+        spares = sorted(
+            self._path / name for name in disk.listdir(self._path) if name.startswith("recycle-")
+        )
         for extra in spares[_SPARE_FILES:]:
-            extra.unlink()
+            disk.unlink(extra)
         self._spares = spares[:_SPARE_FILES]
         self._open_file(existing[-1][0] + 1 if existing else 1)
         self._thread = threading.Thread(target=self._run, name="journal", daemon=True)
@@ -259,8 +273,8 @@ class Journal:
                 # A reused file holds older records after ours: end it at our last one, so
                 # that the next start finds a clean end, not a torn tail.
                 with contextlib.suppress(OSError):
-                    _cut(self._fd, self._offset)
-            os.close(self._fd)
+                    _cut(self._disk, self._fd, self._offset)
+            self._disk.close(self._fd)
             self._fd = -1
 
     @property
@@ -279,7 +293,7 @@ class Journal:
         many. Replay never reads a retired file, whether or not its rename reached the disk
         (it is numbered below the checkpoint)."""
         retired = 0
-        for file_seq, file_path in journal_files(self._path):
+        for file_seq, file_path in journal_files(self._path, self._disk):
             if file_seq >= seq or file_seq >= self._seq:
                 break
             with contextlib.suppress(FileNotFoundError):
@@ -287,10 +301,10 @@ class Journal:
                     keep = len(self._spares) < _SPARE_FILES
                     if keep:
                         spare = self._path / recycled_journal_name(file_seq)
-                        file_path.rename(spare)
+                        self._disk.rename(file_path, spare)
                         self._spares.append(spare)
                 if not keep:
-                    file_path.unlink()
+                    self._disk.unlink(file_path)
                 retired += 1
         if retired:
             log.debug("journal.retired_files", count=retired, before_seq=seq)
@@ -301,9 +315,9 @@ class Journal:
         total = 0
         with self._spares_lock:
             spares = list(self._spares)
-        for file_path in [*(p for _, p in journal_files(self._path)), *spares]:
+        for file_path in [*(p for _, p in journal_files(self._path, self._disk)), *spares]:
             with contextlib.suppress(FileNotFoundError):
-                total += file_path.stat().st_size
+                total += self._disk.size(file_path)
         return total
 
     # -- appending (event-loop thread) ------------------------------------------------------
@@ -443,7 +457,7 @@ class Journal:
             records += 1
         if size:
             self._write_all(buffers, size)
-            os.fdatasync(self._fd)
+            self._disk.fdatasync(self._fd)
             self._offset += size
             self.bytes_written += size
             _JOURNAL_BYTES.inc(size)
@@ -454,15 +468,16 @@ class Journal:
 
     def _write_all(self, buffers: list[bytes], size: int) -> None:
         written = 0
+        disk = self._disk
         for start in range(0, len(buffers), _IOV_MAX):
             chunk = buffers[start : start + _IOV_MAX]
-            n = os.pwritev(self._fd, chunk, self._offset + written)
+            n = disk.pwritev(self._fd, chunk, self._offset + written)
             chunk_size = sum(map(len, chunk))
             if n != chunk_size:  # short write (rare): finish it piece by piece
                 data = b"".join(chunk)[n:]
                 pos = self._offset + written + n
                 while data:
-                    k = os.pwrite(self._fd, data, pos)
+                    k = disk.pwrite(self._fd, data, pos)
                     data, pos = data[k:], pos + k
             written += chunk_size
         invariant(written == size, "journal group written whole", written=written, size=size)
@@ -476,16 +491,17 @@ class Journal:
         header = JOURNAL_FILE_HEADER.pack(JOURNAL_MAGIC, seq)
         with self._spares_lock:
             spare = self._spares.pop(0) if self._spares else None
+        disk = self._disk
         if spare is not None:
-            fd = os.open(spare, os.O_WRONLY)
-            os.pwrite(fd, header, 0)
-            os.fdatasync(fd)
-            os.rename(spare, file_path)
+            fd = disk.open(spare, os.O_WRONLY)
+            disk.pwrite(fd, header, 0)
+            disk.fdatasync(fd)
+            disk.rename(spare, file_path)
         else:
-            fd = os.open(file_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            os.write(fd, header)
-            os.fsync(fd)
-        fsync_dir(self._path)
+            fd = disk.open(file_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            disk.write(fd, header)
+            disk.fsync(fd)
+        disk.fsync_dir(self._path)
         self._fd, self._seq, self._offset = fd, seq, len(header)
         self._type_crc = _type_crcs(journal_seed(seq))
         log.debug("journal.opened", path=str(file_path), seq=seq, reused=spare is not None)
@@ -493,7 +509,7 @@ class Journal:
     def _rotate(self) -> None:
         # The file may be a reused one with older records after ours: it must end at our
         # last record before a newer file follows it (replay reads an older file to its end).
-        _cut(self._fd, self._offset)
-        os.close(self._fd)
+        _cut(self._disk, self._fd, self._offset)
+        self._disk.close(self._fd)
         self._fd = -1
         self._open_file(self._seq + 1)

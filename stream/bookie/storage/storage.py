@@ -40,6 +40,7 @@ import structlog
 from stream.bookie import metrics
 from stream.bookie.config import BookieConfig
 from stream.bookie.storage import codec
+from stream.bookie.storage.disk_port import OS_DISK, DiskPort
 from stream.bookie.storage.entry_log import EntryLogGone, EntryLogs
 from stream.bookie.storage.gc import CompactionReport, GarbageCollector, GcReport
 from stream.bookie.storage.index import Index
@@ -279,8 +280,9 @@ class StreamStorage:
     """A bookie's storage of many streams in `config`'s journal, ledger and index
     directories. `open()` before use, `close()` for a clean shutdown."""
 
-    def __init__(self, config: BookieConfig) -> None:
+    def __init__(self, config: BookieConfig, *, disk: DiskPort = OS_DISK) -> None:
         self.config = config
+        self._disk = disk
         # Called (stream_id, new_lac) on the event-loop thread when a stream's LAC rises.
         self.on_lac_advanced: Callable[[int, int], None] | None = None
         self.unclean_shutdown_detected = False
@@ -300,11 +302,12 @@ class StreamStorage:
             config.journal_path,
             max_file_bytes=config.journal_max_file_bytes,
             max_group_wait_ms=config.journal_max_group_wait_ms,
+            disk=disk,
         )
         self._logs = EntryLogs(
-            config.ledger_path, size_limit_bytes=config.entry_log_size_limit_bytes
+            config.ledger_path, size_limit_bytes=config.entry_log_size_limit_bytes, disk=disk
         )
-        self._index = Index(config.index_path)
+        self._index = Index(config.index_path, disk=disk)
         self._index_lock = threading.Lock()
         self._gc = GarbageCollector(self._index, self._logs, self._index_lock)
         self._states: dict[int, StreamState] = {}
@@ -343,7 +346,7 @@ class StreamStorage:
                 self.config.ledger_path,
                 self.config.index_path,
             ):
-                path.mkdir(parents=True, exist_ok=True)
+                self._disk.mkdir(path)
         except OSError as e:
             raise StorageError(f"cannot create storage directories: {e}") from e
         self._index.open()
@@ -1319,7 +1322,7 @@ class StreamStorage:
     def _replay(self, checkpoint: JournalPosition) -> ReplayReport:
         records = 0
         entries = 0
-        for record in replay(self.config.journal_path, checkpoint):
+        for record in replay(self.config.journal_path, checkpoint, self._disk):
             records += 1
             with self._lock:
                 entries += self._replay_record(record.type, record.payload)
