@@ -178,6 +178,8 @@ class SimDisk:
 
     def _put(self, inode: _Inode, data: bytes, offset: int) -> int:
         self._check_space()
+        if not data:  # an empty write does not extend the file
+            return 0
         if offset > len(inode.data):
             inode.data.extend(bytes(offset - len(inode.data)))
         inode.data[offset : offset + len(data)] = data
@@ -200,7 +202,8 @@ class SimDisk:
             if size < len(inode.data):
                 del inode.data[size:]
             else:
-                self._put(inode, b"", size)
+                self._check_space()
+                inode.data.extend(bytes(size - len(inode.data)))
 
     def fsize(self, fd: int) -> int:
         with self._lock:
