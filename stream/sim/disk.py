@@ -53,6 +53,26 @@ def _key(path: PathLike) -> str:
     return os.path.normpath(os.fspath(path))
 
 
+def _eio() -> OSError:
+    return OSError(errno.EIO, os.strerror(errno.EIO))
+
+
+class _Guard:
+    """Holds the disk's lock for one operation; fails it once the power is cut."""
+
+    def __init__(self, disk: SimDisk) -> None:
+        self._disk = disk
+
+    def __enter__(self) -> None:
+        self._disk._lock.acquire()
+        if self._disk._dead:
+            self._disk._lock.release()
+            raise _eio()
+
+    def __exit__(self, *exc: object) -> None:
+        self._disk._lock.release()
+
+
 def _missing(path: PathLike) -> FileNotFoundError:
     return FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), os.fspath(path))
 
@@ -72,6 +92,9 @@ class SimDisk:
         self._stores: dict[str, SimStore] = {}
         self.fault: DiskFault | None = None
         self.crashes = 0
+        self._guard = _Guard(self)
+        self._syncs_left: int | None = None  # syncs before a power cut, when one is set
+        self._dead = False  # the power is cut: every operation fails until crash()
 
     # -- faults -----------------------------------------------------------------------------
 
@@ -85,12 +108,30 @@ class SimDisk:
             for store in self._stores.values():
                 store.full = kind == "full"
 
+    def cut_power_at_sync(self, syncs: int) -> None:
+        """Lets `syncs` more syncs (file, directory or index) succeed; the next one fails
+        with EIO, as does every operation after it, until `crash()` (a power cut in the
+        middle of the engine's work: what it wrote since its last sync is not durable)."""
+        with self._lock:
+            self._syncs_left = syncs
+
+    def _synced(self) -> None:
+        """Counts one sync towards a power cut set by `cut_power_at_sync`."""
+        if self._syncs_left is None:
+            return
+        if self._syncs_left == 0:
+            self._dead = True
+            raise _eio()
+        self._syncs_left -= 1
+
     def crash(self) -> None:
         """A power cut: open files are gone, each file holds its synced bytes (plus, when
         torn tails are on, a seeded part of the unsynced ones) and the names are those of
         the last directory syncs."""
         with self._lock:
             self.crashes += 1
+            self._dead = False
+            self._syncs_left = None
             self._fds.clear()
             survivors: dict[int, _Inode] = {}
             self._names = SortedDict(self._durable_names)
@@ -109,6 +150,8 @@ class SimDisk:
             self._dirs.clear()
             self._fds.clear()
             self._stores.clear()
+            self._dead = False
+            self._syncs_left = None
 
     def _settle(self, inode: _Inode) -> None:
         synced = inode.synced
@@ -133,7 +176,7 @@ class SimDisk:
 
     def open(self, path: PathLike, flags: int, mode: int = 0o777) -> int:
         key = _key(path)
-        with self._lock:
+        with self._guard:
             inode = self._names.get(key)
             if flags & os.O_CREAT:
                 if inode is not None and flags & os.O_EXCL:
@@ -157,23 +200,23 @@ class SimDisk:
         return handle
 
     def close(self, fd: int) -> None:
-        with self._lock:
+        with self._lock:  # closing works even without power: the process lets go
             self._fd(fd)
             del self._fds[fd]
 
     def write(self, fd: int, data: bytes) -> int:
-        with self._lock:
+        with self._guard:
             handle = self._fd(fd, write=True)
             n = self._put(handle.inode, bytes(data), handle.position)
             handle.position += n
             return n
 
     def pwrite(self, fd: int, data: bytes, offset: int) -> int:
-        with self._lock:
+        with self._guard:
             return self._put(self._fd(fd, write=True).inode, bytes(data), offset)
 
     def pwritev(self, fd: int, buffers: Sequence[bytes], offset: int) -> int:
-        with self._lock:
+        with self._guard:
             return self._put(self._fd(fd, write=True).inode, b"".join(buffers), offset)
 
     def _put(self, inode: _Inode, data: bytes, offset: int) -> int:
@@ -186,18 +229,19 @@ class SimDisk:
         return len(data)
 
     def pread(self, fd: int, length: int, offset: int) -> bytes:
-        with self._lock:
+        with self._guard:
             return bytes(self._fd(fd).inode.data[offset : offset + length])
 
     def fdatasync(self, fd: int) -> None:
-        with self._lock:
+        with self._guard:
             inode = self._fd(fd).inode
+            self._synced()
             inode.synced = bytes(inode.data)
 
     fsync = fdatasync
 
     def ftruncate(self, fd: int, size: int) -> None:
-        with self._lock:
+        with self._guard:
             inode = self._fd(fd, write=True).inode
             if size < len(inode.data):
                 del inode.data[size:]
@@ -206,11 +250,11 @@ class SimDisk:
                 inode.data.extend(bytes(size - len(inode.data)))
 
     def fsize(self, fd: int) -> int:
-        with self._lock:
+        with self._guard:
             return len(self._fd(fd).inode.data)
 
     def size(self, path: PathLike) -> int:
-        with self._lock:
+        with self._guard:
             inode = self._names.get(_key(path))
             if inode is None:
                 raise _missing(path)
@@ -220,7 +264,7 @@ class SimDisk:
 
     @contextmanager
     def mapped(self, path: PathLike) -> Iterator[bytes]:
-        with self._lock:
+        with self._guard:
             inode = self._names.get(_key(path))
             if inode is None:
                 raise _missing(path)
@@ -231,7 +275,7 @@ class SimDisk:
 
     def listdir(self, path: PathLike) -> list[str]:
         key = _key(path)
-        with self._lock:
+        with self._guard:
             if key not in self._dirs:
                 raise _missing(path)
             prefix = key + os.sep
@@ -242,29 +286,30 @@ class SimDisk:
             ]
 
     def rename(self, src: PathLike, dst: PathLike) -> None:
-        with self._lock:
+        with self._guard:
             inode = self._names.pop(_key(src), None)
             if inode is None:
                 raise _missing(src)
             self._names[_key(dst)] = inode
 
     def unlink(self, path: PathLike) -> None:
-        with self._lock:
+        with self._guard:
             if self._names.pop(_key(path), None) is None:
                 raise _missing(path)
 
     def mkdir(self, path: Path) -> None:
         key = _key(path)
-        with self._lock:
+        with self._guard:
             while key not in self._dirs and key != os.path.dirname(key):
                 self._dirs.add(key)
                 key = os.path.dirname(key)
 
     def fsync_dir(self, path: Path) -> None:
         key = _key(path)
-        with self._lock:
+        with self._guard:
             if key not in self._dirs:
                 raise _missing(path)
+            self._synced()
             in_dir = {
                 name: inode
                 for name, inode in self._durable_names.items()
@@ -279,11 +324,12 @@ class SimDisk:
 
     def open_index_env(self, path: str, **options: Any) -> SimStore:
         key = _key(path)
-        with self._lock:
+        with self._guard:
             self.mkdir(Path(key))
             store = self._stores.get(key)
             if store is None:
-                store = self._stores[key] = SimStore(full=self.fault == "full")
+                store = self._stores[key] = SimStore(self._guard, self._synced)
+                store.full = self.fault == "full"
             store.reopen()
             return store
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import errno
 import os
 import random
-import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any
 
@@ -25,13 +25,16 @@ _Change = tuple[bytes | None, bytes, bytes | None]
 class SimStore:
     """An `lmdb.Environment` look-alike."""
 
-    def __init__(self, *, full: bool = False) -> None:
-        self._lock = threading.RLock()
+    def __init__(self, guard: AbstractContextManager[None], on_sync: Callable[[], None]) -> None:
+        """`guard` is held around every transaction and sync (the disk's lock; it fails
+        them after a power cut) and `on_sync` is called at each sync."""
+        self._lock = guard
         self._dbs: dict[bytes | None, SortedDict] = {None: SortedDict()}
         self._durable: dict[bytes | None, dict[bytes, bytes]] = {None: {}}
         self._unsynced: list[list[_Change]] = []
         self._open = True
-        self.full = full  # write transactions fail with ENOSPC at commit
+        self._on_sync = on_sync
+        self.full = False  # write transactions fail with ENOSPC at commit
 
     def reopen(self) -> None:
         self._open = True
@@ -49,6 +52,7 @@ class SimStore:
 
     def sync(self, force: bool = False) -> None:
         with self._lock:
+            self._on_sync()
             for changes in self._unsynced:
                 self._apply(self._durable, changes)
             self._unsynced = []
@@ -57,14 +61,14 @@ class SimStore:
         self._open = False
 
     def crash(self, rng: random.Random | None) -> None:
-        """Keeps the synced state and, with `rng`, a seeded prefix of the later commits."""
-        with self._lock:
-            kept = rng.randint(0, len(self._unsynced)) if rng is not None else 0
-            for changes in self._unsynced[:kept]:
-                self._apply(self._durable, changes)
-            self._unsynced = []
-            self._dbs = {name: SortedDict(items) for name, items in self._durable.items()}
-            self._open = False
+        """Keeps the synced state and, with `rng`, a seeded prefix of the later commits
+        (called holding the disk's lock)."""
+        kept = rng.randint(0, len(self._unsynced)) if rng is not None else 0
+        for changes in self._unsynced[:kept]:
+            self._apply(self._durable, changes)
+        self._unsynced = []
+        self._dbs = {name: SortedDict(items) for name, items in self._durable.items()}
+        self._open = False
 
     @staticmethod
     def _apply(dbs: Any, changes: list[_Change]) -> None:
@@ -90,7 +94,7 @@ class SimTxn:
         self._undo: list[_Change] = []
 
     def __enter__(self) -> SimTxn:
-        self._store._lock.acquire()
+        self._store._lock.__enter__()
         return self
 
     def __exit__(
@@ -108,7 +112,7 @@ class SimTxn:
             elif exc_type is not None:
                 self._abort()
         finally:
-            self._store._lock.release()
+            self._store._lock.__exit__(None, None, None)
 
     def _abort(self) -> None:
         dbs = self._store._dbs

@@ -13,7 +13,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -203,7 +203,9 @@ def _headerless(disk: DiskPort, path: Path, size: int, *, last: bool) -> None:
 
 
 class Journal:
-    """The journal writer: a thread that group-commits appended records."""
+    """The journal writer: a thread that group-commits appended records, or, started without
+    it, `commit_pending()` called by a simulator when its virtual clock says so. `clock` is
+    the monotonic clock in seconds."""
 
     def __init__(
         self,
@@ -212,9 +214,11 @@ class Journal:
         max_file_bytes: int,
         max_group_wait_ms: float,
         disk: DiskPort = OS_DISK,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._path = path
         self._disk = disk
+        self._clock = clock
         self._max_file_bytes = max_file_bytes
         self._group_wait_s = max_group_wait_ms / 1000.0
         self._cond = threading.Condition(threading.Lock())
@@ -242,9 +246,9 @@ class Journal:
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, *, thread: bool = True) -> None:
         """Opens a new journal file (numbered after every existing one) and starts the
-        journal thread."""
+        journal thread (without `thread`, the caller runs `commit_pending()`)."""
         disk = self._disk
         existing = journal_files(self._path, disk)
         spares = sorted(
@@ -254,8 +258,9 @@ class Journal:
             disk.unlink(extra)
         self._spares = spares[:_SPARE_FILES]
         self._open_file(existing[-1][0] + 1 if existing else 1)
-        self._thread = threading.Thread(target=self._run, name="journal", daemon=True)
-        self._thread.start()
+        if thread:
+            self._thread = threading.Thread(target=self._run, name="journal", daemon=True)
+            self._thread.start()
 
     def stop(self, *, drain: bool = True) -> None:
         """Stops the journal thread. With `drain`, everything appended so far is written and
@@ -268,6 +273,13 @@ class Journal:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        else:
+            if drain and self._failure is None:
+                self.commit_pending()
+            with self._cond:
+                items, fut = self._pending, self._group_future
+                self._pending, self._group_future = [], None
+            self._fail(items, fut)
         if self._fd >= 0:
             if drain and self._failure is None:
                 # A reused file holds older records after ours: end it at our last one, so
@@ -332,7 +344,7 @@ class Journal:
             fut = self._group_future
             if fut is None:
                 fut = self._group_future = _running_future()
-                self._pending_since = time.monotonic()
+                self._pending_since = self._clock()
             self._pending.append((record_type, payload))
             self._pending_bytes += size
             if self._sleeping:
@@ -351,7 +363,7 @@ class Journal:
                 return fut
             if self._group_future is None:
                 self._group_future = _running_future()
-                self._pending_since = time.monotonic()
+                self._pending_since = self._clock()
             self._pending.append((_MARK, fut))
             if self._sleeping:
                 self._cond.notify()
@@ -389,25 +401,40 @@ class Journal:
                     self._grow_group()
                 items, fut = self._pending, self._group_future
                 self._pending, self._pending_bytes, self._group_future = [], 0, None
-            invariant(fut is not None, "a pending group has a future")
-            try:
-                self._commit(items)
-            except Exception as e:  # an I/O error: nothing more can be promised
-                log.error("journal.failed", error=repr(e), path=str(self._path))
-                with self._cond:
-                    self._failure = e
-                    items += self._pending
-                    newer_fut = self._group_future
-                    self._pending, self._group_future = [], None
-                self._fail(items, fut)
-                self._fail([], newer_fut)
-                # Keep the thread alive only to fail what arrives meanwhile; appends after
-                # the failure are failed at once by append().
-                continue
-            assert fut is not None
-            fut.set_result(None)
+            # After a failure the thread stays only to fail what arrives meanwhile; appends
+            # after it are failed at once by append().
+            self._commit_group(items, fut)
         # Stopped without draining (a simulated crash): fail what was never written.
         self._fail(items, fut)
+
+    def commit_pending(self) -> bool:
+        """Commits every pending record now, with one write and one fdatasync, and completes
+        their future: the journal thread's step, for a caller that runs the journal without
+        its thread (the simulator). Returns whether anything was pending."""
+        with self._cond:
+            items, fut = self._pending, self._group_future
+            self._pending, self._pending_bytes, self._group_future = [], 0, None
+        if not items:
+            return False
+        self._commit_group(items, fut)
+        return True
+
+    def _commit_group(self, items: list[tuple[int, object]], fut: Future[None] | None) -> None:
+        invariant(fut is not None, "a pending group has a future")
+        try:
+            self._commit(items)
+        except Exception as e:  # an I/O error: nothing more can be promised
+            log.error("journal.failed", error=repr(e), path=str(self._path))
+            with self._cond:
+                self._failure = e
+                items += self._pending
+                newer_fut = self._group_future
+                self._pending, self._group_future = [], None
+            self._fail(items, fut)
+            self._fail([], newer_fut)
+            return
+        assert fut is not None
+        fut.set_result(None)
 
     def _grow_group(self) -> None:
         """Waits (holding _cond's lock between waits) until the group is old or big enough:
@@ -417,7 +444,7 @@ class Journal:
             return
         deadline = self._pending_since + self._group_wait_s
         while self._pending_bytes < _GROUP_GROW_BYTES and not self._stopping:
-            remaining = deadline - time.monotonic()
+            remaining = deadline - self._clock()
             if remaining <= 0:
                 return
             self._cond.wait(remaining)
@@ -435,7 +462,7 @@ class Journal:
 
     def _commit(self, items: list[tuple[int, object]]) -> None:
         """Writes `items` with one writev series and one fdatasync; resolves the marks."""
-        started = time.perf_counter()
+        started = self._clock()
         if self._offset >= self._max_file_bytes:
             self._rotate()
         type_crc = self._type_crc
@@ -461,7 +488,7 @@ class Journal:
             self._offset += size
             self.bytes_written += size
             _JOURNAL_BYTES.inc(size)
-            metrics.JOURNAL_SYNC_SECONDS.observe(time.perf_counter() - started)
+            metrics.JOURNAL_SYNC_SECONDS.observe(self._clock() - started)
             metrics.JOURNAL_GROUP_RECORDS.observe(records)
         for mark, offset in marks:
             mark.set_result(JournalPosition(self._seq, offset))

@@ -280,9 +280,21 @@ class StreamStorage:
     """A bookie's storage of many streams in `config`'s journal, ledger and index
     directories. `open()` before use, `close()` for a clean shutdown."""
 
-    def __init__(self, config: BookieConfig, *, disk: DiskPort = OS_DISK) -> None:
+    def __init__(
+        self,
+        config: BookieConfig,
+        *,
+        disk: DiskPort = OS_DISK,
+        clock: Callable[[], float] = time.monotonic,
+        threads: bool = True,
+    ) -> None:
+        """`disk` is where the files and the index live, `clock` the monotonic clock in
+        seconds. Without `threads`, no thread is started: the caller (the simulator) runs the
+        background jobs, `commit_journal()`, `run_flush_once()` and `run_gc_due()`."""
         self.config = config
         self._disk = disk
+        self._clock = clock
+        self._threaded = threads
         # Called (stream_id, new_lac) on the event-loop thread when a stream's LAC rises.
         self.on_lac_advanced: Callable[[int, int], None] | None = None
         self.unclean_shutdown_detected = False
@@ -303,6 +315,7 @@ class StreamStorage:
             max_file_bytes=config.journal_max_file_bytes,
             max_group_wait_ms=config.journal_max_group_wait_ms,
             disk=disk,
+            clock=clock,
         )
         self._logs = EntryLogs(
             config.ledger_path, size_limit_bytes=config.entry_log_size_limit_bytes, disk=disk
@@ -331,6 +344,8 @@ class StreamStorage:
         self._flushes = 0
         self._last_flush_seconds = 0.0
         self._checkpoint = JournalPosition(0, 0)
+        # Clock times of the next GC, minor and major compaction rounds (set by open()).
+        self._next_gc = self._next_minor = self._next_major = 0.0
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -361,10 +376,16 @@ class StreamStorage:
         self._logs.open()
         self._checkpoint = self._index.checkpoint()
         report = self._replay(self._checkpoint)
-        self._journal.start()
+        self._journal.start(thread=self._threaded)
         self._opened = True
-        self._start_thread("flusher", self._run_flusher)
-        self._start_thread("gc", self._run_gc)
+        now = self._clock()
+        config = self.config
+        self._next_gc = now + config.gc_interval_ms / 1000.0
+        self._next_minor = now + config.compaction_interval_ms / 1000.0
+        self._next_major = now + config.major_compaction_interval_ms / 1000.0
+        if self._threaded:
+            self._start_thread("flusher", self._run_flusher)
+            self._start_thread("gc", self._run_gc)
         log.info(
             "storage.opened",
             streams=len(self._states),
@@ -1213,7 +1234,7 @@ class StreamStorage:
             for waiter in job.waiters:
                 waiter.set_result(None)
             return
-        started = time.perf_counter()
+        started = self._clock()
         try:
             # A C-level copy: the event loop may replace a stream's dict meanwhile.
             streams = sorted(snapshot.streams.items())
@@ -1235,6 +1256,9 @@ class StreamStorage:
                     written += part_written
                     self._logs.sync()
             if checkpoint is None and job.mark is not None:
+                if not self._threaded and not job.mark.done():
+                    # No journal thread to write the mark: the flush commits the group itself.
+                    self._journal.commit_pending()
                 checkpoint = job.mark.result()
             with self._index_lock:
                 keys, locations = self._drop_deleted(snapshot, streams, plan, keys, locations)
@@ -1252,7 +1276,7 @@ class StreamStorage:
         if checkpoint is not None:
             self._checkpoint = checkpoint
             self._journal.delete_before(checkpoint.seq)
-        elapsed = time.perf_counter() - started
+        elapsed = self._clock() - started
         self._flushes += 1
         self._last_flush_seconds = elapsed
         metrics.FLUSH_SECONDS.observe(elapsed)
@@ -1301,21 +1325,43 @@ class StreamStorage:
             log.error("storage.failed", error=repr(error))
 
     def _run_flusher(self) -> None:
-        interval_s = self.config.flush_interval_ms / 1000.0
         while not self._stop.is_set():
-            self._flush_wakeup.wait(interval_s * self._flush_rng.uniform(0.75, 1.25))
-            self._flush_wakeup.clear()
+            self._flush_wakeup.wait(self.next_flush_delay_s())
             if self._stop.is_set():
                 break
             try:
-                with self._lock:
-                    job = self._swap()
-                self._flush(job)
+                self.run_flush_once()
             except Exception:
                 log.exception("storage.flusher_failed")
                 return
         # Flush waiters left at stop are served by close()'s final flush (or failed by
         # abandon()).
+
+    # -- the background jobs, one step each (run by the threads, or by a simulator) -------
+
+    def commit_journal(self) -> bool:
+        """Commits the pending journal records (one write, one fdatasync); returns whether
+        there were any. The journal thread's step, for a storage opened without threads."""
+        return self._journal.commit_pending()
+
+    def flush_wanted(self) -> bool:
+        """Returns whether a flush was asked for (a full write cache or `request_flush`)
+        since the last one."""
+        return self._flush_wakeup.is_set()
+
+    def next_flush_delay_s(self) -> float:
+        """Returns how long the flusher waits for a wake-up before a timed flush (the
+        interval, jittered per bookie)."""
+        interval_s = self.config.flush_interval_ms / 1000.0
+        return interval_s * self._flush_rng.uniform(0.75, 1.25)
+
+    def run_flush_once(self) -> None:
+        """Flushes the write cache now (entry logs, index, checkpoint): the flusher's step.
+        Raises what the flush raised (the storage is then failed)."""
+        self._flush_wakeup.clear()
+        with self._lock:
+            job = self._swap()
+        self._flush(job)
 
     # -- replay ---------------------------------------------------------------------------
 
@@ -1393,28 +1439,32 @@ class StreamStorage:
         return {sid: s.first_entry_id for sid, s in states.items() if s.first_entry_id > 0}
 
     def _run_gc(self) -> None:
-        config = self.config
-        now = time.monotonic()
-        next_gc = now + config.gc_interval_ms / 1000.0
-        next_minor = now + config.compaction_interval_ms / 1000.0
-        next_major = now + config.major_compaction_interval_ms / 1000.0
         while not self._stop.is_set():
-            timeout = max(min(next_gc, next_minor, next_major) - time.monotonic(), 0.0)
-            if self._stop.wait(timeout):
+            if self._stop.wait(max(self.next_gc_due() - self._clock(), 0.0)):
                 break
-            now = time.monotonic()
             try:
-                if now >= next_major:
-                    next_major = now + config.major_compaction_interval_ms / 1000.0
-                    self.compact_once(config.major_compaction_threshold, kind="major")
-                elif now >= next_minor:
-                    next_minor = now + config.compaction_interval_ms / 1000.0
-                    self.compact_once(config.minor_compaction_threshold, kind="minor")
-                if now >= next_gc:
-                    next_gc = now + config.gc_interval_ms / 1000.0
-                    self.gc_once()
+                self.run_gc_due()
             except Exception:
                 log.exception("storage.gc_failed")
+
+    def next_gc_due(self) -> float:
+        """Returns the clock time of the next GC or compaction round."""
+        return min(self._next_gc, self._next_minor, self._next_major)
+
+    def run_gc_due(self) -> None:
+        """Runs the GC and compaction rounds that are due by the clock: the GC thread's
+        step. Blocks for the round's length."""
+        config = self.config
+        now = self._clock()
+        if now >= self._next_major:
+            self._next_major = now + config.major_compaction_interval_ms / 1000.0
+            self.compact_once(config.major_compaction_threshold, kind="major")
+        elif now >= self._next_minor:
+            self._next_minor = now + config.compaction_interval_ms / 1000.0
+            self.compact_once(config.minor_compaction_threshold, kind="minor")
+        if now >= self._next_gc:
+            self._next_gc = now + config.gc_interval_ms / 1000.0
+            self.gc_once()
 
     # -- stats ----------------------------------------------------------------------------
 
