@@ -35,7 +35,7 @@ import random
 import socket
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,7 +54,7 @@ from stream.bookie.cookie import (
     inspect_cookies,
 )
 from stream.bookie.storage.fsutil import fsync_dir
-from stream.bookie.unsafe import UNSAFE_SKIP_ENV, unsafe_skip
+from stream.bookie.unsafe import SAFE, UNSAFE_SKIP_ENV, UnsafeSkips
 from stream.client.entries import good_run
 from stream.client.options import WriterOptions
 from stream.client.ports import BookieTransport, SystemClock
@@ -100,36 +100,25 @@ _FOREIGN_RECOVERY_PATIENCE_S = 15.0
 _PROGRESS_LOG_EVERY_ENTRIES = 50_000
 
 
-def metadata_terms(config: BookieConfig, storage: StreamStorage, session: Any) -> MetadataTerms:
+def metadata_terms(
+    config: BookieConfig, storage: StreamStorage, session: Any, *, unsafe: UnsafeSkips = SAFE
+) -> MetadataTerms:
     """Returns the service's checks against metadata (`stream.bookie.terms.MetadataTerms`):
     terms a lost disk took (when this bookie lost a directory), terms and trims metadata cannot
     justify. Call after `protect_at_boot`, on the event loop."""
     from stream.bookie.terms import (
-        Checks,
-        MetadataTerms,
         StreamFacts,
         forgotten_terms_bound,
+        metadata_terms_for,
         read_stream_facts,
     )
-
-    below = forgotten_terms_bound(config)
-    skip = unsafe_skip()
-    if below and "wiped_term_check" in skip:
-        log.warning("integrity.wiped_term_check_skipped_unsafe", env=UNSAFE_SKIP_ENV)
-        below = 0
-    checks = Checks(
-        justify_terms="metadata_term_check" not in skip,
-        justify_trims="trim_check" not in skip,
-    )
-    if checks != Checks():
-        log.warning("integrity.metadata_checks_skipped_unsafe", env=UNSAFE_SKIP_ENV, checks=checks)
 
     async def read_facts(stream_id: int) -> StreamFacts | None:
         return await asyncio.to_thread(read_stream_facts, session, stream_id)
 
-    if below:
-        log.info("integrity.forgotten_terms", below_stream_id=below)
-    return MetadataTerms(storage, read_facts, forgotten_below=below, checks=checks)
+    return metadata_terms_for(
+        storage, read_facts, forgotten_below=forgotten_terms_bound(config), unsafe=unsafe
+    )
 
 
 def _note_forgotten_terms(config: BookieConfig, decision: CookieDecision, session: Any) -> None:
@@ -204,14 +193,15 @@ async def run_phase_one(
     streams: Sequence[tuple[StreamMeta, Sequence[Fragment]]],
     *,
     reason: str,
+    unsafe: UnsafeSkips = SAFE,
+    clock: Callable[[], float] = time.monotonic,
 ) -> PhaseOneReport:
     """Raises the local term of every stream in `streams` to its metadata term and sets limbo,
     and returns once all of it is durable (one journal group commit for many streams). Call on
-    the storage's thread, before serving."""
-    started = time.monotonic()
-    skip = unsafe_skip()
-    limbo = "limbo" not in skip
-    if "phase_one" in skip:
+    the storage's thread, before serving. `unsafe` turns parts off, in tests only."""
+    started = clock()
+    limbo = "limbo" not in unsafe
+    if "phase_one" in unsafe:
         log.warning("integrity.phase_one_skipped_unsafe", env=UNSAFE_SKIP_ENV, reason=reason)
         return PhaseOneReport(reason, (), False, 0.0)
     futures: list[Future[None]] = []
@@ -223,7 +213,7 @@ async def run_phase_one(
         ids.append(meta.id)
     for future in futures:
         await asyncio.wrap_future(future)
-    seconds = time.monotonic() - started
+    seconds = clock() - started
     metrics.PHASE_ONE_STREAMS.set(len(ids))
     metrics.PHASE_ONE_SECONDS.set(seconds)
     log.warning(
@@ -273,6 +263,7 @@ async def protect_at_boot(
     preparation: BootPreparation,
     *,
     unclean: bool,
+    unsafe: UnsafeSkips = SAFE,
 ) -> dict[int, int]:
     """Runs phase one when needed (streams from the metadata), then writes the fixed cookie
     and settles the journal mode; returns the bounds phase two needs (`limbo_bounds`). Call on
@@ -288,7 +279,7 @@ async def protect_at_boot(
         streams = await asyncio.to_thread(
             StreamStore(session).streams_with_bookie, config.bookie_id
         )
-        await run_phase_one(storage, streams, reason=reason)
+        await run_phase_one(storage, streams, reason=reason, unsafe=unsafe)
     if preparation.cookie_fix is not None:
         await asyncio.to_thread(_note_forgotten_terms, config, preparation.cookie_fix, session)
         await asyncio.to_thread(apply_cookie_fix, config, preparation.cookie_fix, cookie_store)

@@ -47,7 +47,7 @@ from stream.bookie.storage.index import Index
 from stream.bookie.storage.journal import Journal, JournalPosition, replay
 from stream.bookie.storage.state import StreamState, StreamStateView
 from stream.bookie.storage.write_cache import WriteCache
-from stream.bookie.unsafe import unsafe_skip
+from stream.bookie.unsafe import SAFE, UnsafeSkips
 from stream.client.entries import checksum_ok
 from stream.errors import StorageError
 from stream.protocol.checksum import ENTRY_HEADER
@@ -287,10 +287,12 @@ class StreamStorage:
         disk: DiskPort = OS_DISK,
         clock: Callable[[], float] = time.monotonic,
         threads: bool = True,
+        unsafe: UnsafeSkips = SAFE,
     ) -> None:
         """`disk` is where the files and the index live, `clock` the monotonic clock in
         seconds. Without `threads`, no thread is started: the caller (the simulator) runs the
-        background jobs, `commit_journal()`, `run_flush_once()` and `run_gc_due()`."""
+        background jobs, `commit_journal()`, `run_flush_once()` and `run_gc_due()`. `unsafe`
+        turns protections off, in tests only (`stream.bookie.unsafe`)."""
         self.config = config
         self._disk = disk
         self._clock = clock
@@ -301,9 +303,12 @@ class StreamStorage:
         self._write_data = config.journal_write_data
         self._max_entry_bytes = config.max_entry_bytes
         # Off only in tests that show the forged overwrite succeeding (`stream.bookie.unsafe`).
-        self._refuse_overwrites = "overwrite_check" not in unsafe_skip()
+        self._refuse_overwrites = "overwrite_check" not in unsafe
         # Off only in the chaos test that shows its checker catches a superseded writer.
-        self._serve_stale_adds = "add_term_check" in unsafe_skip()
+        self._serve_stale_adds = "add_term_check" in unsafe
+        # Off only in the simulator's test that shows its checker catches a limbo bookie's
+        # explicit negative (the lost entry a recovery would then truncate).
+        self._limbo_unknown = "limbo_unknown" not in unsafe
         self._cache_max_bytes = config.write_cache_max_bytes
         self._flush_trigger_bytes = max(config.write_cache_max_bytes // 2, 1)
         # Jitter of the flush interval, seeded per bookie: the bookies of an ensemble start
@@ -907,8 +912,13 @@ class StreamStorage:
             return ReadOutcome(
                 INTERNAL, None, state.lac, state.term, state.first_entry_id, durable, str(e)
             )
-        code = OK if entry is not None else limbo_code(NO_SUCH_ENTRY, state.limbo)
+        code = OK if entry is not None else self._negative(state)
         return ReadOutcome(code, entry, state.lac, state.term, state.first_entry_id, durable, "")
+
+    def _negative(self, state: StreamState) -> int:
+        """Returns the answer for an entry the stream lacks: NO_SUCH_ENTRY, or UNKNOWN in
+        limbo (the entry may be one the bookie lost)."""
+        return limbo_code(NO_SUCH_ENTRY, state.limbo and self._limbo_unknown)
 
     def _lookup(self, stream_id: int, entry_id: int) -> Entry | None:
         # Order matters: active cache, then snapshot, then index. The flusher swaps
@@ -976,7 +986,7 @@ class StreamStorage:
                 yield INTERNAL, []
                 return
             if not found_all:
-                yield limbo_code(NO_SUCH_ENTRY, state.limbo), batch
+                yield self._negative(state), batch
                 return
             if entry_id > last:
                 yield OK, batch
