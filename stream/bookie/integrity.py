@@ -35,7 +35,7 @@ import random
 import socket
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,7 +57,7 @@ from stream.bookie.storage.fsutil import fsync_dir
 from stream.bookie.unsafe import SAFE, UNSAFE_SKIP_ENV, UnsafeSkips
 from stream.client.entries import good_run
 from stream.client.options import WriterOptions
-from stream.client.ports import BookieTransport, SystemClock
+from stream.client.ports import BookieTransport, Clock, SystemClock
 from stream.client.recovery import Takeover, WriterIdentity, send_lac
 from stream.errors import (
     ConfigError,
@@ -188,32 +188,47 @@ class PhaseOneReport:
     seconds: float
 
 
+def begin_phase_one(
+    storage: StreamStorage,
+    streams: Sequence[tuple[StreamMeta, Sequence[Fragment]]],
+    *,
+    unsafe: UnsafeSkips = SAFE,
+) -> tuple[list[Future[None]], tuple[int, ...], bool]:
+    """Journals phase one's changes (term := max(local, metadata term), limbo on) for every
+    stream in `streams`; returns the futures of their sync, the stream ids and whether limbo
+    was set. `run_phase_one` waits for the futures; the simulator commits its journal."""
+    limbo = "limbo" not in unsafe
+    if "phase_one" in unsafe:
+        return [], (), False
+    fence = "phase_one_term" not in unsafe
+    futures: list[Future[None]] = []
+    ids: list[int] = []
+    for meta, _ in streams:
+        # Even for a stream this bookie never heard of: its term must be fenced here (a wiped
+        # disk forgot it), and its negatives must become UNKNOWN.
+        futures.append(storage.set_limbo(meta.id, limbo, term=meta.term if fence else 0))
+        ids.append(meta.id)
+    return futures, tuple(ids), limbo
+
+
 async def run_phase_one(
     storage: StreamStorage,
     streams: Sequence[tuple[StreamMeta, Sequence[Fragment]]],
     *,
     reason: str,
     unsafe: UnsafeSkips = SAFE,
-    clock: Callable[[], float] = time.monotonic,
 ) -> PhaseOneReport:
     """Raises the local term of every stream in `streams` to its metadata term and sets limbo,
     and returns once all of it is durable (one journal group commit for many streams). Call on
     the storage's thread, before serving. `unsafe` turns parts off, in tests only."""
-    started = clock()
-    limbo = "limbo" not in unsafe
+    started = time.monotonic()
     if "phase_one" in unsafe:
         log.warning("integrity.phase_one_skipped_unsafe", env=UNSAFE_SKIP_ENV, reason=reason)
         return PhaseOneReport(reason, (), False, 0.0)
-    futures: list[Future[None]] = []
-    ids: list[int] = []
-    for meta, _ in streams:
-        # Even for a stream this bookie never heard of: its term must be fenced here (a wiped
-        # disk forgot it), and its negatives must become UNKNOWN.
-        futures.append(storage.set_limbo(meta.id, limbo, term=meta.term))
-        ids.append(meta.id)
+    futures, ids, limbo = begin_phase_one(storage, streams, unsafe=unsafe)
     for future in futures:
         await asyncio.wrap_future(future)
-    seconds = clock() - started
+    seconds = time.monotonic() - started
     metrics.PHASE_ONE_STREAMS.set(len(ids))
     metrics.PHASE_ONE_SECONDS.set(seconds)
     log.warning(
@@ -223,7 +238,7 @@ async def run_phase_one(
         limbo=limbo,
         seconds=round(seconds, 3),
     )
-    return PhaseOneReport(reason, tuple(ids), limbo, seconds)
+    return PhaseOneReport(reason, ids, limbo, seconds)
 
 
 def limbo_bounds(storage: StreamStorage) -> dict[int, int]:
@@ -388,8 +403,12 @@ class Repairer:
         options: WriterOptions | None = None,
         rng: random.Random | None = None,
         parallelism: int = REPAIR_PARALLELISM,
+        clock: Clock | None = None,
+        identity: WriterIdentity | None = None,
     ) -> None:
-        """`metadata` is a `MetadataPort` that also has `get_snapshot` (`ZkMetadata`)."""
+        """`metadata` is a `MetadataPort` that also has `get_snapshot` (`ZkMetadata`);
+        `clock` is the takeover's wall clock and `identity` its writer identity (the
+        simulator passes its own, for runs that replay identically)."""
         invariant(parallelism >= 1, "repair parallelism must be >= 1")
         self._bookie_id = bookie_id
         self._storage = storage
@@ -404,7 +423,8 @@ class Repairer:
             1, min(_FLUSH_EVERY_BYTES, storage.config.write_cache_max_bytes // 4)
         )
         self._unflushed_bytes = 0  # copied since the last flush, all streams
-        self._identity = WriterIdentity(
+        self._clock = clock or SystemClock()
+        self._identity = identity or WriterIdentity(
             f"bookie-repair-{bookie_id}", socket.gethostname(), os.getpid()
         )
         self.results: dict[int, StreamRepair] = {}
@@ -533,7 +553,7 @@ class Repairer:
                 meta.name,
                 transport=self._transport,
                 metadata=self._metadata,
-                clock=SystemClock(),
+                clock=self._clock,
                 rng=self._rng,
                 options=self._options,
                 identity=self._identity,
@@ -811,6 +831,7 @@ __all__ = [
     "fix_cookie",
     "fixed_end",
     "metadata_terms",
+    "begin_phase_one",
     "ids_to_hold",
     "limbo_bounds",
     "make_repairer",

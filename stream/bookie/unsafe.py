@@ -7,12 +7,14 @@ checks, phase one. Only the bookie process reads them from the environment, once
 passes them directly.
 
 - "phase_one" skips BP-46 phase one, "limbo" runs it without setting limbo (terms only),
+  "phase_one_term" runs it without raising terms (limbo only),
   "wiped_term_check" does not learn forgotten terms from metadata;
 - "metadata_term_check" takes terms metadata never handed out, "trim_check" takes trims beyond
   metadata's first retained entry, "overwrite_check" lets an add replace an entry at or below
   the LAC with other bytes;
 - "add_term_check" serves adds of a term below the bookie's (the chaos runs show their checker
-  catches the superseded writer that lets through);
+  catches the superseded writer that lets through), "term_check" serves every request
+  whatever its term (no fencing at all: the simulator's `term-fencing` switch);
 - "limbo_unknown" makes a stream in limbo answer NO_SUCH_ENTRY for an entry it lacks instead
   of UNKNOWN (the simulator shows its checker catches the lost entry that lets a recovery
   truncate).
@@ -29,12 +31,14 @@ UNSAFE_SKIP_ENV = "STREAMKEEPER_UNSAFE_BP46_SKIP"
 UNSAFE_SWITCHES = frozenset(
     {
         "phase_one",
+        "phase_one_term",
         "limbo",
         "wiped_term_check",
         "metadata_term_check",
         "trim_check",
         "overwrite_check",
         "add_term_check",
+        "term_check",
         "limbo_unknown",
     }
 )

@@ -250,11 +250,18 @@ class Simulation:
                 trace=self.trace,
                 journal_write_data=bookie_id not in config.journal_less,
                 protections=bookie_protections(self.disabled),
+                rng=random.Random(bookie_rng.getrandbits(64)),
             )
             bookie.streams_with_bookie = self.admin.streams_with_bookie
             bookie.snapshot = self.admin.get_snapshot
             bookie.peer_entry = self._peer_entry
             bookie.next_stream_id = self._next_stream_id
+            # Phase two's own node: it reads peers and takes over as a client would.
+            bookie.repair_transport = SimTransport(self.network, bookie_id)
+            repair_session = SimMetadataSession(FakeKazooClient(self.zk, now=self.loop.time))
+            bookie.repair_metadata = SimMetadata(self.network, bookie_id, repair_session)
+            bookie.repair_clock = self.clock
+            bookie.writer_options = self.writer_options
             self.bookies[bookie_id] = bookie
             self.network.bookies[bookie_id] = bookie
         self._flush_rng = bookie_rng

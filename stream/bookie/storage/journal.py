@@ -215,8 +215,12 @@ class Journal:
         max_group_wait_ms: float,
         disk: DiskPort = OS_DISK,
         clock: Callable[[], float] = time.monotonic,
+        on_group: Callable[[], None] | None = None,
     ) -> None:
+        """`on_group` is called (on the appending thread) each time a new group starts: a
+        caller that runs the journal without its thread schedules `commit_pending` then."""
         self._path = path
+        self._on_group = on_group
         self._disk = disk
         self._clock = clock
         self._max_file_bytes = max_file_bytes
@@ -342,6 +346,7 @@ class Journal:
             if self._failure is not None or self._stopping:
                 return self._failed_future()
             fut = self._group_future
+            new_group = fut is None
             if fut is None:
                 fut = self._group_future = _running_future()
                 self._pending_since = self._clock()
@@ -350,6 +355,8 @@ class Journal:
             if self._sleeping:
                 self._cond.notify()
         self.appended_records += 1
+        if new_group and self._on_group is not None:
+            self._on_group()
         return fut
 
     def mark(self) -> Future[JournalPosition]:
@@ -361,12 +368,15 @@ class Journal:
             if self._failure is not None or self._stopping:
                 fut.set_exception(self._failure_error())
                 return fut
-            if self._group_future is None:
+            new_group = self._group_future is None
+            if new_group:
                 self._group_future = _running_future()
                 self._pending_since = self._clock()
             self._pending.append((_MARK, fut))
             if self._sleeping:
                 self._cond.notify()
+        if new_group and self._on_group is not None:
+            self._on_group()
         return fut
 
     def _failure_error(self) -> StorageError:

@@ -297,6 +297,9 @@ class StreamStorage:
         self._disk = disk
         self._clock = clock
         self._threaded = threads
+        # Without threads: called when a job has work (a journal group pending, a flush
+        # asked for), so that the caller schedules it.
+        self.on_work: Callable[[], None] | None = None
         # Called (stream_id, new_lac) on the event-loop thread when a stream's LAC rises.
         self.on_lac_advanced: Callable[[int, int], None] | None = None
         self.unclean_shutdown_detected = False
@@ -306,6 +309,8 @@ class StreamStorage:
         self._refuse_overwrites = "overwrite_check" not in unsafe
         # Off only in the chaos test that shows its checker catches a superseded writer.
         self._serve_stale_adds = "add_term_check" in unsafe
+        # Off only in the simulator's runs that show what a bookie without fencing lets by.
+        self._serve_stale_terms = "term_check" in unsafe
         # Off only in the simulator's test that shows its checker catches a limbo bookie's
         # explicit negative (the lost entry a recovery would then truncate).
         self._limbo_unknown = "limbo_unknown" not in unsafe
@@ -321,6 +326,7 @@ class StreamStorage:
             max_group_wait_ms=config.journal_max_group_wait_ms,
             disk=disk,
             clock=clock,
+            on_group=self._journal_group,
         )
         self._logs = EntryLogs(
             config.ledger_path, size_limit_bytes=config.entry_log_size_limit_bytes, disk=disk
@@ -483,9 +489,7 @@ class StreamStorage:
             return self._add_rejected(entries, BAD_REQUEST, 0, "stream_id 0 is not a stream")
         state = self._states.get(stream_id)
         local_term = state.term if state is not None else 0
-        decision = term_decision(local_term, request.term)
-        if decision is TermDecision.REJECT and self._serve_stale_adds:
-            decision = TermDecision.ACCEPT
+        decision = self._decide(local_term, request.term, add=True)
         if not decision.serves:
             message = (
                 f"term {request.term} is below the bookie's term {local_term}"
@@ -496,7 +500,7 @@ class StreamStorage:
         active_bytes = self._active.bytes
         if count and active_bytes and active_bytes + self._snapshot_bytes >= self._cache_max_bytes:
             self._too_busy_batches += 1
-            self._flush_wakeup.set()
+            self._want_flush()
             return self._add_rejected(entries, TOO_BUSY, local_term, "write cache full")
 
         ids, payload_bytes, special = _scan_entries(stream_id, entries, self._max_entry_bytes)
@@ -574,7 +578,7 @@ class StreamStorage:
         metrics.WRITE_CACHE_BYTES.set(cache_bytes + self._snapshot_bytes)
         if cache_bytes >= self._flush_trigger_bytes and not self._flush_signalled:
             self._flush_signalled = True
-            self._flush_wakeup.set()
+            self._want_flush()
         if lac_advanced and self.on_lac_advanced is not None:
             self._notify_lac(stream_id, state.lac)
         message = "" if all_stored else self._add_message(codes, refused)
@@ -697,7 +701,7 @@ class StreamStorage:
             return FenceOutcome(BAD_REQUEST, 0, -1, -1, -1, False, None, "stream_id 0")
         state = self._states.get(stream_id)
         local_term = state.term if state is not None else 0
-        decision = term_decision(local_term, term)
+        decision = self._decide(local_term, term)
         durable = None
         if decision is _ACCEPT_NEW:
             with self._lock:
@@ -719,6 +723,16 @@ class StreamStorage:
             message,
         )
 
+    def _decide(self, local_term: int, term: int, *, add: bool = False) -> TermDecision:
+        """The term rule (`stream.protocol.term_decision`), unless a test-only switch serves
+        lower terms: every request's ("term_check", no fencing at all) or adds' only."""
+        decision = term_decision(local_term, term)
+        if decision is TermDecision.REJECT and (
+            self._serve_stale_terms or (add and self._serve_stale_adds)
+        ):
+            return TermDecision.ACCEPT
+        return decision
+
     @staticmethod
     def _term_message(decision: TermDecision, term: int, local_term: int) -> str:
         if decision is TermDecision.REJECT:
@@ -736,7 +750,7 @@ class StreamStorage:
         local_term = state.term if state is not None else 0
         if stream_id == 0 or after_entry_id < -1:
             return TruncateOutcome(BAD_REQUEST, local_term, None, "bad stream or entry id")
-        decision = term_decision(local_term, term)
+        decision = self._decide(local_term, term)
         if not decision.serves:
             message = self._term_message(decision, term, local_term)
             return TruncateOutcome(decision.code, local_term, None, message)
@@ -881,7 +895,7 @@ class StreamStorage:
         durable = None
         if term:
             local_term = state.term if state is not None else 0
-            decision = term_decision(local_term, term)
+            decision = self._decide(local_term, term)
             if not decision.serves:
                 message = self._term_message(decision, term, local_term)
                 if state is None:
@@ -1195,7 +1209,7 @@ class StreamStorage:
             self._dirty.add(stream_id)
         if self._active.bytes >= self._flush_trigger_bytes and not self._flush_signalled:
             self._flush_signalled = True
-            self._flush_wakeup.set()
+            self._want_flush()
         return stored
 
     # -- flushing -------------------------------------------------------------------------
@@ -1211,7 +1225,7 @@ class StreamStorage:
             return fut
         with self._lock:
             self._flush_waiters.append(fut)
-        self._flush_wakeup.set()
+        self._want_flush()
         return fut
 
     def _swap(self, *, force: bool = False) -> _FlushJob:
@@ -1349,10 +1363,19 @@ class StreamStorage:
 
     # -- the background jobs, one step each (run by the threads, or by a simulator) -------
 
+    def _journal_group(self) -> None:
+        if self.on_work is not None:
+            self.on_work()
+
     def commit_journal(self) -> bool:
         """Commits the pending journal records (one write, one fdatasync); returns whether
         there were any. The journal thread's step, for a storage opened without threads."""
         return self._journal.commit_pending()
+
+    def _want_flush(self) -> None:
+        self._flush_wakeup.set()
+        if self.on_work is not None:
+            self.on_work()
 
     def flush_wanted(self) -> bool:
         """Returns whether a flush was asked for (a full write cache or `request_flush`)
