@@ -103,6 +103,9 @@ class SimBookie:
         self.journal_write_data = journal_write_data
         self.protections = protections
         self._trace = trace
+        # Phase two starts this long after the bookie serves (the real one starts once its
+        # server is up; a takeover right at the restart instant is the clients' first).
+        self._repair_delay_s = repair_interval_s
         self._rng = rng or random.Random(zlib.crc32(bookie_id.encode()))
         self._unsafe = protections.unsafe()
         self.disk = SimDisk(random.Random(self._rng.getrandbits(64)))
@@ -201,6 +204,7 @@ class SimBookie:
             clock=self.repair_clock,
             identity=WriterIdentity(f"bookie-repair-{self.bookie_id}", "sim", 1),
         )
+        await asyncio.sleep(self._repair_delay_s)
         results = await repairer.run(bounds)
         for stream_id, result in sorted(results.items()):
             self._trace.record("phase2", b=self.bookie_id, s=stream_id, how=result.outcome)
@@ -304,34 +308,54 @@ class SimBookie:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    def _serve(self, call: Callable[[BookieCore], Coroutine[Any, Any, Any]]) -> Any:
+    def _serve(
+        self, kind: str, call: Callable[[BookieCore], Coroutine[Any, Any, Any]], **fields: object
+    ) -> Any:
         core = self._core
         if core is None:
             raise ConnectionRefusedError(f"{self.bookie_id} is not serving")
-        return self._spawn(call(core))
+        task = self._spawn(call(core))
+        task.add_done_callback(lambda t: self._traced(kind, t, fields))
+        return task
+
+    def _traced(self, kind: str, task: asyncio.Task[Any], fields: dict[str, object]) -> None:
+        if task.cancelled() or task.exception() is not None:
+            code: object = "-"
+        else:
+            response = task.result()
+            code = list(response.codes) if kind == "add" else response.code
+        self._trace.record(kind, b=self.bookie_id, code=code, **fields)
 
     def add(self, request: pb.AddRequest) -> asyncio.Future[pb.AddResponse]:
-        return self._serve(lambda core: core.add(request))
+        ids = [e.entry_id for e in request.entries]
+        return self._serve("add", lambda core: core.add(request), t=request.term, ids=ids)
 
     def fence(self, request: pb.FenceRequest) -> asyncio.Future[pb.FenceResponse]:
-        return self._serve(lambda core: core.fence(request))
+        return self._serve("fence", lambda core: core.fence(request), t=request.term)
 
     def read(self, request: pb.ReadRequest) -> asyncio.Future[pb.ReadResponse]:
-        return self._serve(lambda core: core.read(request))
+        return self._serve(
+            "read", lambda core: core.read(request), e=request.entry_id, t=request.term
+        )
 
     def read_lac(self, request: pb.ReadLacRequest) -> asyncio.Future[pb.ReadLacResponse]:
-        return self._serve(lambda core: core.read_lac(request))
+        return self._serve("read_lac", lambda core: core.read_lac(request))
 
     def truncate(self, request: pb.TruncateRequest) -> asyncio.Future[pb.TruncateResponse]:
-        return self._serve(lambda core: core.truncate(request))
+        return self._serve(
+            "truncate",
+            lambda core: core.truncate(request),
+            t=request.term,
+            after=request.after_entry_id,
+        )
 
     def trim(self, request: pb.TrimRequest) -> asyncio.Future[pb.TrimResponse]:
-        return self._serve(lambda core: core.trim(request))
+        return self._serve("trim", lambda core: core.trim(request), before=request.before_entry_id)
 
     def stream_state(
         self, request: pb.StreamStateRequest
     ) -> asyncio.Future[pb.StreamStateResponse]:
-        return self._serve(lambda core: core.stream_state(request))
+        return self._serve("state", lambda core: core.stream_state(request))
 
     def read_range(self, request: pb.ReadRangeRequest) -> list[pb.ReadRangeResponse]:
         """Returns the ReadRange responses (entries in batches; the last carries the code
