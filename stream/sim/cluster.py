@@ -22,6 +22,7 @@ from typing import Any
 
 import structlog
 
+from stream.bookie.unsafe import UNSAFE_SWITCHES
 from stream.client.options import Protections, ReaderOptions, WriterOptions
 from stream.client.reader import AsyncStreamReader
 from stream.client.recovery import WriterIdentity
@@ -110,6 +111,9 @@ def bookie_protections(disabled: Iterable[str]) -> BookieProtections:
         phase_one_fence=PHASE_ONE_FENCE not in off,
         limbo=LIMBO not in off,
         wiped_term_check=WIPED_TERM_CHECK not in off,
+        # The bookie's own test-only switches, by their names (tests that break a rule
+        # inside the shipping bookie).
+        extra=frozenset(off & UNSAFE_SWITCHES),
     )
 
 
