@@ -45,7 +45,7 @@ from stream.bookie.storage.entry_log import EntryLogGone, EntryLogs
 from stream.bookie.storage.gc import CompactionReport, GarbageCollector, GcReport
 from stream.bookie.storage.index import Index
 from stream.bookie.storage.journal import Journal, JournalPosition, replay
-from stream.bookie.storage.state import StreamState, StreamStateView
+from stream.bookie.storage.state import LocalStreamState, StreamStateView
 from stream.bookie.storage.write_cache import WriteCache
 from stream.bookie.unsafe import SAFE, UnsafeSkips
 from stream.client.entries import checksum_ok
@@ -140,7 +140,7 @@ class AddOutcome:
 
 
 @dataclass(frozen=True, slots=True)
-class FenceOutcome:
+class FenceResult:
     """The result of `fence`: what the bookie knows of the stream's end."""
 
     code: int
@@ -154,7 +154,7 @@ class FenceOutcome:
 
 
 @dataclass(frozen=True, slots=True)
-class ReadOutcome:
+class ReadResult:
     """The result of `read`: the entry when `code` is OK."""
 
     code: int
@@ -334,7 +334,7 @@ class StreamStorage:
         self._index = Index(config.index_path, disk=disk)
         self._index_lock = threading.Lock()
         self._gc = GarbageCollector(self._index, self._logs, self._index_lock)
-        self._states: dict[int, StreamState] = {}
+        self._states: dict[int, LocalStreamState] = {}
         self._dirty: set[int] = set()
         self._limbo_count = 0
         self._active = WriteCache()
@@ -379,7 +379,7 @@ class StreamStorage:
         self.unclean_shutdown_detected = self._index.unclean_bit()
         self._index.set_unclean_bit(True)
         self._states = {
-            stream_id: StreamState.unpack(raw)
+            stream_id: LocalStreamState.unpack(raw)
             for stream_id, raw in self._index.load_states().items()
         }
         self._limbo_count = sum(1 for s in self._states.values() if s.limbo)
@@ -534,7 +534,7 @@ class StreamStorage:
         new_term = decision is _ACCEPT_NEW
         with self._lock:
             if state is None:
-                state = self._states[stream_id] = StreamState()
+                state = self._states[stream_id] = LocalStreamState()
             durable: Future[None] | None = None
             if new_term:
                 state.term = request.term
@@ -651,7 +651,7 @@ class StreamStorage:
     def _store(
         self,
         stream_id: int,
-        state: StreamState,
+        state: LocalStreamState,
         ids: list[int],
         entries: list[Entry],
         truncates: bool,
@@ -691,14 +691,14 @@ class StreamStorage:
 
     # -- fence, truncate, trim, limbo -----------------------------------------------------
 
-    def fence(self, stream_id: int, term: int) -> FenceOutcome:
+    def fence(self, stream_id: int, term: int) -> FenceResult:
         """Applies the term rule (a new term is recorded durably, creating the stream when
         unknown) and returns what the bookie knows of the stream's end."""
         unusable = self._usable()
         if unusable is not None:
-            return FenceOutcome(INTERNAL, 0, -1, -1, -1, False, None, unusable)
+            return FenceResult(INTERNAL, 0, -1, -1, -1, False, None, unusable)
         if stream_id == 0:
-            return FenceOutcome(BAD_REQUEST, 0, -1, -1, -1, False, None, "stream_id 0")
+            return FenceResult(BAD_REQUEST, 0, -1, -1, -1, False, None, "stream_id 0")
         state = self._states.get(stream_id)
         local_term = state.term if state is not None else 0
         decision = self._decide(local_term, term)
@@ -710,9 +710,9 @@ class StreamStorage:
                     codec.REC_TERM, codec.TERM_BODY.pack(stream_id, term)
                 )
         if state is None:  # rejected (BAD) for a stream never seen
-            return FenceOutcome(decision.code, 0, -1, -1, -1, False, None, "term must be >= 1")
+            return FenceResult(decision.code, 0, -1, -1, -1, False, None, "term must be >= 1")
         message = "" if decision.serves else self._term_message(decision, term, state.term)
-        return FenceOutcome(
+        return FenceResult(
             decision.code,
             state.term,
             state.lac,
@@ -819,20 +819,20 @@ class StreamStorage:
 
     # -- state changes shared by requests and replay (call holding _lock) ----------------
 
-    def _state_for(self, stream_id: int) -> StreamState:
+    def _state_for(self, stream_id: int) -> LocalStreamState:
         state = self._states.get(stream_id)
         if state is None:
-            state = self._states[stream_id] = StreamState()
+            state = self._states[stream_id] = LocalStreamState()
         return state
 
-    def _apply_term(self, stream_id: int, term: int) -> StreamState:
+    def _apply_term(self, stream_id: int, term: int) -> LocalStreamState:
         state = self._state_for(stream_id)
         if term > state.term:
             state.term = term
         self._dirty.add(stream_id)
         return state
 
-    def _apply_truncate(self, stream_id: int, term: int, after_entry_id: int) -> StreamState:
+    def _apply_truncate(self, stream_id: int, term: int, after_entry_id: int) -> LocalStreamState:
         state = self._apply_term(stream_id, term)
         self._delete_above(stream_id, state, after_entry_id)
         return state
@@ -861,7 +861,7 @@ class StreamStorage:
             metrics.LIMBO_STREAMS.set(self._limbo_count)
         self._dirty.add(stream_id)
 
-    def _delete_above(self, stream_id: int, state: StreamState, after_entry_id: int) -> None:
+    def _delete_above(self, stream_id: int, state: LocalStreamState, after_entry_id: int) -> None:
         """Deletes the stream's entries above `after_entry_id` from the active cache, the
         snapshot and the index, and lowers last_entry_id to what remains."""
         self._active.drop_above(stream_id, after_entry_id)
@@ -882,7 +882,7 @@ class StreamStorage:
 
     # -- reads ----------------------------------------------------------------------------
 
-    def read(self, stream_id: int, entry_id: int, term: int = 0) -> ReadOutcome:
+    def read(self, stream_id: int, entry_id: int, term: int = 0) -> ReadResult:
         """Returns one entry. With `term` > 0 (a recovery read) the term rule applies first,
         and a new term is recorded durably, even for a stream never seen (the TLA+ spec fences
         on recovery reads). TRIMMED below the first retained entry, NO_SUCH_ENTRY when not
@@ -890,7 +890,7 @@ class StreamStorage:
         UNKNOWN."""
         unusable = self._usable()
         if unusable is not None:
-            return ReadOutcome(INTERNAL, None, -1, 0, 0, None, unusable)
+            return ReadResult(INTERNAL, None, -1, 0, 0, None, unusable)
         state = self._states.get(stream_id)
         durable = None
         if term:
@@ -899,8 +899,8 @@ class StreamStorage:
             if not decision.serves:
                 message = self._term_message(decision, term, local_term)
                 if state is None:
-                    return ReadOutcome(decision.code, None, -1, 0, 0, None, message)
-                return ReadOutcome(
+                    return ReadResult(decision.code, None, -1, 0, 0, None, message)
+                return ReadResult(
                     decision.code, None, state.lac, state.term, state.first_entry_id, None, message
                 )
             if decision is _ACCEPT_NEW:
@@ -910,26 +910,26 @@ class StreamStorage:
                         codec.REC_TERM, codec.TERM_BODY.pack(stream_id, term)
                     )
         if state is None:
-            return ReadOutcome(NO_SUCH_STREAM, None, -1, 0, 0, None, "unknown stream")
+            return ReadResult(NO_SUCH_STREAM, None, -1, 0, 0, None, "unknown stream")
         if entry_id < 0:
-            return ReadOutcome(
+            return ReadResult(
                 BAD_REQUEST, None, state.lac, state.term, state.first_entry_id, durable, "id < 0"
             )
         if entry_id < state.first_entry_id:
-            return ReadOutcome(
+            return ReadResult(
                 TRIMMED, None, state.lac, state.term, state.first_entry_id, durable, "trimmed"
             )
         try:
             entry = self._lookup(stream_id, entry_id)
         except StorageError as e:
             log.error("storage.read_failed", stream_id=stream_id, entry_id=entry_id, error=str(e))
-            return ReadOutcome(
+            return ReadResult(
                 INTERNAL, None, state.lac, state.term, state.first_entry_id, durable, str(e)
             )
         code = OK if entry is not None else self._negative(state)
-        return ReadOutcome(code, entry, state.lac, state.term, state.first_entry_id, durable, "")
+        return ReadResult(code, entry, state.lac, state.term, state.first_entry_id, durable, "")
 
-    def _negative(self, state: StreamState) -> int:
+    def _negative(self, state: LocalStreamState) -> int:
         """Returns the answer for an entry the stream lacks: NO_SUCH_ENTRY, or UNKNOWN in
         limbo (the entry may be one the bookie lost)."""
         return limbo_code(NO_SUCH_ENTRY, state.limbo and self._limbo_unknown)
