@@ -54,9 +54,9 @@ from stream.bookie.cookie import (
     inspect_cookies,
 )
 from stream.bookie.storage.fsutil import fsync_dir
-from stream.bookie.unsafe import UNSAFE_SKIP_ENV, unsafe_skip
+from stream.bookie.unsafe import SAFE, UNSAFE_SKIP_ENV, UnsafeSkips
 from stream.client.options import WriterOptions
-from stream.client.ports import BookieTransport, SystemClock
+from stream.client.ports import BookieTransport, Clock, SystemClock
 from stream.client.recovery import Takeover, WriterIdentity, send_lac
 from stream.errors import (
     ConfigError,
@@ -100,36 +100,25 @@ _FOREIGN_RECOVERY_PATIENCE_S = 15.0
 _PROGRESS_LOG_EVERY_ENTRIES = 50_000
 
 
-def metadata_terms(config: BookieConfig, storage: StreamStorage, session: Any) -> MetadataTerms:
+def metadata_terms(
+    config: BookieConfig, storage: StreamStorage, session: Any, *, unsafe: UnsafeSkips = SAFE
+) -> MetadataTerms:
     """Returns the service's checks against metadata (`stream.bookie.terms.MetadataTerms`):
     terms a lost disk took (when this bookie lost a directory), terms and trims metadata cannot
     justify. Call after `protect_at_boot`, on the event loop."""
     from stream.bookie.terms import (
-        Checks,
-        MetadataTerms,
         StreamFacts,
         forgotten_terms_bound,
+        metadata_terms_for,
         read_stream_facts,
     )
-
-    below = forgotten_terms_bound(config)
-    skip = unsafe_skip()
-    if below and "wiped_term_check" in skip:
-        log.warning("integrity.wiped_term_check_skipped_unsafe", env=UNSAFE_SKIP_ENV)
-        below = 0
-    checks = Checks(
-        justify_terms="metadata_term_check" not in skip,
-        justify_trims="trim_check" not in skip,
-    )
-    if checks != Checks():
-        log.warning("integrity.metadata_checks_skipped_unsafe", env=UNSAFE_SKIP_ENV, checks=checks)
 
     async def read_facts(stream_id: int) -> StreamFacts | None:
         return await asyncio.to_thread(read_stream_facts, session, stream_id)
 
-    if below:
-        log.info("integrity.forgotten_terms", below_stream_id=below)
-    return MetadataTerms(storage, read_facts, forgotten_below=below, checks=checks)
+    return metadata_terms_for(
+        storage, read_facts, forgotten_below=forgotten_terms_bound(config), unsafe=unsafe
+    )
 
 
 def _note_forgotten_terms(config: BookieConfig, decision: CookieDecision, session: Any) -> None:
@@ -199,28 +188,44 @@ class PhaseOneReport:
     seconds: float
 
 
-async def run_phase_one(
+def begin_phase_one(
     storage: StreamStorage,
     streams: Sequence[tuple[StreamMeta, Sequence[Fragment]]],
     *,
-    reason: str,
-) -> PhaseOneReport:
-    """Raises the local term of every stream in `streams` to its metadata term and sets limbo,
-    and returns once all of it is durable (one journal group commit for many streams). Call on
-    the storage's thread, before serving."""
-    started = time.monotonic()
-    skip = unsafe_skip()
-    limbo = "limbo" not in skip
-    if "phase_one" in skip:
-        log.warning("integrity.phase_one_skipped_unsafe", env=UNSAFE_SKIP_ENV, reason=reason)
-        return PhaseOneReport(reason, (), False, 0.0)
+    unsafe: UnsafeSkips = SAFE,
+) -> tuple[list[Future[None]], tuple[int, ...], bool]:
+    """Journals phase one's changes (term := max(local, metadata term), limbo on) for every
+    stream in `streams`; returns the futures of their sync, the stream ids and whether limbo
+    was set. `run_phase_one` waits for the futures; the simulator commits its journal."""
+    limbo = "limbo" not in unsafe
+    if "phase_one" in unsafe:
+        return [], (), False
+    fence = "phase_one_term" not in unsafe
     futures: list[Future[None]] = []
     ids: list[int] = []
     for meta, _ in streams:
         # Even for a stream this bookie never heard of: its term must be fenced here (a wiped
         # disk forgot it), and its negatives must become UNKNOWN.
-        futures.append(storage.set_limbo(meta.id, limbo, term=meta.term))
+        futures.append(storage.set_limbo(meta.id, limbo, term=meta.term if fence else 0))
         ids.append(meta.id)
+    return futures, tuple(ids), limbo
+
+
+async def run_phase_one(
+    storage: StreamStorage,
+    streams: Sequence[tuple[StreamMeta, Sequence[Fragment]]],
+    *,
+    reason: str,
+    unsafe: UnsafeSkips = SAFE,
+) -> PhaseOneReport:
+    """Raises the local term of every stream in `streams` to its metadata term and sets limbo,
+    and returns once all of it is durable (one journal group commit for many streams). Call on
+    the storage's thread, before serving. `unsafe` turns parts off, in tests only."""
+    started = time.monotonic()
+    if "phase_one" in unsafe:
+        log.warning("integrity.phase_one_skipped_unsafe", env=UNSAFE_SKIP_ENV, reason=reason)
+        return PhaseOneReport(reason, (), False, 0.0)
+    futures, ids, limbo = begin_phase_one(storage, streams, unsafe=unsafe)
     for future in futures:
         await asyncio.wrap_future(future)
     seconds = time.monotonic() - started
@@ -233,7 +238,7 @@ async def run_phase_one(
         limbo=limbo,
         seconds=round(seconds, 3),
     )
-    return PhaseOneReport(reason, tuple(ids), limbo, seconds)
+    return PhaseOneReport(reason, ids, limbo, seconds)
 
 
 def limbo_bounds(storage: StreamStorage) -> dict[int, int]:
@@ -273,6 +278,7 @@ async def protect_at_boot(
     preparation: BootPreparation,
     *,
     unclean: bool,
+    unsafe: UnsafeSkips = SAFE,
 ) -> dict[int, int]:
     """Runs phase one when needed (streams from the metadata), then writes the fixed cookie
     and settles the journal mode; returns the bounds phase two needs (`limbo_bounds`). Call on
@@ -288,7 +294,7 @@ async def protect_at_boot(
         streams = await asyncio.to_thread(
             StreamStore(session).streams_with_bookie, config.bookie_id
         )
-        await run_phase_one(storage, streams, reason=reason)
+        await run_phase_one(storage, streams, reason=reason, unsafe=unsafe)
     if preparation.cookie_fix is not None:
         await asyncio.to_thread(_note_forgotten_terms, config, preparation.cookie_fix, session)
         await asyncio.to_thread(apply_cookie_fix, config, preparation.cookie_fix, cookie_store)
@@ -397,8 +403,12 @@ class Repairer:
         options: WriterOptions | None = None,
         rng: random.Random | None = None,
         parallelism: int = REPAIR_PARALLELISM,
+        clock: Clock | None = None,
+        identity: WriterIdentity | None = None,
     ) -> None:
-        """`metadata` is a `MetadataPort` that also has `get_snapshot` (`ZkMetadata`)."""
+        """`metadata` is a `MetadataPort` that also has `get_snapshot` (`ZkMetadata`);
+        `clock` is the takeover's wall clock and `identity` its writer identity (the
+        simulator passes its own, for runs that replay identically)."""
         invariant(parallelism >= 1, "repair parallelism must be >= 1")
         self._bookie_id = bookie_id
         self._storage = storage
@@ -413,7 +423,8 @@ class Repairer:
             1, min(_FLUSH_EVERY_BYTES, storage.config.write_cache_max_bytes // 4)
         )
         self._unflushed_bytes = 0  # copied since the last flush, all streams
-        self._identity = WriterIdentity(
+        self._clock = clock or SystemClock()
+        self._identity = identity or WriterIdentity(
             f"bookie-repair-{bookie_id}", socket.gethostname(), os.getpid()
         )
         self.results: dict[int, StreamRepair] = {}
@@ -542,7 +553,7 @@ class Repairer:
                 meta.name,
                 transport=self._transport,
                 metadata=self._metadata,
-                clock=SystemClock(),
+                clock=self._clock,
                 rng=self._rng,
                 options=self._options,
                 identity=self._identity,
@@ -820,6 +831,7 @@ __all__ = [
     "fix_cookie",
     "fixed_end",
     "metadata_terms",
+    "begin_phase_one",
     "ids_to_hold",
     "limbo_bounds",
     "make_repairer",

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import os
 import signal
 import sys
 import threading
@@ -34,6 +35,7 @@ from stream.bookie.config import BookieConfig
 from stream.bookie.cookie import check_cookies
 from stream.bookie.disk import DiskStatus, check_disks
 from stream.bookie.server import BookieService, StartReport, add_to_server, server_options
+from stream.bookie.unsafe import UNSAFE_SKIP_ENV, parse_unsafe_skips
 from stream.errors import ConfigError, StreamError
 from stream.logs import configure_logging
 from stream.security.tls import ServerCredentials
@@ -81,6 +83,8 @@ class Bookie:
 
     def __init__(self, config: BookieConfig) -> None:
         self.config = config
+        # The test-only switches, read once here and passed to what they switch.
+        self._unsafe = parse_unsafe_skips(os.environ.get(UNSAFE_SKIP_ENV, ""))
         self._session: Any = None
         self._registry: Any = None
         self._storage: Any = None
@@ -166,7 +170,7 @@ class Bookie:
 
         preparation = await asyncio.to_thread(integrity.prepare_boot, config, cookies)
         # Storage calls belong to this (the event loop's) thread from here on.
-        storage = StreamStorage(config)
+        storage = StreamStorage(config, unsafe=self._unsafe)
         report = storage.open()
         self._storage = storage
         start_report = StartReport(
@@ -191,6 +195,7 @@ class Bookie:
             self._registry,
             preparation,
             unclean=start_report.unclean_start,
+            unsafe=self._unsafe,
         )
 
         disk = self._check_disks()
@@ -200,7 +205,9 @@ class Bookie:
             instance_id=instance_id,
             start_report=start_report,
             disk_status=disk,
-            metadata_terms=integrity.metadata_terms(config, storage, self._session),
+            metadata_terms=integrity.metadata_terms(
+                config, storage, self._session, unsafe=self._unsafe
+            ),
         )
         self._service.set_disk_status(disk)
         add_to_server(self._service, server)

@@ -30,6 +30,7 @@ import structlog
 
 from stream.bookie.config import BookieConfig
 from stream.bookie.storage.fsutil import write_file_durably
+from stream.bookie.unsafe import SAFE, UnsafeSkips
 from stream.errors import StorageError, StreamError, StreamNotFoundError
 from stream.protocol import must_justify_term, must_learn_term, term_justified, trim_refusal
 from stream.wire import bookie_pb2 as pb
@@ -273,6 +274,26 @@ class MetadataTerms:
         return facts
 
 
+def metadata_terms_for(
+    storage: Any, read_facts: FactsReader, *, forgotten_below: int, unsafe: UnsafeSkips = SAFE
+) -> MetadataTerms:
+    """Returns the checks against metadata with the protections `unsafe` leaves on (tests
+    only turn any off): learning the terms a lost disk took below `forgotten_below`, and
+    refusing terms and trims metadata cannot justify."""
+    if forgotten_below and "wiped_term_check" in unsafe:
+        log.warning("integrity.wiped_term_check_skipped_unsafe")
+        forgotten_below = 0
+    checks = Checks(
+        justify_terms="metadata_term_check" not in unsafe,
+        justify_trims="trim_check" not in unsafe,
+    )
+    if checks != Checks():
+        log.warning("integrity.metadata_checks_skipped_unsafe", checks=checks)
+    if forgotten_below:
+        log.info("integrity.forgotten_terms", below_stream_id=forgotten_below)
+    return MetadataTerms(storage, read_facts, forgotten_below=forgotten_below, checks=checks)
+
+
 def _deleted(stream_id: int) -> Refusal:
     return Refusal(
         pb.NO_SUCH_STREAM,
@@ -294,6 +315,7 @@ __all__ = [
     "Refusal",
     "StreamFacts",
     "forgotten_terms_bound",
+    "metadata_terms_for",
     "note_forgotten_terms",
     "read_next_stream_id",
     "read_stream_facts",

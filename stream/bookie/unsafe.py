@@ -1,23 +1,71 @@
-"""The test-only switch that turns bookie protections off, so that the real-process tests can
-show that their checks fail without them. Read by nothing else; never set it in production.
+"""The test-only switches that turn bookie protections off, so that tests can show their checks
+fail without them. Never set in production.
 
-`STREAMKEEPER_UNSAFE_BP46_SKIP` is a comma-separated list of:
+They are parameters (`UnsafeSkips`) of the parts they switch: the storage engine, the metadata
+checks, phase one. Only the bookie process reads them from the environment, once at start-up
+(`STREAMKEEPER_UNSAFE_BP46_SKIP`, a comma-separated list of the names below); the simulator
+passes them directly.
+
 - "phase_one" skips BP-46 phase one, "limbo" runs it without setting limbo (terms only),
+  "phase_one_term" runs it without raising terms (limbo only),
   "wiped_term_check" does not learn forgotten terms from metadata;
 - "metadata_term_check" takes terms metadata never handed out, "trim_check" takes trims beyond
   metadata's first retained entry, "overwrite_check" lets an add replace an entry at or below
   the LAC with other bytes;
 - "add_term_check" serves adds of a term below the bookie's (the chaos runs show their checker
-  catches the superseded writer that lets through).
+  catches the superseded writer that lets through), "term_check" serves every request
+  whatever its term (no fencing at all: the simulator's `term-fencing` switch);
+- "limbo_unknown" makes a stream in limbo answer NO_SUCH_ENTRY for an entry it lacks instead
+  of UNKNOWN (the simulator shows its checker catches the lost entry that lets a recovery
+  truncate).
 """
 
 from __future__ import annotations
 
-import os
+from dataclasses import dataclass
+
+from stream.errors import ConfigError
 
 UNSAFE_SKIP_ENV = "STREAMKEEPER_UNSAFE_BP46_SKIP"
 
+UNSAFE_SWITCHES = frozenset(
+    {
+        "phase_one",
+        "phase_one_term",
+        "limbo",
+        "wiped_term_check",
+        "metadata_term_check",
+        "trim_check",
+        "overwrite_check",
+        "add_term_check",
+        "term_check",
+        "limbo_unknown",
+    }
+)
 
-def unsafe_skip() -> set[str]:
-    """Returns the protections the test-only switch turns off (empty in production)."""
-    return {p.strip() for p in os.environ.get(UNSAFE_SKIP_ENV, "").split(",") if p.strip()}
+
+@dataclass(frozen=True)
+class UnsafeSkips:
+    """The protections turned off (none: production)."""
+
+    names: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        unknown = sorted(self.names - UNSAFE_SWITCHES)
+        if unknown:
+            raise ConfigError(
+                f"unknown unsafe switch(es) {', '.join(unknown)}: "
+                f"known are {', '.join(sorted(UNSAFE_SWITCHES))}"
+            )
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.names
+
+
+SAFE = UnsafeSkips()
+
+
+def parse_unsafe_skips(text: str) -> UnsafeSkips:
+    """Returns the switches named in `text` (the environment variable's comma-separated
+    form); raises `ConfigError` for a name that is not a switch."""
+    return UnsafeSkips(frozenset(p.strip() for p in text.split(",") if p.strip()))

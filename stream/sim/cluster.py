@@ -22,6 +22,7 @@ from typing import Any
 
 import structlog
 
+from stream.bookie.unsafe import UNSAFE_SWITCHES
 from stream.client.options import Protections, ReaderOptions, WriterOptions
 from stream.client.reader import AsyncStreamReader
 from stream.client.recovery import WriterIdentity
@@ -111,6 +112,9 @@ def bookie_protections(disabled: Iterable[str]) -> BookieProtections:
         phase_one_fence=PHASE_ONE_FENCE not in off,
         limbo=LIMBO not in off,
         wiped_term_check=WIPED_TERM_CHECK not in off,
+        # The bookie's own test-only switches, by their names (tests that break a rule
+        # inside the shipping bookie).
+        extra=frozenset(off & UNSAFE_SWITCHES),
     )
 
 
@@ -251,11 +255,18 @@ class Simulation:
                 trace=self.trace,
                 journal_write_data=bookie_id not in config.journal_less,
                 protections=bookie_protections(self.disabled),
+                rng=random.Random(bookie_rng.getrandbits(64)),
             )
             bookie.streams_with_bookie = self.admin.streams_with_bookie
             bookie.snapshot = self.admin.get_snapshot
             bookie.peer_entry = self._peer_entry
             bookie.next_stream_id = self._next_stream_id
+            # Phase two's own node: it reads peers and takes over as a client would.
+            bookie.repair_transport = SimTransport(self.network, bookie_id)
+            repair_session = SimMetadataSession(FakeKazooClient(self.zk, now=self.loop.time))
+            bookie.repair_metadata = SimMetadata(self.network, bookie_id, repair_session)
+            bookie.repair_clock = self.clock
+            bookie.writer_options = self.writer_options
             self.bookies[bookie_id] = bookie
             self.network.bookies[bookie_id] = bookie
         self._flush_rng = bookie_rng

@@ -433,6 +433,8 @@ class SimAddStream:
         self._broken: str | None = None
         self._closed = False
         self._incarnation: int | None = None
+        # Answers the bookie gives later (once durable), sent back in request order.
+        self._answering: deque[asyncio.Future[pb.AddResponse]] = deque()
         self._up = _Channel(network, src, bookie_id, lambda: self.fail("request lost"))
         self._down = _Channel(network, bookie_id, src, lambda: self.fail("answer lost"))
         network._register(self)
@@ -467,7 +469,27 @@ class SimAddStream:
             self.fail("bookie restarted")
             return
         response = bookie.add(request)
+        if isinstance(response, asyncio.Future) or self._answering:
+            # The bookie answers once the batch is durable: in order, after earlier ones.
+            if not isinstance(response, asyncio.Future):
+                done: asyncio.Future[pb.AddResponse] = self._net.loop.create_future()
+                done.set_result(response)
+                response = done
+            self._answering.append(response)
+            response.add_done_callback(lambda _: self._send_answers())
+            return
         self._down.push(lambda: self._at_client(response))
+
+    def _send_answers(self) -> None:
+        while self._answering and self._answering[0].done():
+            answer = self._answering.popleft()
+            if self._broken is not None:
+                continue
+            if answer.cancelled() or answer.exception() is not None:
+                self.fail("bookie reset the stream")
+                return
+            response = answer.result()
+            self._down.push(lambda r=response: self._at_client(r))  # type: ignore[misc]
 
     def _at_client(self, response: pb.AddResponse) -> None:
         if self._pending:

@@ -1,9 +1,13 @@
-"""The simulated bookie applies the real bookie's rules: the term rule, TRUNCATE, Truncate and
-Trim, limbo, durability with and without the journal, BP-46 phase one, the LAC long poll."""
+"""The simulator's bookie is the shipping one on a simulated disk: the term rule and no-fence,
+TRUNCATE and Trim, durability with and without the journal across crashes and a lost disk,
+BP-46 phase one and the forgotten-terms check after a lost disk, the LAC long poll, and disk
+faults (full, read-only)."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from stream.errors import StreamNotFoundError
 from stream.framing.prepare import NOOP_TRUNCATE, prepare_entry
@@ -15,115 +19,103 @@ from stream.sim.trace import Trace
 from stream.wire import bookie_pb2 as pb
 
 S = 7
+T = TypeVar("T")
 
 
-def _bookie(**kwargs: object) -> SimBookie:
-    return SimBookie("b1", trace=Trace(lambda: 0.0), **kwargs)  # type: ignore[arg-type]
+def _sim(body: Callable[[], Awaitable[T]]) -> T:
+    return run_simulated(body())
+
+
+def _bookie(**kwargs: Any) -> SimBookie:
+    return SimBookie("b1", trace=Trace(asyncio.get_running_loop().time), **kwargs)
 
 
 def _entry(entry_id: int, payload: bytes = b"x", flags: int = 0) -> pb.Entry:
     return prepare_entry(S, entry_id, flags, 1000, payload).entry()
 
 
-def _add(
+async def _add(
     bookie: SimBookie, term: int, *entries: pb.Entry, lac: int = -1, lafr: int = -1
-) -> pb.AddResponse:
+) -> list[int]:
     request = pb.AddRequest(stream_id=S, term=term, lac=lac, lafr=lafr)
     request.entries.extend(entries)
-    return bookie.add(request)
+    return list((await bookie.add(request)).codes)
 
 
-def _read(bookie: SimBookie, entry_id: int, term: int = 0) -> pb.ReadResponse:
-    return bookie.read(pb.ReadRequest(stream_id=S, entry_id=entry_id, term=term))
+async def _read(bookie: SimBookie, entry_id: int, term: int = 0) -> pb.ReadResponse:
+    return await bookie.read(pb.ReadRequest(stream_id=S, entry_id=entry_id, term=term))
+
+
+def _ids(bookie: SimBookie, upto: int = 10) -> list[int]:
+    return [i for i in range(upto) if bookie.held(S, i) is not None]
 
 
 def test_term_rule_on_adds_fences_and_recovery_reads() -> None:
-    bookie = _bookie()
-    assert list(_add(bookie, 2, _entry(0)).codes) == [Code.OK]
-    rejected = _add(bookie, 1, _entry(1))
-    assert list(rejected.codes) == [Code.INVALID_TERM] and rejected.bookie_term == 2
-    assert bookie.fence(pb.FenceRequest(stream_id=S, term=3)).code == Code.OK
-    assert _read(bookie, 0, term=2).code == Code.INVALID_TERM
-    assert _read(bookie, 0).code == Code.OK  # a normal read carries no term
-    assert _read(bookie, 0, term=4).code == Code.OK  # records term 4
-    assert list(_add(bookie, 3, _entry(1)).codes) == [Code.INVALID_TERM]
-    # A fence and a recovery read record the term even for a stream never seen (the TLA+
-    # spec fences on recovery reads); the read then answers an explicit negative.
-    assert bookie.fence(pb.FenceRequest(stream_id=S + 1, term=5)).bookie_term == 5
-    read = bookie.read(pb.ReadRequest(stream_id=S + 2, entry_id=0, term=5))
-    assert (read.code, read.bookie_term) == (Code.NO_SUCH_ENTRY, 5)
-    assert bookie.streams[S + 2].term == 5
-    stale = pb.AddRequest(stream_id=S + 2, term=4)
-    stale.entries.append(prepare_entry(S + 2, 0, 0, 1000, b"x").entry())
-    assert list(bookie.add(stale).codes) == [Code.INVALID_TERM]
+    async def body() -> None:
+        bookie = _bookie()
+        assert await _add(bookie, 2, _entry(0)) == [Code.OK]
+        assert await _add(bookie, 1, _entry(1)) == [Code.INVALID_TERM]
+        assert (await bookie.fence(pb.FenceRequest(stream_id=S, term=3))).code == Code.OK
+        assert (await _read(bookie, 0, term=2)).code == Code.INVALID_TERM
+        assert (await _read(bookie, 0)).code == Code.OK  # a normal read carries no term
+        assert await _add(bookie, 3, _entry(1)) == [Code.OK]
+        no_fence = SimBookie(
+            "b2",
+            trace=Trace(asyncio.get_running_loop().time),
+            protections=BookieProtections(enforce_terms=False),
+        )
+        await _add(no_fence, 5, _entry(0, b"new"))
+        assert await _add(no_fence, 1, _entry(0, b"old")) == [Code.OK]
+        assert no_fence.held(S, 0).payload == b"old"  # type: ignore[union-attr]
+
+    _sim(body)
 
 
-def test_no_fence_serves_every_term() -> None:
-    bookie = _bookie(protections=BookieProtections(enforce_terms=False))
-    _add(bookie, 5, _entry(0, b"new"))
-    assert list(_add(bookie, 1, _entry(0, b"old")).codes) == [Code.OK]
-    assert _read(bookie, 0).entry.payload == b"old"
-    assert bookie.streams[S].term == 5
+def test_truncate_flag_requests_and_trim() -> None:
+    async def body() -> None:
+        bookie = _bookie()
+        await _add(bookie, 1, *(_entry(i) for i in range(6)))
+        await _add(bookie, 2, _entry(2, b"", NOOP_TRUNCATE))
+        assert _ids(bookie) == [0, 1, 2]
+        truncate = pb.TruncateRequest(stream_id=S, term=2, after_entry_id=0)
+        assert (await bookie.truncate(truncate)).code == Code.OK and _ids(bookie) == [0]
+        await _add(bookie, 2, *(_entry(i) for i in range(1, 4)))
+        trimmed = await bookie.trim(pb.TrimRequest(stream_id=S, before_entry_id=2))
+        assert trimmed.first_entry_id == 2
+        assert (await _read(bookie, 1)).code == Code.TRIMMED
+        (batch,) = bookie.read_range(
+            pb.ReadRangeRequest(stream_id=S, first_entry_id=2, last_entry_id=5)
+        )
+        assert [e.entry_id for e in batch.entries] == [2, 3]
+        assert batch.code == Code.NO_SUCH_ENTRY
+
+    _sim(body)
 
 
-def test_truncate_flag_and_requests_and_trim() -> None:
-    bookie = _bookie()
-    _add(bookie, 1, *(_entry(i) for i in range(6)))
-    _add(bookie, 2, _entry(2, b"", NOOP_TRUNCATE))
-    assert sorted(bookie.streams[S].entries) == [0, 1, 2]
-    assert _read(bookie, 4).code == Code.NO_SUCH_ENTRY
-    response = bookie.truncate(pb.TruncateRequest(stream_id=S, term=2, after_entry_id=0))
-    assert response.code == Code.OK and sorted(bookie.streams[S].entries) == [0]
-    stale = bookie.truncate(pb.TruncateRequest(stream_id=S, term=1, after_entry_id=-1))
-    assert stale.code == Code.INVALID_TERM and sorted(bookie.streams[S].entries) == [0]
-    _add(bookie, 2, *(_entry(i) for i in range(1, 4)))
-    assert bookie.trim(pb.TrimRequest(stream_id=S, before_entry_id=2)).first_entry_id == 2
-    assert _read(bookie, 1).code == Code.TRIMMED
-    assert list(_add(bookie, 2, _entry(1)).codes) == [Code.TRIMMED]
+def test_crashes_keep_what_was_synced() -> None:
+    async def body() -> None:
+        journal_less = _bookie(journal_write_data=False)
+        await _add(journal_less, 1, _entry(0), _entry(1, b"old"), lac=0, lafr=0)
+        journal_less.flush()
+        await _add(journal_less, 1, _entry(2), _entry(3), lac=0, lafr=0)
+        assert await _add(journal_less, 2, _entry(1, b"", NOOP_TRUNCATE)) == [Code.OK]
+        journal_less.crash()
+        journal_less.start()
+        # Unflushed entries are lost; the truncating no-op was journaled with its truncation.
+        assert _ids(journal_less) == [0, 1]
+        assert journal_less.held(S, 1).flags == NOOP_TRUNCATE  # type: ignore[union-attr]
+        assert journal_less.streams.get(S).term == 2  # type: ignore[union-attr]
 
+        journaled = SimBookie("b2", trace=Trace(asyncio.get_running_loop().time))
+        await _add(journaled, 1, _entry(0), _entry(1), lac=0, lafr=0)
+        journaled.crash()
+        journaled.start()
+        assert _ids(journaled) == [0, 1]
+        journaled.crash(lose_disk=True)
+        journaled.start()
+        assert journaled.streams.get(S) is None
 
-def test_bad_checksum_is_refused() -> None:
-    bookie = _bookie()
-    entry = _entry(0)
-    entry.payload = b"tampered"
-    assert list(_add(bookie, 1, entry).codes) == [Code.BAD_REQUEST]
-
-
-def test_read_range_stops_at_the_first_gap() -> None:
-    bookie = _bookie()
-    _add(bookie, 1, _entry(0), _entry(1), _entry(3))
-    (response,) = bookie.read_range(
-        pb.ReadRangeRequest(stream_id=S, first_entry_id=0, last_entry_id=3)
-    )
-    assert [e.entry_id for e in response.entries] == [0, 1]
-    assert response.code == Code.NO_SUCH_ENTRY
-
-
-def test_journal_less_crash_loses_unflushed_entries_but_not_terms_or_truncations() -> None:
-    bookie = _bookie(journal_write_data=False)
-    _add(bookie, 1, _entry(0), _entry(1, b"old"), lac=1, lafr=1)
-    bookie.flush()
-    _add(bookie, 1, _entry(2), _entry(3), lac=3, lafr=3)
-    _add(bookie, 2, _entry(1, b"", NOOP_TRUNCATE))
-    bookie.crash()
-    bookie.start()
-    state = bookie.streams[S]
-    # The unflushed entries are lost; the truncating no-op was journaled like its truncation
-    # (as in the real storage engine), so the flushed entry it replaced does not come back.
-    assert sorted(state.entries) == [0, 1] and state.entries[1].flags == NOOP_TRUNCATE
-    assert state.term == 2 and (state.lac, state.lafr) == (1, 1)
-
-
-def test_journal_crash_keeps_entries_disk_loss_keeps_nothing() -> None:
-    bookie = _bookie(journal_write_data=True)
-    _add(bookie, 1, _entry(0), _entry(1), lac=0, lafr=0)
-    bookie.crash()
-    bookie.start()
-    assert sorted(bookie.streams[S].entries) == [0, 1]
-    assert bookie.streams[S].lafr == 0  # journaled with its batch
-    bookie.crash(lose_disk=True)
-    bookie.start()
-    assert S not in bookie.streams
+    _sim(body)
 
 
 def _meta(term: int, state: StreamState = StreamState.OPEN) -> StreamMeta:
@@ -140,60 +132,56 @@ def _meta(term: int, state: StreamState = StreamState.OPEN) -> StreamMeta:
     )
 
 
-def _phase_one(protections: BookieProtections, *, lose_disk: bool) -> SimBookie:
+async def _after_phase_one(protections: BookieProtections) -> SimBookie:
     bookie = _bookie(journal_write_data=False, protections=protections)
     fragments = [Fragment(0, ("b1", "b2", "b3"), created_ms=1)]
     bookie.streams_with_bookie = lambda bookie_id: [(_meta(4), fragments)]
-    _add(bookie, 1, _entry(0))
-    bookie.crash(lose_disk=lose_disk)
-
-    async def start() -> None:
-        bookie.start()
-
-    run_simulated(start())
+    await _add(bookie, 1, _entry(0))
+    bookie.crash()
+    bookie.start()
     return bookie
 
 
-def test_phase_one_raises_the_term_and_sets_limbo() -> None:
-    bookie = _phase_one(BookieProtections(), lose_disk=True)
-    state = bookie.streams[S]
-    assert state.term == 4 and state.limbo
-    assert _read(bookie, 0).code == Code.UNKNOWN  # not NO_SUCH_ENTRY: it may have had it
-    assert list(_add(bookie, 3, _entry(0)).codes) == [Code.INVALID_TERM]
+def test_phase_one_raises_the_term_and_sets_limbo_and_each_half_switches_off() -> None:
+    async def body() -> None:
+        bookie = await _after_phase_one(BookieProtections())
+        state = bookie.streams.get(S)
+        assert state is not None and state.term == 4 and state.limbo
+        assert (await _read(bookie, 0)).code == Code.UNKNOWN  # it may have had it
+        assert await _add(bookie, 3, _entry(0)) == [Code.INVALID_TERM]
+        no_fence = (await _after_phase_one(BookieProtections(phase_one_fence=False))).streams
+        assert (no_fence.get(S).term, no_fence.get(S).limbo) == (1, True)  # type: ignore[union-attr]
+        no_limbo = await _after_phase_one(BookieProtections(limbo=False))
+        assert no_limbo.streams.get(S).term == 4  # type: ignore[union-attr]
+        assert (await _read(no_limbo, 0)).code == Code.NO_SUCH_ENTRY
+        switched = await _after_phase_one(BookieProtections(extra=frozenset({"limbo_unknown"})))
+        assert switched.streams.get(S).limbo  # type: ignore[union-attr]
+        assert (await _read(switched, 0)).code == Code.NO_SUCH_ENTRY  # the broken rule
 
-
-def test_phase_one_halves_can_be_switched_off() -> None:
-    no_fence = _phase_one(BookieProtections(phase_one_fence=False), lose_disk=True)
-    assert no_fence.streams[S].term == 0 and no_fence.streams[S].limbo
-    no_limbo = _phase_one(BookieProtections(limbo=False), lose_disk=True)
-    assert no_limbo.streams[S].term == 4 and not no_limbo.streams[S].limbo
-    assert _read(no_limbo, 0).code == Code.NO_SUCH_ENTRY
+    _sim(body)
 
 
 def test_read_lac_long_poll_answers_when_the_lac_moves() -> None:
-    bookie = _bookie()
-    _add(bookie, 1, _entry(0), lac=-1)
-
-    async def poll() -> tuple[int, float]:
-        waiting = bookie.read_lac(pb.ReadLacRequest(stream_id=S, known_lac=-1, timeout_ms=500))
-        assert isinstance(waiting, asyncio.Future)
+    async def body() -> tuple[int, float]:
+        bookie = _bookie()
+        await _add(bookie, 1, _entry(0), lac=-1)
         loop = asyncio.get_running_loop()
-        loop.call_later(0.1, lambda: _add(bookie, 1, _entry(1), lac=0))
+        start = loop.time()
+        waiting = bookie.read_lac(pb.ReadLacRequest(stream_id=S, known_lac=-1, timeout_ms=500))
+        loop.call_later(0.1, lambda: asyncio.ensure_future(_add(bookie, 1, _entry(1), lac=0)))
         response = await waiting
-        return response.lac, loop.time()
+        return response.lac, loop.time() - start
 
-    lac, at = run_simulated(poll())
-    assert lac == 0 and abs(at - 0.1) < 1e-6
+    lac, after = _sim(body)
+    assert lac == 0 and abs(after - 0.1) < 1e-3
 
 
-def _wiped(protections: BookieProtections, meta: StreamMeta | None) -> SimBookie:
+async def _wiped(protections: BookieProtections, meta: StreamMeta | None) -> SimBookie:
     """A bookie that held term 3 of stream S (named by no fragment: phase one skips it),
     then lost its disk; metadata now says `meta` (None: the stream was deleted)."""
     bookie = _bookie(protections=protections)
-    bookie.metadata_reads = []  # type: ignore[attr-defined]
 
     def snapshot(stream_id: int) -> tuple[StreamMeta, int, list[Fragment]]:
-        bookie.metadata_reads.append(stream_id)  # type: ignore[attr-defined]
         if meta is None:
             raise StreamNotFoundError("stream not found", stream_id=stream_id)
         return meta, 0, []
@@ -201,40 +189,45 @@ def _wiped(protections: BookieProtections, meta: StreamMeta | None) -> SimBookie
     bookie.streams_with_bookie = lambda bookie_id: []
     bookie.snapshot = snapshot
     bookie.next_stream_id = lambda: S + 1
-    _add(bookie, 3, _entry(0))
+    await _add(bookie, 3, _entry(0))
     bookie.crash(lose_disk=True)
-
-    async def start() -> None:
-        bookie.start()
-
-    run_simulated(start())
+    bookie.start()
     return bookie
 
 
-def test_a_wiped_bookie_learns_a_forgotten_term_from_metadata() -> None:
-    sealed = _meta(3, StreamState.SEALED)
-    for request in (
-        lambda b: list(_add(b, 2, _entry(1)).codes)[0],
-        lambda b: b.fence(pb.FenceRequest(stream_id=S, term=2)).code,
-        lambda b: _read(b, 0, term=2).code,
-        lambda b: b.truncate(pb.TruncateRequest(stream_id=S, term=2, after_entry_id=-1)).code,
-    ):
-        bookie = _wiped(BookieProtections(), sealed)
-        assert request(bookie) == Code.INVALID_TERM
-        assert bookie.streams[S].term == 3  # learned once, recorded
-        unchecked = _wiped(BookieProtections(wiped_term_check=False), sealed)
-        assert request(unchecked) in (Code.OK, Code.NO_SUCH_ENTRY)  # served: the old term
-    bookie = _wiped(BookieProtections(), sealed)
-    assert list(_add(bookie, 4, _entry(1)).codes) == [Code.OK]  # a newer term is served
-    assert list(_add(bookie, 4, _entry(2)).codes) == [Code.OK]
-    assert bookie.streams[S].term == 4
-    # A stream created after the disk was replaced never had a term here: no metadata read.
-    assert bookie.fence(pb.FenceRequest(stream_id=S + 1, term=1)).code == Code.OK
-    assert bookie.metadata_reads == [S]  # type: ignore[attr-defined]
+def test_a_wiped_bookie_learns_a_forgotten_term_or_refuses_a_deleted_stream() -> None:
+    async def body() -> None:
+        sealed = _meta(3, StreamState.SEALED)
+        bookie = await _wiped(BookieProtections(), sealed)
+        assert await _add(bookie, 2, _entry(1)) == [Code.INVALID_TERM]
+        assert bookie.streams.get(S).term == 3  # type: ignore[union-attr]
+        unchecked = await _wiped(BookieProtections(wiped_term_check=False), sealed)
+        assert await _add(unchecked, 2, _entry(1)) == [Code.OK]  # served: the old term
+        deleted = await _wiped(BookieProtections(), None)
+        assert await _add(deleted, 2, _entry(1)) == [Code.NO_SUCH_STREAM]
+
+    _sim(body)
 
 
-def test_a_wiped_bookie_refuses_a_deleted_stream() -> None:
-    bookie = _wiped(BookieProtections(), None)
-    assert list(_add(bookie, 2, _entry(1)).codes) == [Code.NO_SUCH_STREAM]
-    assert bookie.fence(pb.FenceRequest(stream_id=S, term=9)).code == Code.NO_SUCH_STREAM
-    assert S not in bookie.streams
+def test_disk_faults_full_and_read_only() -> None:
+    async def body() -> None:
+        bookie = _bookie()
+        assert await _add(bookie, 1, _entry(0)) == [Code.OK]
+        bookie.set_disk_fault("read_only")
+        assert await _add(bookie, 1, _entry(1)) == [Code.READ_ONLY]
+        bookie.set_disk_fault(None)
+        assert await _add(bookie, 1, _entry(1)) == [Code.OK]
+        bookie.set_disk_fault("full")
+        assert await _add(bookie, 1, _entry(2)) == [Code.READ_ONLY]
+        recovery = pb.AddRequest(stream_id=S, term=1, lac=-1, lafr=-1, recovery=True)
+        recovery.entries.append(_entry(2))
+        # A recovery write-back is taken when read-only; the full disk fails its journal.
+        assert list((await bookie.add(recovery)).codes) == [Code.INTERNAL]
+        bookie.set_disk_fault(None)
+        # As in production: a failed journal fails the storage until the bookie restarts.
+        assert (await _read(bookie, 0)).code == Code.INTERNAL
+        bookie.crash()
+        bookie.start()  # a restart over the healed disk serves again
+        assert await _add(bookie, 1, _entry(2)) == [Code.OK]
+
+    _sim(body)

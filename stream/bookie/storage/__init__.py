@@ -6,8 +6,8 @@ from stream.bookie.storage.gc import CompactionReport, GcReport
 from stream.bookie.storage.state import StreamStateView
 from stream.bookie.storage.storage import (
     AddOutcome,
-    FenceOutcome,
-    ReadOutcome,
+    FenceResult,
+    ReadResult,
     ReplayReport,
     StreamStorage,
     TrimOutcome,
@@ -17,9 +17,9 @@ from stream.bookie.storage.storage import (
 __all__ = [
     "AddOutcome",
     "CompactionReport",
-    "FenceOutcome",
+    "FenceResult",
     "GcReport",
-    "ReadOutcome",
+    "ReadResult",
     "ReplayReport",
     "StreamStateView",
     "StreamStorage",

@@ -24,6 +24,7 @@ from stream.bookie.storage.codec import (
     META_UNCLEAN,
     STREAM_PREFIX,
 )
+from stream.bookie.storage.disk_port import OS_DISK, DiskPort
 from stream.bookie.storage.journal import JournalPosition
 from stream.errors import StorageError
 from stream.protocol.invariant import invariant
@@ -40,15 +41,18 @@ _pack_stream = STREAM_PREFIX.pack
 class Index:
     """One LMDB environment with the databases `entries`, `streams` and `meta`."""
 
-    def __init__(self, path: Path, *, map_bytes: int = DEFAULT_MAP_BYTES) -> None:
+    def __init__(
+        self, path: Path, *, map_bytes: int = DEFAULT_MAP_BYTES, disk: DiskPort = OS_DISK
+    ) -> None:
         self._path = path
+        self._disk = disk
         self._map_bytes = map_bytes
         self._env: lmdb.Environment | None = None
 
     def open(self) -> None:
         """Opens (creating if needed) the environment."""
         try:
-            self._env = lmdb.open(
+            self._env = self._disk.open_index_env(
                 str(self._path),
                 map_size=self._map_bytes,
                 max_dbs=4,
@@ -58,7 +62,7 @@ class Index:
                 readahead=False,
                 max_spare_txns=2,
             )
-        except lmdb.Error as e:
+        except (lmdb.Error, OSError) as e:
             raise StorageError(f"cannot open the LMDB index: {e}", path=str(self._path)) from e
         env = self._env
         self._entries = env.open_db(b"entries")
@@ -72,7 +76,7 @@ class Index:
             self._env = None
 
     @property
-    def env(self) -> lmdb.Environment:
+    def env(self) -> lmdb.Environment:  # or the simulator's store with the same API
         if self._env is None:
             raise StorageError("the index is closed", path=str(self._path))
         return self._env
@@ -272,7 +276,7 @@ class Index:
         total = 0
         for name in ("data.mdb", "lock.mdb"):
             try:
-                total += (self._path / name).stat().st_blocks * 512
+                total += self._disk.allocated(self._path / name)
             except FileNotFoundError:
                 pass
         return total

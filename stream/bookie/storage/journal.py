@@ -10,11 +10,10 @@ its wrapper cannot cancel the shared future under the other waiters.
 from __future__ import annotations
 
 import contextlib
-import mmap
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +35,7 @@ from stream.bookie.storage.codec import (
     parse_numbered_name,
     recycled_journal_name,
 )
-from stream.bookie.storage.fsutil import fsync_dir
+from stream.bookie.storage.disk_port import OS_DISK, DiskPort
 from stream.errors import StorageError
 from stream.protocol.invariant import invariant
 
@@ -101,10 +100,10 @@ def _type_crcs(seed: int) -> dict[int, int]:
     return {t: _crc32c(bytes([t]), seed) for t in RECORD_TYPES}
 
 
-def journal_files(path: Path) -> list[tuple[int, Path]]:
+def journal_files(path: Path, disk: DiskPort = OS_DISK) -> list[tuple[int, Path]]:
     """Returns the journal files under `path` as (seq, path), oldest first."""
     found = []
-    for name in os.listdir(path):
+    for name in disk.listdir(path):
         seq = parse_numbered_name(name, "journal-", 16)
         if seq is not None:
             found.append((seq, path / name))
@@ -112,28 +111,32 @@ def journal_files(path: Path) -> list[tuple[int, Path]]:
     return found
 
 
-def replay(path: Path, checkpoint: JournalPosition) -> Iterator[ReplayedRecord]:
+def replay(
+    path: Path, checkpoint: JournalPosition, disk: DiskPort = OS_DISK
+) -> Iterator[ReplayedRecord]:
     """Yields every valid record at or after `checkpoint`, oldest first.
 
     A torn or corrupt record ends the replay of the last file (the crash interrupted that
     write; its group was never acknowledged) and the file is cut there, so that it is clean
     once newer files follow it. The same damage in an older file is a `StorageError`."""
-    files = [(seq, p) for seq, p in journal_files(path) if seq >= checkpoint.seq]
+    files = [(seq, p) for seq, p in journal_files(path, disk) if seq >= checkpoint.seq]
     for index, (seq, file_path) in enumerate(files):
         last = index == len(files) - 1
         start = checkpoint.offset if seq == checkpoint.seq else JOURNAL_FILE_HEADER.size
-        yield from _replay_file(seq, file_path, start, last=last)
+        yield from _replay_file(disk, seq, file_path, start, last=last)
 
 
-def _replay_file(seq: int, path: Path, start: int, *, last: bool) -> Iterator[ReplayedRecord]:
-    size = path.stat().st_size
+def _replay_file(
+    disk: DiskPort, seq: int, path: Path, start: int, *, last: bool
+) -> Iterator[ReplayedRecord]:
+    size = disk.size(path)
     header_size = JOURNAL_FILE_HEADER.size
     if size < header_size:
-        _headerless(path, size, last=last)
+        _headerless(disk, path, size, last=last)
         return
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+    with disk.mapped(path) as data:
         if not any(data[:header_size]):
-            _headerless(path, size, last=last)
+            _headerless(disk, path, size, last=last)
             return
         magic, file_seq = JOURNAL_FILE_HEADER.unpack_from(data, 0)
         if magic not in (JOURNAL_MAGIC, JOURNAL_MAGIC_V1) or file_seq != seq:
@@ -175,35 +178,51 @@ def _replay_file(seq: int, path: Path, start: int, *, last: bool) -> Iterator[Re
             log.warning("journal.torn_tail", path=str(path), offset=offset, problem=problem)
         # Cut the tail (a torn record, zeros, or a reused file's earlier records) so that
         # this file reads clean once a newer file follows it.
-        fd = os.open(path, os.O_WRONLY)
+        fd = disk.open(path, os.O_WRONLY)
         try:
-            _cut(fd, offset)
+            _cut(disk, fd, offset)
         finally:
-            os.close(fd)
+            disk.close(fd)
 
 
-def _cut(fd: int, size: int) -> None:
+def _cut(disk: DiskPort, fd: int, size: int) -> None:
     """Cuts the file at `size` bytes, durably (a file that a newer one follows must end at
     its last record)."""
-    if os.fstat(fd).st_size > size:
-        os.ftruncate(fd, size)
-        os.fsync(fd)
+    if disk.fsize(fd) > size:
+        disk.ftruncate(fd, size)
+        disk.fsync(fd)
 
 
-def _headerless(path: Path, size: int, *, last: bool) -> None:
+def _headerless(disk: DiskPort, path: Path, size: int, *, last: bool) -> None:
     """Handles a journal file without a header: a crash between creating the file and
     syncing its header left it holding nothing."""
     if not last:
         raise StorageError("journal file without a header", path=str(path))
     log.warning("journal.headerless_file_removed", path=str(path), size=size)
-    path.unlink()
+    disk.unlink(path)
 
 
 class Journal:
-    """The journal writer: a thread that group-commits appended records."""
+    """The journal writer: a thread that group-commits appended records, or, started without
+    it, `commit_pending()` called by a simulator when its virtual clock says so. `clock` is
+    the monotonic clock in seconds."""
 
-    def __init__(self, path: Path, *, max_file_bytes: int, max_group_wait_ms: float) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        max_file_bytes: int,
+        max_group_wait_ms: float,
+        disk: DiskPort = OS_DISK,
+        clock: Callable[[], float] = time.monotonic,
+        on_group: Callable[[], None] | None = None,
+    ) -> None:
+        """`on_group` is called (on the appending thread) each time a new group starts: a
+        caller that runs the journal without its thread schedules `commit_pending` then."""
         self._path = path
+        self._on_group = on_group
+        self._disk = disk
+        self._clock = clock
         self._max_file_bytes = max_file_bytes
         self._group_wait_s = max_group_wait_ms / 1000.0
         self._cond = threading.Condition(threading.Lock())
@@ -231,17 +250,21 @@ class Journal:
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, *, thread: bool = True) -> None:
         """Opens a new journal file (numbered after every existing one) and starts the
-        journal thread."""
-        existing = journal_files(self._path)
-        spares = sorted(p for p in self._path.iterdir() if p.name.startswith("recycle-"))
+        journal thread (without `thread`, the caller runs `commit_pending()`)."""
+        disk = self._disk
+        existing = journal_files(self._path, disk)
+        spares = sorted(
+            self._path / name for name in disk.listdir(self._path) if name.startswith("recycle-")
+        )
         for extra in spares[_SPARE_FILES:]:
-            extra.unlink()
+            disk.unlink(extra)
         self._spares = spares[:_SPARE_FILES]
         self._open_file(existing[-1][0] + 1 if existing else 1)
-        self._thread = threading.Thread(target=self._run, name="journal", daemon=True)
-        self._thread.start()
+        if thread:
+            self._thread = threading.Thread(target=self._run, name="journal", daemon=True)
+            self._thread.start()
 
     def stop(self, *, drain: bool = True) -> None:
         """Stops the journal thread. With `drain`, everything appended so far is written and
@@ -254,13 +277,20 @@ class Journal:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        else:
+            if drain and self._failure is None:
+                self.commit_pending()
+            with self._cond:
+                items, fut = self._pending, self._group_future
+                self._pending, self._group_future = [], None
+            self._fail(items, fut)
         if self._fd >= 0:
             if drain and self._failure is None:
                 # A reused file holds older records after ours: end it at our last one, so
                 # that the next start finds a clean end, not a torn tail.
                 with contextlib.suppress(OSError):
-                    _cut(self._fd, self._offset)
-            os.close(self._fd)
+                    _cut(self._disk, self._fd, self._offset)
+            self._disk.close(self._fd)
             self._fd = -1
 
     @property
@@ -279,7 +309,7 @@ class Journal:
         many. Replay never reads a retired file, whether or not its rename reached the disk
         (it is numbered below the checkpoint)."""
         retired = 0
-        for file_seq, file_path in journal_files(self._path):
+        for file_seq, file_path in journal_files(self._path, self._disk):
             if file_seq >= seq or file_seq >= self._seq:
                 break
             with contextlib.suppress(FileNotFoundError):
@@ -287,10 +317,10 @@ class Journal:
                     keep = len(self._spares) < _SPARE_FILES
                     if keep:
                         spare = self._path / recycled_journal_name(file_seq)
-                        file_path.rename(spare)
+                        self._disk.rename(file_path, spare)
                         self._spares.append(spare)
                 if not keep:
-                    file_path.unlink()
+                    self._disk.unlink(file_path)
                 retired += 1
         if retired:
             log.debug("journal.retired_files", count=retired, before_seq=seq)
@@ -301,9 +331,9 @@ class Journal:
         total = 0
         with self._spares_lock:
             spares = list(self._spares)
-        for file_path in [*(p for _, p in journal_files(self._path)), *spares]:
+        for file_path in [*(p for _, p in journal_files(self._path, self._disk)), *spares]:
             with contextlib.suppress(FileNotFoundError):
-                total += file_path.stat().st_size
+                total += self._disk.size(file_path)
         return total
 
     # -- appending (event-loop thread) ------------------------------------------------------
@@ -316,14 +346,17 @@ class Journal:
             if self._failure is not None or self._stopping:
                 return self._failed_future()
             fut = self._group_future
+            new_group = fut is None
             if fut is None:
                 fut = self._group_future = _running_future()
-                self._pending_since = time.monotonic()
+                self._pending_since = self._clock()
             self._pending.append((record_type, payload))
             self._pending_bytes += size
             if self._sleeping:
                 self._cond.notify()
         self.appended_records += 1
+        if new_group and self._on_group is not None:
+            self._on_group()
         return fut
 
     def mark(self) -> Future[JournalPosition]:
@@ -335,12 +368,15 @@ class Journal:
             if self._failure is not None or self._stopping:
                 fut.set_exception(self._failure_error())
                 return fut
-            if self._group_future is None:
+            new_group = self._group_future is None
+            if new_group:
                 self._group_future = _running_future()
-                self._pending_since = time.monotonic()
+                self._pending_since = self._clock()
             self._pending.append((_MARK, fut))
             if self._sleeping:
                 self._cond.notify()
+        if new_group and self._on_group is not None:
+            self._on_group()
         return fut
 
     def _failure_error(self) -> StorageError:
@@ -375,25 +411,40 @@ class Journal:
                     self._grow_group()
                 items, fut = self._pending, self._group_future
                 self._pending, self._pending_bytes, self._group_future = [], 0, None
-            invariant(fut is not None, "a pending group has a future")
-            try:
-                self._commit(items)
-            except Exception as e:  # an I/O error: nothing more can be promised
-                log.error("journal.failed", error=repr(e), path=str(self._path))
-                with self._cond:
-                    self._failure = e
-                    items += self._pending
-                    newer_fut = self._group_future
-                    self._pending, self._group_future = [], None
-                self._fail(items, fut)
-                self._fail([], newer_fut)
-                # Keep the thread alive only to fail what arrives meanwhile; appends after
-                # the failure are failed at once by append().
-                continue
-            assert fut is not None
-            fut.set_result(None)
+            # After a failure the thread stays only to fail what arrives meanwhile; appends
+            # after it are failed at once by append().
+            self._commit_group(items, fut)
         # Stopped without draining (a simulated crash): fail what was never written.
         self._fail(items, fut)
+
+    def commit_pending(self) -> bool:
+        """Commits every pending record now, with one write and one fdatasync, and completes
+        their future: the journal thread's step, for a caller that runs the journal without
+        its thread (the simulator). Returns whether anything was pending."""
+        with self._cond:
+            items, fut = self._pending, self._group_future
+            self._pending, self._pending_bytes, self._group_future = [], 0, None
+        if not items:
+            return False
+        self._commit_group(items, fut)
+        return True
+
+    def _commit_group(self, items: list[tuple[int, object]], fut: Future[None] | None) -> None:
+        invariant(fut is not None, "a pending group has a future")
+        try:
+            self._commit(items)
+        except Exception as e:  # an I/O error: nothing more can be promised
+            log.error("journal.failed", error=repr(e), path=str(self._path))
+            with self._cond:
+                self._failure = e
+                items += self._pending
+                newer_fut = self._group_future
+                self._pending, self._group_future = [], None
+            self._fail(items, fut)
+            self._fail([], newer_fut)
+            return
+        assert fut is not None
+        fut.set_result(None)
 
     def _grow_group(self) -> None:
         """Waits (holding _cond's lock between waits) until the group is old or big enough:
@@ -403,7 +454,7 @@ class Journal:
             return
         deadline = self._pending_since + self._group_wait_s
         while self._pending_bytes < _GROUP_GROW_BYTES and not self._stopping:
-            remaining = deadline - time.monotonic()
+            remaining = deadline - self._clock()
             if remaining <= 0:
                 return
             self._cond.wait(remaining)
@@ -421,7 +472,7 @@ class Journal:
 
     def _commit(self, items: list[tuple[int, object]]) -> None:
         """Writes `items` with one writev series and one fdatasync; resolves the marks."""
-        started = time.perf_counter()
+        started = self._clock()
         if self._offset >= self._max_file_bytes:
             self._rotate()
         type_crc = self._type_crc
@@ -443,26 +494,27 @@ class Journal:
             records += 1
         if size:
             self._write_all(buffers, size)
-            os.fdatasync(self._fd)
+            self._disk.fdatasync(self._fd)
             self._offset += size
             self.bytes_written += size
             _JOURNAL_BYTES.inc(size)
-            metrics.JOURNAL_SYNC_SECONDS.observe(time.perf_counter() - started)
+            metrics.JOURNAL_SYNC_SECONDS.observe(self._clock() - started)
             metrics.JOURNAL_GROUP_RECORDS.observe(records)
         for mark, offset in marks:
             mark.set_result(JournalPosition(self._seq, offset))
 
     def _write_all(self, buffers: list[bytes], size: int) -> None:
         written = 0
+        disk = self._disk
         for start in range(0, len(buffers), _IOV_MAX):
             chunk = buffers[start : start + _IOV_MAX]
-            n = os.pwritev(self._fd, chunk, self._offset + written)
+            n = disk.pwritev(self._fd, chunk, self._offset + written)
             chunk_size = sum(map(len, chunk))
             if n != chunk_size:  # short write (rare): finish it piece by piece
                 data = b"".join(chunk)[n:]
                 pos = self._offset + written + n
                 while data:
-                    k = os.pwrite(self._fd, data, pos)
+                    k = disk.pwrite(self._fd, data, pos)
                     data, pos = data[k:], pos + k
             written += chunk_size
         invariant(written == size, "journal group written whole", written=written, size=size)
@@ -476,16 +528,17 @@ class Journal:
         header = JOURNAL_FILE_HEADER.pack(JOURNAL_MAGIC, seq)
         with self._spares_lock:
             spare = self._spares.pop(0) if self._spares else None
+        disk = self._disk
         if spare is not None:
-            fd = os.open(spare, os.O_WRONLY)
-            os.pwrite(fd, header, 0)
-            os.fdatasync(fd)
-            os.rename(spare, file_path)
+            fd = disk.open(spare, os.O_WRONLY)
+            disk.pwrite(fd, header, 0)
+            disk.fdatasync(fd)
+            disk.rename(spare, file_path)
         else:
-            fd = os.open(file_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            os.write(fd, header)
-            os.fsync(fd)
-        fsync_dir(self._path)
+            fd = disk.open(file_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            disk.write(fd, header)
+            disk.fsync(fd)
+        disk.fsync_dir(self._path)
         self._fd, self._seq, self._offset = fd, seq, len(header)
         self._type_crc = _type_crcs(journal_seed(seq))
         log.debug("journal.opened", path=str(file_path), seq=seq, reused=spare is not None)
@@ -493,7 +546,7 @@ class Journal:
     def _rotate(self) -> None:
         # The file may be a reused one with older records after ours: it must end at our
         # last record before a newer file follows it (replay reads an older file to its end).
-        _cut(self._fd, self._offset)
-        os.close(self._fd)
+        _cut(self._disk, self._fd, self._offset)
+        self._disk.close(self._fd)
         self._fd = -1
         self._open_file(self._seq + 1)

@@ -11,7 +11,7 @@ _pack = STREAM_STATE.pack
 _unpack = STREAM_STATE.unpack
 
 
-class StreamState:
+class LocalStreamState:
     """The mutable state of one stream (see `StreamStateView` for the fields)."""
 
     __slots__ = ("term", "limbo", "lac", "lafr", "last_entry_id", "first_entry_id")
@@ -44,7 +44,7 @@ class StreamState:
         )
 
     @classmethod
-    def unpack(cls, raw: bytes) -> StreamState:
+    def unpack(cls, raw: bytes) -> LocalStreamState:
         """Returns the state stored as `raw`."""
         term, limbo, lac, lafr, last_entry_id, first_entry_id = _unpack(raw)
         return cls(term, bool(limbo), lac, lafr, last_entry_id, first_entry_id)

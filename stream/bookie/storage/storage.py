@@ -40,13 +40,14 @@ import structlog
 from stream.bookie import metrics
 from stream.bookie.config import BookieConfig
 from stream.bookie.storage import codec
+from stream.bookie.storage.disk_port import OS_DISK, DiskPort
 from stream.bookie.storage.entry_log import EntryLogGone, EntryLogs
 from stream.bookie.storage.gc import CompactionReport, GarbageCollector, GcReport
 from stream.bookie.storage.index import Index
 from stream.bookie.storage.journal import Journal, JournalPosition, replay
-from stream.bookie.storage.state import StreamState, StreamStateView
+from stream.bookie.storage.state import LocalStreamState, StreamStateView
 from stream.bookie.storage.write_cache import WriteCache
-from stream.bookie.unsafe import unsafe_skip
+from stream.bookie.unsafe import SAFE, UnsafeSkips
 from stream.errors import StorageError
 from stream.framing.verify import checksum_ok
 from stream.protocol.checksum import ENTRY_HEADER
@@ -139,7 +140,7 @@ class AddOutcome:
 
 
 @dataclass(frozen=True, slots=True)
-class FenceOutcome:
+class FenceResult:
     """The result of `fence`: what the bookie knows of the stream's end."""
 
     code: int
@@ -153,7 +154,7 @@ class FenceOutcome:
 
 
 @dataclass(frozen=True, slots=True)
-class ReadOutcome:
+class ReadResult:
     """The result of `read`: the entry when `code` is OK."""
 
     code: int
@@ -272,17 +273,40 @@ class StreamStorage:
     """A bookie's storage of many streams in `config`'s journal, ledger and index
     directories. `open()` before use, `close()` for a clean shutdown."""
 
-    def __init__(self, config: BookieConfig) -> None:
+    def __init__(
+        self,
+        config: BookieConfig,
+        *,
+        disk: DiskPort = OS_DISK,
+        clock: Callable[[], float] = time.monotonic,
+        threads: bool = True,
+        unsafe: UnsafeSkips = SAFE,
+    ) -> None:
+        """`disk` is where the files and the index live, `clock` the monotonic clock in
+        seconds. Without `threads`, no thread is started: the caller (the simulator) runs the
+        background jobs, `commit_journal()`, `run_flush_once()` and `run_gc_due()`. `unsafe`
+        turns protections off, in tests only (`stream.bookie.unsafe`)."""
         self.config = config
+        self._disk = disk
+        self._clock = clock
+        self._threaded = threads
+        # Without threads: called when a job has work (a journal group pending, a flush
+        # asked for), so that the caller schedules it.
+        self.on_work: Callable[[], None] | None = None
         # Called (stream_id, new_lac) on the event-loop thread when a stream's LAC rises.
         self.on_lac_advanced: Callable[[int, int], None] | None = None
         self.unclean_shutdown_detected = False
         self._write_data = config.journal_write_data
         self._max_entry_bytes = config.max_entry_bytes
         # Off only in tests that show the forged overwrite succeeding (`stream.bookie.unsafe`).
-        self._refuse_overwrites = "overwrite_check" not in unsafe_skip()
+        self._refuse_overwrites = "overwrite_check" not in unsafe
         # Off only in the chaos test that shows its checker catches a superseded writer.
-        self._serve_stale_adds = "add_term_check" in unsafe_skip()
+        self._serve_stale_adds = "add_term_check" in unsafe
+        # Off only in the simulator's runs that show what a bookie without fencing lets by.
+        self._serve_stale_terms = "term_check" in unsafe
+        # Off only in the simulator's test that shows its checker catches a limbo bookie's
+        # explicit negative (the lost entry a recovery would then truncate).
+        self._limbo_unknown = "limbo_unknown" not in unsafe
         self._cache_max_bytes = config.write_cache_max_bytes
         self._flush_trigger_bytes = max(config.write_cache_max_bytes // 2, 1)
         # Jitter of the flush interval, seeded per bookie: the bookies of an ensemble start
@@ -293,14 +317,17 @@ class StreamStorage:
             config.journal_path,
             max_file_bytes=config.journal_max_file_bytes,
             max_group_wait_ms=config.journal_max_group_wait_ms,
+            disk=disk,
+            clock=clock,
+            on_group=self._journal_group,
         )
         self._logs = EntryLogs(
-            config.ledger_path, size_limit_bytes=config.entry_log_size_limit_bytes
+            config.ledger_path, size_limit_bytes=config.entry_log_size_limit_bytes, disk=disk
         )
-        self._index = Index(config.index_path)
+        self._index = Index(config.index_path, disk=disk)
         self._index_lock = threading.Lock()
         self._gc = GarbageCollector(self._index, self._logs, self._index_lock)
-        self._states: dict[int, StreamState] = {}
+        self._states: dict[int, LocalStreamState] = {}
         self._dirty: set[int] = set()
         self._limbo_count = 0
         self._active = WriteCache()
@@ -321,6 +348,8 @@ class StreamStorage:
         self._flushes = 0
         self._last_flush_seconds = 0.0
         self._checkpoint = JournalPosition(0, 0)
+        # Clock times of the next GC, minor and major compaction rounds (set by open()).
+        self._next_gc = self._next_minor = self._next_major = 0.0
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -336,14 +365,14 @@ class StreamStorage:
                 self.config.ledger_path,
                 self.config.index_path,
             ):
-                path.mkdir(parents=True, exist_ok=True)
+                self._disk.mkdir(path)
         except OSError as e:
             raise StorageError(f"cannot create storage directories: {e}") from e
         self._index.open()
         self.unclean_shutdown_detected = self._index.unclean_bit()
         self._index.set_unclean_bit(True)
         self._states = {
-            stream_id: StreamState.unpack(raw)
+            stream_id: LocalStreamState.unpack(raw)
             for stream_id, raw in self._index.load_states().items()
         }
         self._limbo_count = sum(1 for s in self._states.values() if s.limbo)
@@ -351,10 +380,16 @@ class StreamStorage:
         self._logs.open()
         self._checkpoint = self._index.checkpoint()
         report = self._replay(self._checkpoint)
-        self._journal.start()
+        self._journal.start(thread=self._threaded)
         self._opened = True
-        self._start_thread("flusher", self._run_flusher)
-        self._start_thread("gc", self._run_gc)
+        now = self._clock()
+        config = self.config
+        self._next_gc = now + config.gc_interval_ms / 1000.0
+        self._next_minor = now + config.compaction_interval_ms / 1000.0
+        self._next_major = now + config.major_compaction_interval_ms / 1000.0
+        if self._threaded:
+            self._start_thread("flusher", self._run_flusher)
+            self._start_thread("gc", self._run_gc)
         log.info(
             "storage.opened",
             streams=len(self._states),
@@ -447,9 +482,7 @@ class StreamStorage:
             return self._add_rejected(entries, BAD_REQUEST, 0, "stream_id 0 is not a stream")
         state = self._states.get(stream_id)
         local_term = state.term if state is not None else 0
-        decision = term_decision(local_term, request.term)
-        if decision is TermDecision.REJECT and self._serve_stale_adds:
-            decision = TermDecision.ACCEPT
+        decision = self._decide(local_term, request.term, add=True)
         if not decision.serves:
             message = (
                 f"term {request.term} is below the bookie's term {local_term}"
@@ -460,7 +493,7 @@ class StreamStorage:
         active_bytes = self._active.bytes
         if count and active_bytes and active_bytes + self._snapshot_bytes >= self._cache_max_bytes:
             self._too_busy_batches += 1
-            self._flush_wakeup.set()
+            self._want_flush()
             return self._add_rejected(entries, TOO_BUSY, local_term, "write cache full")
 
         ids, payload_bytes, special = _scan_entries(stream_id, entries, self._max_entry_bytes)
@@ -494,7 +527,7 @@ class StreamStorage:
         new_term = decision is _ACCEPT_NEW
         with self._lock:
             if state is None:
-                state = self._states[stream_id] = StreamState()
+                state = self._states[stream_id] = LocalStreamState()
             durable: Future[None] | None = None
             if new_term:
                 state.term = request.term
@@ -538,7 +571,7 @@ class StreamStorage:
         metrics.WRITE_CACHE_BYTES.set(cache_bytes + self._snapshot_bytes)
         if cache_bytes >= self._flush_trigger_bytes and not self._flush_signalled:
             self._flush_signalled = True
-            self._flush_wakeup.set()
+            self._want_flush()
         if lac_advanced and self.on_lac_advanced is not None:
             self._notify_lac(stream_id, state.lac)
         message = "" if all_stored else self._add_message(codes, refused)
@@ -611,7 +644,7 @@ class StreamStorage:
     def _store(
         self,
         stream_id: int,
-        state: StreamState,
+        state: LocalStreamState,
         ids: list[int],
         entries: list[Entry],
         truncates: bool,
@@ -651,17 +684,17 @@ class StreamStorage:
 
     # -- fence, truncate, trim, limbo -----------------------------------------------------
 
-    def fence(self, stream_id: int, term: int) -> FenceOutcome:
+    def fence(self, stream_id: int, term: int) -> FenceResult:
         """Applies the term rule (a new term is recorded durably, creating the stream when
         unknown) and returns what the bookie knows of the stream's end."""
         unusable = self._usable()
         if unusable is not None:
-            return FenceOutcome(INTERNAL, 0, -1, -1, -1, False, None, unusable)
+            return FenceResult(INTERNAL, 0, -1, -1, -1, False, None, unusable)
         if stream_id == 0:
-            return FenceOutcome(BAD_REQUEST, 0, -1, -1, -1, False, None, "stream_id 0")
+            return FenceResult(BAD_REQUEST, 0, -1, -1, -1, False, None, "stream_id 0")
         state = self._states.get(stream_id)
         local_term = state.term if state is not None else 0
-        decision = term_decision(local_term, term)
+        decision = self._decide(local_term, term)
         durable = None
         if decision is _ACCEPT_NEW:
             with self._lock:
@@ -670,9 +703,9 @@ class StreamStorage:
                     codec.REC_TERM, codec.TERM_BODY.pack(stream_id, term)
                 )
         if state is None:  # rejected (BAD) for a stream never seen
-            return FenceOutcome(decision.code, 0, -1, -1, -1, False, None, "term must be >= 1")
+            return FenceResult(decision.code, 0, -1, -1, -1, False, None, "term must be >= 1")
         message = "" if decision.serves else self._term_message(decision, term, state.term)
-        return FenceOutcome(
+        return FenceResult(
             decision.code,
             state.term,
             state.lac,
@@ -682,6 +715,16 @@ class StreamStorage:
             durable,
             message,
         )
+
+    def _decide(self, local_term: int, term: int, *, add: bool = False) -> TermDecision:
+        """The term rule (`stream.protocol.term_decision`), unless a test-only switch serves
+        lower terms: every request's ("term_check", no fencing at all) or adds' only."""
+        decision = term_decision(local_term, term)
+        if decision is TermDecision.REJECT and (
+            self._serve_stale_terms or (add and self._serve_stale_adds)
+        ):
+            return TermDecision.ACCEPT
+        return decision
 
     @staticmethod
     def _term_message(decision: TermDecision, term: int, local_term: int) -> str:
@@ -700,7 +743,7 @@ class StreamStorage:
         local_term = state.term if state is not None else 0
         if stream_id == 0 or after_entry_id < -1:
             return TruncateOutcome(BAD_REQUEST, local_term, None, "bad stream or entry id")
-        decision = term_decision(local_term, term)
+        decision = self._decide(local_term, term)
         if not decision.serves:
             message = self._term_message(decision, term, local_term)
             return TruncateOutcome(decision.code, local_term, None, message)
@@ -769,20 +812,20 @@ class StreamStorage:
 
     # -- state changes shared by requests and replay (call holding _lock) ----------------
 
-    def _state_for(self, stream_id: int) -> StreamState:
+    def _state_for(self, stream_id: int) -> LocalStreamState:
         state = self._states.get(stream_id)
         if state is None:
-            state = self._states[stream_id] = StreamState()
+            state = self._states[stream_id] = LocalStreamState()
         return state
 
-    def _apply_term(self, stream_id: int, term: int) -> StreamState:
+    def _apply_term(self, stream_id: int, term: int) -> LocalStreamState:
         state = self._state_for(stream_id)
         if term > state.term:
             state.term = term
         self._dirty.add(stream_id)
         return state
 
-    def _apply_truncate(self, stream_id: int, term: int, after_entry_id: int) -> StreamState:
+    def _apply_truncate(self, stream_id: int, term: int, after_entry_id: int) -> LocalStreamState:
         state = self._apply_term(stream_id, term)
         self._delete_above(stream_id, state, after_entry_id)
         return state
@@ -811,7 +854,7 @@ class StreamStorage:
             metrics.LIMBO_STREAMS.set(self._limbo_count)
         self._dirty.add(stream_id)
 
-    def _delete_above(self, stream_id: int, state: StreamState, after_entry_id: int) -> None:
+    def _delete_above(self, stream_id: int, state: LocalStreamState, after_entry_id: int) -> None:
         """Deletes the stream's entries above `after_entry_id` from the active cache, the
         snapshot and the index, and lowers last_entry_id to what remains."""
         self._active.drop_above(stream_id, after_entry_id)
@@ -832,7 +875,7 @@ class StreamStorage:
 
     # -- reads ----------------------------------------------------------------------------
 
-    def read(self, stream_id: int, entry_id: int, term: int = 0) -> ReadOutcome:
+    def read(self, stream_id: int, entry_id: int, term: int = 0) -> ReadResult:
         """Returns one entry. With `term` > 0 (a recovery read) the term rule applies first,
         and a new term is recorded durably, even for a stream never seen (the TLA+ spec fences
         on recovery reads). TRIMMED below the first retained entry, NO_SUCH_ENTRY when not
@@ -840,17 +883,17 @@ class StreamStorage:
         UNKNOWN."""
         unusable = self._usable()
         if unusable is not None:
-            return ReadOutcome(INTERNAL, None, -1, 0, 0, None, unusable)
+            return ReadResult(INTERNAL, None, -1, 0, 0, None, unusable)
         state = self._states.get(stream_id)
         durable = None
         if term:
             local_term = state.term if state is not None else 0
-            decision = term_decision(local_term, term)
+            decision = self._decide(local_term, term)
             if not decision.serves:
                 message = self._term_message(decision, term, local_term)
                 if state is None:
-                    return ReadOutcome(decision.code, None, -1, 0, 0, None, message)
-                return ReadOutcome(
+                    return ReadResult(decision.code, None, -1, 0, 0, None, message)
+                return ReadResult(
                     decision.code, None, state.lac, state.term, state.first_entry_id, None, message
                 )
             if decision is _ACCEPT_NEW:
@@ -860,24 +903,29 @@ class StreamStorage:
                         codec.REC_TERM, codec.TERM_BODY.pack(stream_id, term)
                     )
         if state is None:
-            return ReadOutcome(NO_SUCH_STREAM, None, -1, 0, 0, None, "unknown stream")
+            return ReadResult(NO_SUCH_STREAM, None, -1, 0, 0, None, "unknown stream")
         if entry_id < 0:
-            return ReadOutcome(
+            return ReadResult(
                 BAD_REQUEST, None, state.lac, state.term, state.first_entry_id, durable, "id < 0"
             )
         if entry_id < state.first_entry_id:
-            return ReadOutcome(
+            return ReadResult(
                 TRIMMED, None, state.lac, state.term, state.first_entry_id, durable, "trimmed"
             )
         try:
             entry = self._lookup(stream_id, entry_id)
         except StorageError as e:
             log.error("storage.read_failed", stream_id=stream_id, entry_id=entry_id, error=str(e))
-            return ReadOutcome(
+            return ReadResult(
                 INTERNAL, None, state.lac, state.term, state.first_entry_id, durable, str(e)
             )
-        code = OK if entry is not None else limbo_code(NO_SUCH_ENTRY, state.limbo)
-        return ReadOutcome(code, entry, state.lac, state.term, state.first_entry_id, durable, "")
+        code = OK if entry is not None else self._negative(state)
+        return ReadResult(code, entry, state.lac, state.term, state.first_entry_id, durable, "")
+
+    def _negative(self, state: LocalStreamState) -> int:
+        """Returns the answer for an entry the stream lacks: NO_SUCH_ENTRY, or UNKNOWN in
+        limbo (the entry may be one the bookie lost)."""
+        return limbo_code(NO_SUCH_ENTRY, state.limbo and self._limbo_unknown)
 
     def _lookup(self, stream_id: int, entry_id: int) -> Entry | None:
         # Order matters: active cache, then snapshot, then index. The flusher swaps
@@ -945,7 +993,7 @@ class StreamStorage:
                 yield INTERNAL, []
                 return
             if not found_all:
-                yield limbo_code(NO_SUCH_ENTRY, state.limbo), batch
+                yield self._negative(state), batch
                 return
             if entry_id > last:
                 yield OK, batch
@@ -1154,7 +1202,7 @@ class StreamStorage:
             self._dirty.add(stream_id)
         if self._active.bytes >= self._flush_trigger_bytes and not self._flush_signalled:
             self._flush_signalled = True
-            self._flush_wakeup.set()
+            self._want_flush()
         return stored
 
     # -- flushing -------------------------------------------------------------------------
@@ -1170,7 +1218,7 @@ class StreamStorage:
             return fut
         with self._lock:
             self._flush_waiters.append(fut)
-        self._flush_wakeup.set()
+        self._want_flush()
         return fut
 
     def _swap(self, *, force: bool = False) -> _FlushJob:
@@ -1203,7 +1251,7 @@ class StreamStorage:
             for waiter in job.waiters:
                 waiter.set_result(None)
             return
-        started = time.perf_counter()
+        started = self._clock()
         try:
             # A C-level copy: the event loop may replace a stream's dict meanwhile.
             streams = sorted(snapshot.streams.items())
@@ -1225,6 +1273,9 @@ class StreamStorage:
                     written += part_written
                     self._logs.sync()
             if checkpoint is None and job.mark is not None:
+                if not self._threaded and not job.mark.done():
+                    # No journal thread to write the mark: the flush commits the group itself.
+                    self._journal.commit_pending()
                 checkpoint = job.mark.result()
             with self._index_lock:
                 keys, locations = self._drop_deleted(snapshot, streams, plan, keys, locations)
@@ -1242,7 +1293,7 @@ class StreamStorage:
         if checkpoint is not None:
             self._checkpoint = checkpoint
             self._journal.delete_before(checkpoint.seq)
-        elapsed = time.perf_counter() - started
+        elapsed = self._clock() - started
         self._flushes += 1
         self._last_flush_seconds = elapsed
         metrics.FLUSH_SECONDS.observe(elapsed)
@@ -1291,28 +1342,59 @@ class StreamStorage:
             log.error("storage.failed", error=repr(error))
 
     def _run_flusher(self) -> None:
-        interval_s = self.config.flush_interval_ms / 1000.0
         while not self._stop.is_set():
-            self._flush_wakeup.wait(interval_s * self._flush_rng.uniform(0.75, 1.25))
-            self._flush_wakeup.clear()
+            self._flush_wakeup.wait(self.next_flush_delay_s())
             if self._stop.is_set():
                 break
             try:
-                with self._lock:
-                    job = self._swap()
-                self._flush(job)
+                self.run_flush_once()
             except Exception:
                 log.exception("storage.flusher_failed")
                 return
         # Flush waiters left at stop are served by close()'s final flush (or failed by
         # abandon()).
 
+    # -- the background jobs, one step each (run by the threads, or by a simulator) -------
+
+    def _journal_group(self) -> None:
+        if self.on_work is not None:
+            self.on_work()
+
+    def commit_journal(self) -> bool:
+        """Commits the pending journal records (one write, one fdatasync); returns whether
+        there were any. The journal thread's step, for a storage opened without threads."""
+        return self._journal.commit_pending()
+
+    def _want_flush(self) -> None:
+        self._flush_wakeup.set()
+        if self.on_work is not None:
+            self.on_work()
+
+    def flush_wanted(self) -> bool:
+        """Returns whether a flush was asked for (a full write cache or `request_flush`)
+        since the last one."""
+        return self._flush_wakeup.is_set()
+
+    def next_flush_delay_s(self) -> float:
+        """Returns how long the flusher waits for a wake-up before a timed flush (the
+        interval, jittered per bookie)."""
+        interval_s = self.config.flush_interval_ms / 1000.0
+        return interval_s * self._flush_rng.uniform(0.75, 1.25)
+
+    def run_flush_once(self) -> None:
+        """Flushes the write cache now (entry logs, index, checkpoint): the flusher's step.
+        Raises what the flush raised (the storage is then failed)."""
+        self._flush_wakeup.clear()
+        with self._lock:
+            job = self._swap()
+        self._flush(job)
+
     # -- replay ---------------------------------------------------------------------------
 
     def _replay(self, checkpoint: JournalPosition) -> ReplayReport:
         records = 0
         entries = 0
-        for record in replay(self.config.journal_path, checkpoint):
+        for record in replay(self.config.journal_path, checkpoint, self._disk):
             records += 1
             with self._lock:
                 entries += self._replay_record(record.type, record.payload)
@@ -1383,28 +1465,32 @@ class StreamStorage:
         return {sid: s.first_entry_id for sid, s in states.items() if s.first_entry_id > 0}
 
     def _run_gc(self) -> None:
-        config = self.config
-        now = time.monotonic()
-        next_gc = now + config.gc_interval_ms / 1000.0
-        next_minor = now + config.compaction_interval_ms / 1000.0
-        next_major = now + config.major_compaction_interval_ms / 1000.0
         while not self._stop.is_set():
-            timeout = max(min(next_gc, next_minor, next_major) - time.monotonic(), 0.0)
-            if self._stop.wait(timeout):
+            if self._stop.wait(max(self.next_gc_due() - self._clock(), 0.0)):
                 break
-            now = time.monotonic()
             try:
-                if now >= next_major:
-                    next_major = now + config.major_compaction_interval_ms / 1000.0
-                    self.compact_once(config.major_compaction_threshold, kind="major")
-                elif now >= next_minor:
-                    next_minor = now + config.compaction_interval_ms / 1000.0
-                    self.compact_once(config.minor_compaction_threshold, kind="minor")
-                if now >= next_gc:
-                    next_gc = now + config.gc_interval_ms / 1000.0
-                    self.gc_once()
+                self.run_gc_due()
             except Exception:
                 log.exception("storage.gc_failed")
+
+    def next_gc_due(self) -> float:
+        """Returns the clock time of the next GC or compaction round."""
+        return min(self._next_gc, self._next_minor, self._next_major)
+
+    def run_gc_due(self) -> None:
+        """Runs the GC and compaction rounds that are due by the clock: the GC thread's
+        step. Blocks for the round's length."""
+        config = self.config
+        now = self._clock()
+        if now >= self._next_major:
+            self._next_major = now + config.major_compaction_interval_ms / 1000.0
+            self.compact_once(config.major_compaction_threshold, kind="major")
+        elif now >= self._next_minor:
+            self._next_minor = now + config.compaction_interval_ms / 1000.0
+            self.compact_once(config.minor_compaction_threshold, kind="minor")
+        if now >= self._next_gc:
+            self._next_gc = now + config.gc_interval_ms / 1000.0
+            self.gc_once()
 
     # -- stats ----------------------------------------------------------------------------
 

@@ -9,7 +9,6 @@ frozen cache's per-stream dict by a filtered copy instead of mutating it.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 from stream.wire import bookie_pb2 as pb
@@ -20,13 +19,12 @@ Entry = pb.Entry
 class WriteCache:
     """Entries of many streams in memory; `bytes` estimates their size."""
 
-    __slots__ = ("streams", "bytes", "frozen", "created_at")
+    __slots__ = ("streams", "bytes", "frozen")
 
     def __init__(self) -> None:
         self.streams: dict[int, dict[int, Entry]] = {}
         self.bytes = 0
         self.frozen = False
-        self.created_at = time.monotonic()
 
     def __len__(self) -> int:
         return sum(map(len, self.streams.values()))

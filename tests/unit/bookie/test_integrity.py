@@ -19,6 +19,7 @@ from stream.bookie.integrity import (
     run_phase_one,
     spans_to_hold,
 )
+from stream.bookie.unsafe import UnsafeSkips
 from stream.metadata.model import Fragment, StreamMeta, StreamState
 from stream.wire import bookie_pb2 as pb
 
@@ -122,15 +123,17 @@ def test_phase_one_fences_terms_and_sets_limbo_durably(tmp_path: Path) -> None:
         storage.close()
 
 
-def test_unsafe_switch_skips_limbo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unsafe_switch_skips_limbo(tmp_path: Path) -> None:
     storage, _ = open_storage(make_config(tmp_path))
     try:
-        monkeypatch.setenv(integrity.UNSAFE_SKIP_ENV, "limbo")
-        asyncio.run(run_phase_one(storage, [(meta(), [])], reason="cookie"))
+        no_limbo = UnsafeSkips(frozenset({"limbo"}))
+        asyncio.run(run_phase_one(storage, [(meta(), [])], reason="cookie", unsafe=no_limbo))
         state = storage.stream_state(7)
         assert (state.term, state.limbo) == (3, False)
-        monkeypatch.setenv(integrity.UNSAFE_SKIP_ENV, "phase_one")
-        report = asyncio.run(run_phase_one(storage, [(meta(id=8), [])], reason="cookie"))
+        no_phase_one = UnsafeSkips(frozenset({"phase_one"}))
+        report = asyncio.run(
+            run_phase_one(storage, [(meta(id=8), [])], reason="cookie", unsafe=no_phase_one)
+        )
         assert report.stream_ids == () and storage.stream_state(8) is None
     finally:
         storage.close()

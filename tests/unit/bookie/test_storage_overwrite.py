@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from stream.bookie.storage import StreamStorage
-from stream.bookie.unsafe import UNSAFE_SKIP_ENV
+from stream.bookie.unsafe import parse_unsafe_skips
 from stream.wire import bookie_pb2 as pb
 
 from .storage_support import add_request, entry, flush, make_config, open_storage, wait
@@ -77,11 +77,9 @@ def test_truncate_entries_below_the_lac(storage: StreamStorage) -> None:
     assert storage.stream_state(S).last_entry_id == 3
 
 
-def test_the_test_only_switch_lets_the_forgery_through(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv(UNSAFE_SKIP_ENV, "overwrite_check")
-    storage, _ = open_storage(make_config(tmp_path))
+def test_the_test_only_switch_lets_the_forgery_through(tmp_path: Path) -> None:
+    storage = StreamStorage(make_config(tmp_path), unsafe=parse_unsafe_skips("overwrite_check"))
+    storage.open()
     try:
         acknowledged(storage, 4, lac=3)
         forged = entry(S, 2, b"FORGED")
