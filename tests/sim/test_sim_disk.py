@@ -154,7 +154,8 @@ def _index_ops(rng: random.Random, index: Index) -> list[Any]:
             moves.append((key, old if rng.random() < 0.7 else b"x" * 16, LOCATION.pack(9, 1, 2)))
         index.move_locations(moves)
     elif op == "states":
-        index.put_states({stream: rng.randbytes(4)})
+        # A flush of stream states alone, as the flusher commits when no entry moved.
+        index.commit_flush([], [], {stream: rng.randbytes(4)}, None)
     else:
         index.set_unclean_bit(rng.random() < 0.5)
     first, count = rng.randint(0, 62), rng.randint(0, 20)
@@ -238,10 +239,10 @@ def test_a_crash_keeps_synced_index_commits_and_a_prefix_of_the_others() -> None
         disk = SimDisk(random.Random(seed))
         index = Index(Path("/sim/index"), disk=disk)
         index.open()
-        index.put_states({1: b"a"})
+        index.commit_flush([], [], {1: b"a"}, None)
         index.sync()
-        index.put_states({1: b"b"})
-        index.put_states({1: b"c"})
+        index.commit_flush([], [], {1: b"b"}, None)
+        index.commit_flush([], [], {1: b"c"}, None)
         disk.crash()
         index = Index(Path("/sim/index"), disk=disk)
         index.open()
