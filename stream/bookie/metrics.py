@@ -56,33 +56,6 @@ PHASE_ONE_STREAMS = Gauge(
 PHASE_ONE_SECONDS = Gauge(
     "streamkeeper_bookie_phase_one_seconds", "Duration of the last phase one (before serving)"
 )
-REPAIR_STREAMS_PENDING = Gauge(
-    "streamkeeper_bookie_repair_streams_pending", "Limbo streams phase two has yet to repair"
-)
-REPAIR_STREAMS = Counter(
-    "streamkeeper_bookie_repair_streams_total",
-    "Limbo streams phase two finished, by outcome",
-    ["outcome"],
-)  # outcome: repaired | stream_deleted | not_a_member | not_in_limbo
-REPAIR_FAILED_ATTEMPTS = Counter(
-    "streamkeeper_bookie_repair_failed_attempts_total",
-    "Repair attempts that could not finish and will be retried (the stream stays in limbo)",
-)
-REPAIR_TAKEOVERS = Counter(
-    "streamkeeper_bookie_repair_takeovers_total",
-    "Takeovers (new term and recovery) phase two ran to fix the end of a stream",
-)
-REPAIR_ENTRIES_COPIED = Counter(
-    "streamkeeper_bookie_repair_entries_copied_total", "Entries phase two copied from peers"
-)
-REPAIR_BYTES_COPIED = Counter(
-    "streamkeeper_bookie_repair_bytes_copied_total", "Payload bytes phase two copied from peers"
-)
-REPAIR_STREAM_SECONDS = Histogram(
-    "streamkeeper_bookie_repair_stream_seconds",
-    "Time from the start of a stream's repair to its limbo being cleared",
-    buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0),
-)
 AUDIT_EVENTS = Counter(
     "streamkeeper_bookie_audit_events_total",
     "Audited requests (Fence, Truncate, Trim, recovery adds, refusals) by action and principal",

@@ -29,6 +29,7 @@ import structlog
 from prometheus_client import start_http_server
 
 from stream.addresses import split_host_port
+from stream.autorecovery.phase_two import make_repairer
 from stream.bookie import metrics
 from stream.bookie.access import AccessControl, refuse_insecure_listen
 from stream.bookie.config import BookieConfig
@@ -218,7 +219,14 @@ class Bookie:
         if limbo_bounds:
             # Not after the registration: that waits out a killed incarnation's lingering node,
             # and the repair needs only the peers (this bookie resolves to `listen`).
-            repairer = integrity.make_repairer(config, storage, self._session)
+            repairer = make_repairer(
+                bookie_id=config.bookie_id,
+                listen=config.listen,
+                tls=config.client_tls(),
+                storage=storage,
+                write_cache_max_bytes=config.write_cache_max_bytes,
+                session=self._session,
+            )
             self._tasks.append(
                 asyncio.create_task(self._phase_two(repairer, limbo_bounds), name="phase-two")
             )

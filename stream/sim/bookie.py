@@ -24,10 +24,11 @@ from typing import Any
 
 import structlog
 
+from stream.autorecovery.phase_two import Repairer
 from stream.bookie.config import BookieConfig
 from stream.bookie.core import BookieCore, StartReport
 from stream.bookie.disk import DiskStatus
-from stream.bookie.integrity import Repairer, begin_phase_one, limbo_bounds, phase_one_reason
+from stream.bookie.integrity import begin_phase_one, limbo_bounds, phase_one_reason
 from stream.bookie.storage import StreamStateView, StreamStorage
 from stream.bookie.terms import MetadataTerms, StreamFacts, metadata_terms_for
 from stream.bookie.unsafe import UnsafeSkips
@@ -197,6 +198,7 @@ class SimBookie:
         repairer = Repairer(
             bookie_id=self.bookie_id,
             storage=storage,
+            write_cache_max_bytes=storage.config.write_cache_max_bytes,
             metadata=self.repair_metadata,
             transport=self.repair_transport,
             options=self.writer_options,

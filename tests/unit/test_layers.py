@@ -235,21 +235,6 @@ def test_no_package_imports_a_higher_layer() -> None:
     assert not upward, "imports of a higher layer: " + "; ".join(upward)
 
 
-# The one place the rule is not met yet, edge by edge (any other edge fails): the BP-46
-# `Repairer` in stream/bookie/integrity.py takes limbo streams over as a client does. It moves
-# out of the bookie with the one "take over and close" of issue 21 (with retention's and the
-# auditor's); stream/bookie/integrity.py is being restructured meanwhile.
-BOOKIE_TO_CLIENT_PENDING = frozenset(
-    {
-        "stream.bookie.integrity -> stream.client.grpc_transport",
-        "stream.bookie.integrity -> stream.client.options",
-        "stream.bookie.integrity -> stream.client.ports",
-        "stream.bookie.integrity -> stream.client.recovery",
-        "stream.bookie.integrity -> stream.client.zk_metadata",
-    }
-)
-
-
 def test_the_bookie_never_imports_the_client() -> None:
     found = {
         f"{module} -> {name}"
@@ -258,9 +243,7 @@ def test_the_bookie_never_imports_the_client() -> None:
         for name in sorted(names)
         if forbidden(name, ["stream.client"])
     }
-    assert found <= BOOKIE_TO_CLIENT_PENDING, "the bookie imports the client: " + "; ".join(
-        sorted(found - BOOKIE_TO_CLIENT_PENDING)
-    )
+    assert not found, "the bookie imports the client: " + "; ".join(sorted(found))
 
 
 def test_retention_never_imports_the_sandbox() -> None:

@@ -9,16 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from stream.autorecovery.phase_two import HoldSpan, fixed_end, ids_to_hold, spans_to_hold
 from stream.bookie import integrity
-from stream.bookie.integrity import (
-    HoldSpan,
-    fixed_end,
-    ids_to_hold,
-    limbo_bounds,
-    phase_one_reason,
-    run_phase_one,
-    spans_to_hold,
-)
+from stream.bookie.integrity import limbo_bounds, phase_one_reason, run_phase_one
 from stream.bookie.unsafe import UnsafeSkips
 from stream.metadata.model import Fragment, StreamMeta, StreamState
 from stream.wire import bookie_pb2 as pb
