@@ -25,11 +25,9 @@ from tests.spark.test_streaming_read import committed_offsets, in_flight, kill_9
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
-# 30,000 entries: 15 batches of `maxEntriesPerTrigger` (2,000), enough for each of the three
-# runs to commit one and be killed in the next with batches left for the last run; more entries
-# only lengthen the runs (100,000: about 160 s on the 2-core machine, the producer alone 25 s).
-# STREAMKEEPER_SPARK_SINK_KILL_ENTRIES sets it.
-SINK_KILL_ENTRIES = int(os.environ.get("STREAMKEEPER_SPARK_SINK_KILL_ENTRIES", "30000"))
+# 100,000 entries: about 160 s with three kills and four driver JVMs on the 2-core machine
+# (20,000: about 120 s, the JVMs' start dominating); STREAMKEEPER_SPARK_SINK_KILL_ENTRIES sets it.
+SINK_KILL_ENTRIES = int(os.environ.get("STREAMKEEPER_SPARK_SINK_KILL_ENTRIES", "100000"))
 KILLS = 3
 
 
