@@ -19,6 +19,48 @@ settings.register_profile(
 )
 settings.load_profile("streamkeeper")
 
+# What the fast tier leaves out: real processes (ZooKeeper, bookies, Spark, network namespaces)
+# and the long simulator sweeps; scripts/test.sh --fast adds a short sweep instead.
+_SLOW_MARKERS = ("integration", "chaos", "spark", "sweep")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--fast",
+        action="store_true",
+        help="the edit loop's tier: no ZooKeeper, no bookie processes, no long sweeps",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # A test that needs the real ZooKeeper (and so any bookie process) is an integration test
+    # wherever it lives, whether or not its module says so.
+    for item in items:
+        if "zookeeper" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.integration)
+    if not config.getoption("--fast"):
+        return
+    kept = [i for i in items if not any(i.get_closest_marker(m) for m in _SLOW_MARKERS)]
+    config.hook.pytest_deselected(items=[i for i in items if i not in kept])
+    items[:] = kept
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_processes_in_the_fast_tier(request: pytest.FixtureRequest) -> Iterator[None]:
+    """In the fast tier, starting a ZooKeeper fails the test that tried: it belongs to the
+    integration tier (bookies need ZooKeeper, so this keeps them out too)."""
+    if not request.config.getoption("--fast"):
+        yield
+        return
+
+    def refuse(self: ZooKeeperServer) -> None:
+        raise AssertionError("the fast tier starts no ZooKeeper: mark the test integration")
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(ZooKeeperServer, "start", refuse)
+    yield
+    patch.undo()
+
 
 @pytest.fixture(scope="session")
 def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperServer]:

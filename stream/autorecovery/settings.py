@@ -5,47 +5,67 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stream.errors import InvalidArgumentError
+from stream.settings import NON_NEGATIVE, POSITIVE, Settings, setting
 
 
 @dataclass(frozen=True)
-class AutoRecoverySettings:
+class AutoRecoverySettings(Settings):
     """Every delay and bound of the auditor, the workers and the scrub (milliseconds)."""
 
-    # A bookie gone from /bookies/available this long is lost: its fragments get markers
-    # (BookKeeper's lostBookieRecoveryDelay). A bookie back earlier costs nothing.
-    lost_bookie_recovery_delay_ms: int = 30_000
-    # The open last fragment of a stream with no live writer is closed by a takeover after
-    # this long, so that it can be repaired (openLedgerRereplicationGracePeriod).
-    open_stream_replication_delay_ms: int = 30_000
-    # Full audit of every stream, for what the watches missed.
-    audit_interval_ms: int = 600_000
-    # Scrub: first and last entry of every bookie's share of every fixed fragment...
-    scrub_interval_ms: int = 3_600_000
-    # ...and every entry with its checksum, on this slower schedule (0 = never).
-    scrub_full_interval_ms: int = 86_400_000
-    # Replication workers in this process (0: auditor candidate only).
-    replication_workers: int = 1
-    # Copy throttle per worker, payload bytes per second (0 = unlimited).
-    replication_rate_bytes: int = 0
-    # Takeovers of idle streams per audit pass.
-    max_takeovers_per_audit: int = 16
-    # Each bookie request (reads, adds, truncations) of a copy or a scrub.
-    bookie_timeout_ms: int = 10_000
-
-    def __post_init__(self) -> None:
-        for name in (
-            "lost_bookie_recovery_delay_ms",
-            "open_stream_replication_delay_ms",
-            "scrub_full_interval_ms",
-            "replication_workers",
-            "replication_rate_bytes",
-            "max_takeovers_per_audit",
-        ):
-            value = getattr(self, name)
-            if type(value) is not int or value < 0:
-                raise InvalidArgumentError(f"{name} must be an int >= 0", **{name: value})
-        for name in ("audit_interval_ms", "scrub_interval_ms", "bookie_timeout_ms"):
-            value = getattr(self, name)
-            if type(value) is not int or value <= 0:
-                raise InvalidArgumentError(f"{name} must be an int > 0", **{name: value})
+    # A bookie back before the delay costs nothing (BookKeeper's lostBookieRecoveryDelay).
+    lost_bookie_recovery_delay_ms: int = setting(
+        30_000,
+        unit="ms",
+        check=NON_NEGATIVE,
+        doc="a bookie missing from the registry this long is lost: its fragments are marked "
+        "under-replicated",
+    )
+    # So that it can be repaired (openLedgerRereplicationGracePeriod).
+    open_stream_replication_delay_ms: int = setting(
+        30_000,
+        unit="ms",
+        check=NON_NEGATIVE,
+        doc="grace before an idle stream's open last fragment naming a lost bookie is closed "
+        "by a takeover",
+    )
+    audit_interval_ms: int = setting(
+        600_000,
+        unit="ms",
+        check=POSITIVE,
+        doc="full audit of every stream (what the watches missed)",
+    )
+    scrub_interval_ms: int = setting(
+        3_600_000,
+        unit="ms",
+        check=POSITIVE,
+        doc="scrub: first and last entry of every bookie's share of every closed fragment",
+    )
+    scrub_full_interval_ms: int = setting(
+        86_400_000,
+        unit="ms",
+        check=NON_NEGATIVE,
+        doc="scrub reading every entry with its checksum (0 = never)",
+    )
+    replication_workers: int = setting(
+        1,
+        check=NON_NEGATIVE,
+        doc="replication workers in this process (0: auditor candidate only)",
+    )
+    replication_rate_bytes: int = setting(
+        0,
+        unit="bytes/s",
+        check=NON_NEGATIVE,
+        doc="copy throttle per worker, bytes/s (0 = unlimited)",
+    )
+    max_takeovers_per_audit: int = setting(
+        16,
+        check=NON_NEGATIVE,
+        doc="takeovers of idle streams one audit pass may run",
+    )
+    # Reads, adds and truncations.
+    bookie_timeout_ms: int = setting(
+        10_000,
+        unit="ms",
+        check=POSITIVE,
+        doc="timeout of each bookie request of a copy or a scrub",
+    )

@@ -6,184 +6,283 @@ from __future__ import annotations
 import dataclasses
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from stream.autorecovery.settings import AutoRecoverySettings
-from stream.errors import ConfigError, InvalidArgumentError
+from stream.errors import ConfigError, InvalidArgumentError, StreamError
 from stream.protocol.placement import DEFAULT_MAX_ENTRY_BYTES
 from stream.security.tls import TLSConfig
+from stream.settings import NON_NEGATIVE, POSITIVE, Check, Settings, one_of, same_as, setting
 
 _BOOKIE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _MiB = 1 << 20
 _GiB = 1 << 30
 
 
-def _check_address(key: str, value: str, *, allow_empty: bool = False) -> None:
-    if allow_empty and value == "":
-        return
+def _is_address(value: str) -> bool:
     host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"{key} must be HOST:PORT", key=key, value=value)
+    return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)
+
+
+_ADDRESS = Check("HOST:PORT", _is_address)
+_ADDRESS_OR_OFF = Check('HOST:PORT or ""', lambda v: v == "" or _is_address(v))
+_RATIO_BELOW_ONE = Check("in [0, 1)", lambda v: 0.0 <= v < 1.0)
+_AR = AutoRecoverySettings
 
 
 @dataclass(frozen=True)
-class BookieConfig:
-    """One bookie's configuration. Defaults are documented beside each field; `CONFIG_KEYS` in
-    stream.bookie.config_docs says what each key means for docs/operations.md. Sizes are bytes,
-    durations milliseconds, ratios in [0, 1]."""
+class BookieConfig(Settings):
+    """One bookie's configuration: each key declares its unit, default, check and meaning
+    (stream.bookie.config_docs turns them into the table of docs/operations.md). Sizes are
+    bytes, durations milliseconds, ratios in [0, 1]."""
+
+    error: ClassVar[type[StreamError]] = ConfigError
 
     # Required: who the bookie is, where it listens, where the metadata lives.
-    bookie_id: str
-    listen: str  # HOST:PORT of the gRPC service
-    metadata: str  # ZooKeeper HOSTS/ROOT, e.g. "127.0.0.1:2181/streamkeeper"
+    bookie_id: str = setting(
+        check=Check(
+            "1-128 characters of letters, digits, '.', '_', '-'",
+            lambda v: bool(_BOOKIE_ID.match(v)),
+        ),
+        doc="the bookie's name (`[A-Za-z0-9._-]`, up to 128 characters)",
+    )
+    listen: str = setting(check=_ADDRESS, doc="`HOST:PORT` of the gRPC service")
+    metadata: str = setting(
+        check=Check("HOSTS[/ROOT]", lambda v: ":" in v.split("/", 1)[0]),
+        doc="ZooKeeper `HOSTS/ROOT`, e.g. `127.0.0.1:2181/streamkeeper`",
+    )
 
     # Directories. journal/, ledgers/ and index/ sit inside data_dir unless set apart.
-    data_dir: str = ""  # default: /var/lib/streamkeeper/<bookie_id>
-    journal_dir: str = ""  # default: <data_dir>/journal
-    ledger_dir: str = ""  # default: <data_dir>/ledgers (entry logs)
-    index_dir: str = ""  # default: <data_dir>/index (LMDB)
+    data_dir: str = setting(
+        "",
+        doc="holds `journal/`, `ledgers/` and `index/` unless they are set apart",
+        shown_default="`/var/lib/streamkeeper/<bookie_id>`",
+    )
+    journal_dir: str = setting(
+        "",
+        doc="the journal; put it on its own disk for fsync latency",
+        shown_default="`<data_dir>/journal`",
+    )
+    ledger_dir: str = setting("", doc="the entry logs", shown_default="`<data_dir>/ledgers`")
+    index_dir: str = setting("", doc="the LMDB index", shown_default="`<data_dir>/index`")
 
-    # Journal. With journal_write_data = false entries skip the journal (BP-46); term changes,
-    # truncations, trims and limbo always go through it with fsync.
-    journal_write_data: bool = True
-    # Extra wait to grow a group commit, counted from its oldest record. Applied only while
-    # adds stream in (records arrived during the previous sync); a record that finds the
-    # journal idle is synced at once, so a lone writer does not pay it on every add.
-    journal_max_group_wait_ms: float = 1.0
-    journal_max_file_bytes: int = 256 * _MiB  # journal files rotate at this size
+    # Journal.
+    journal_write_data: bool = setting(
+        True,
+        doc="`false`: entries skip the journal (BP-46); term changes, "
+        "truncations, trims and limbo still go through it with fsync",
+    )
+    # Counted from a group's oldest record and applied only while adds stream in (records
+    # arrived during the previous sync); a record that finds the journal idle is synced at
+    # once, so a lone writer does not pay it on every add.
+    journal_max_group_wait_ms: float = setting(
+        1.0,
+        unit="ms",
+        check=NON_NEGATIVE,
+        doc="extra wait to grow a group commit while adds stream in",
+    )
+    journal_max_file_bytes: int = setting(
+        256 * _MiB,
+        unit="bytes",
+        check=POSITIVE,
+        doc="journal files rotate at this size; two retired files are kept "
+        "and overwritten as later ones",
+    )
 
     # Write cache and entry logs.
-    write_cache_max_bytes: int = 256 * _MiB  # a flush starts at half of this
-    flush_interval_ms: int = 1000
-    entry_log_size_limit_bytes: int = _GiB
-    max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES  # larger entries: BAD_REQUEST
+    write_cache_max_bytes: int = setting(
+        256 * _MiB,
+        unit="bytes",
+        check=POSITIVE,
+        doc="in-memory write cache; a flush starts at half",
+    )
+    flush_interval_ms: int = setting(
+        1000,
+        unit="ms",
+        check=POSITIVE,
+        doc="the write cache is flushed to entry logs at least this often",
+    )
+    entry_log_size_limit_bytes: int = setting(
+        _GiB, unit="bytes", check=POSITIVE, doc="entry logs rotate at this size"
+    )
+    max_entry_bytes: int = setting(
+        DEFAULT_MAX_ENTRY_BYTES,
+        unit="bytes",
+        check=POSITIVE,
+        doc="larger entries get `BAD_REQUEST`; published in the registration, so "
+        "writers refuse a larger entry before sending it (`InvalidArgumentError`)",
+    )
 
     # Garbage collection and compaction (BookKeeper's minor/major compaction).
-    gc_interval_ms: int = 60_000  # delete entry logs with no live entry
-    compaction_interval_ms: int = 3_600_000  # minor compaction round
-    major_compaction_interval_ms: int = 86_400_000  # major compaction round
-    minor_compaction_threshold: float = 0.2  # rewrite logs whose live ratio is below; 0 = off
-    major_compaction_threshold: float = 0.8  # rewrite logs whose live ratio is below; 0 = off
+    gc_interval_ms: int = setting(
+        60_000,
+        unit="ms",
+        check=POSITIVE,
+        doc="entry logs with no live entry are deleted; trims missed are reconciled",
+    )
+    compaction_interval_ms: int = setting(
+        3_600_000, unit="ms", check=POSITIVE, doc="minor compaction round"
+    )
+    major_compaction_interval_ms: int = setting(
+        86_400_000, unit="ms", check=POSITIVE, doc="major compaction round"
+    )
+    minor_compaction_threshold: float = setting(
+        0.2,
+        check=_RATIO_BELOW_ONE,
+        doc="the minor round rewrites logs whose live ratio is below (0 = off)",
+    )
+    major_compaction_threshold: float = setting(
+        0.8,
+        check=_RATIO_BELOW_ONE,
+        doc="the major round rewrites logs whose live ratio is below (0 = off)",
+    )
 
-    # Disk space: above this used fraction of a data disk the bookie turns read-only.
-    disk_usage_threshold: float = 0.95
-    disk_check_interval_ms: int = 10_000
+    # Disk space.
+    disk_usage_threshold: float = setting(
+        0.95,
+        check=Check("in (0, 1]", lambda v: 0.0 < v <= 1.0),
+        doc="above this used fraction of a data disk the bookie turns read-only",
+    )
+    disk_check_interval_ms: int = setting(
+        10_000, unit="ms", check=POSITIVE, doc="how often disk usage is checked"
+    )
 
-    # Cookies (BP-46): repair a cookie mismatch automatically by running phase one.
-    auto_fix_cookie: bool = False
+    # Cookies (BP-46).
+    auto_fix_cookie: bool = setting(
+        False,
+        doc="repair a cookie mismatch (wiped or new disk, moved address) at boot by "
+        "running phase one, then rebuild from peers (BP-46)",
+    )
 
-    # Metadata session: a killed bookie's registration disappears after this timeout.
-    metadata_session_timeout_ms: int = 10_000
-    metadata_connect_timeout_ms: int = 30_000  # give up starting when ZooKeeper stays away
-    metadata_auth_file: str = ""  # ZooKeeper identity and ACLs (stream.metadata.auth); "" = none
+    # Metadata session.
+    metadata_session_timeout_ms: int = setting(
+        10_000,
+        unit="ms",
+        check=POSITIVE,
+        doc="ZooKeeper session timeout: a killed bookie's registration disappears after it",
+    )
+    metadata_connect_timeout_ms: int = setting(
+        30_000,
+        unit="ms",
+        check=POSITIVE,
+        doc="give up starting when ZooKeeper stays away this long",
+    )
+    metadata_auth_file: str = setting(
+        "",
+        doc="ZooKeeper identity of the cluster (mode 0600 TOML, see Metadata "
+        "authentication): every znode gets its ACL",
+        shown_default="none (znodes open to every ZooKeeper client)",
+    )
 
     # Serving.
-    metrics_listen: str = "127.0.0.1:9181"  # Prometheus; "" turns the endpoint off
-    grpc_max_message_bytes: int = 64 * _MiB
-    # HTTP/2 receive window of one stream (gRPC "lookahead"). gRPC grants the sender more
-    # window only as the handler reads, so with a small window a writer's MiB-sized Add
-    # batches crawl in while the event loop is busy (measured: 1 KiB entries at full speed,
-    # client send -> bookie receive of a 2 MB batch p50 70-140 ms). Memory stays bounded by
-    # the writers' own in-flight limits (their window_bytes).
-    grpc_stream_window_bytes: int = 16 * _MiB
-    read_range_batch_bytes: int = _MiB
-    read_lac_max_wait_ms: int = 60_000  # cap on a ReadLac long poll
-    add_max_inflight_batches: int = 256  # per Add stream; the reader stops reading beyond it
-    shutdown_grace_ms: int = 2_000  # on SIGTERM: time for in-flight requests to finish
-    log_level: str = "info"
+    metrics_listen: str = setting(
+        "127.0.0.1:9181",
+        check=_ADDRESS_OR_OFF,
+        doc='Prometheus endpoint `HOST:PORT`; `""` turns it off',
+    )
+    grpc_max_message_bytes: int = setting(
+        64 * _MiB,
+        unit="bytes",
+        check=POSITIVE,
+        doc="largest gRPC message (an add batch)",
+    )
+    # gRPC "lookahead": gRPC grants the sender more window only as the handler reads, so with
+    # a small window a writer's MiB-sized Add batches crawl in while the event loop is busy
+    # (measured: 1 KiB entries at full speed, client send -> bookie receive of a 2 MB batch
+    # p50 70-140 ms). Memory stays bounded by the writers' own in-flight limits (their
+    # window_bytes).
+    grpc_stream_window_bytes: int = setting(
+        16 * _MiB,
+        unit="bytes",
+        check=POSITIVE,
+        doc="HTTP/2 receive window of one gRPC stream: large add batches "
+        "arrive without waiting for window updates",
+    )
+    read_range_batch_bytes: int = setting(
+        _MiB, unit="bytes", check=POSITIVE, doc="size of one `ReadRange` answer"
+    )
+    read_lac_max_wait_ms: int = setting(
+        60_000, unit="ms", check=POSITIVE, doc="cap on a `ReadLac` long poll"
+    )
+    add_max_inflight_batches: int = setting(
+        256,
+        check=POSITIVE,
+        doc="per `Add` stream; the bookie stops reading beyond it",
+    )
+    shutdown_grace_ms: int = setting(
+        2_000,
+        unit="ms",
+        check=NON_NEGATIVE,
+        doc="on SIGTERM, time for in-flight requests to finish",
+    )
+    log_level: str = setting(
+        "info",
+        check=Check(
+            "debug|info|warning|error",
+            lambda v: v.lower() in {"debug", "info", "warning", "error"},
+        ),
+        doc="`debug`, `info`, `warning` or `error`",
+    )
 
     # Security (docs/security.md). TLS is on when tls_cert_file is set; then the key and the
     # CA (which signed the clients' and the other bookies' certificates) are needed too.
-    tls_cert_file: str = ""
-    tls_key_file: str = ""
-    tls_ca_file: str = ""
-    tls_client_auth: str = "require"  # "require": mutual TLS and roles; "none": TLS only
-    # Plaintext gRPC on a non-loopback address is refused unless this says so.
-    allow_insecure: bool = False
-    # `[roles]`: principal (certificate common name) = role; overrides the certificate's role.
-    roles: dict[str, str] = field(default_factory=dict, hash=False)  # config stays hashable
+    tls_cert_file: str = setting(
+        "",
+        doc="this bookie's certificate (PEM); setting it turns TLS on for the port "
+        "and for calls to other bookies (docs/security.md)",
+    )
+    tls_key_file: str = setting(
+        "", doc="its private key; refused unless only the owner may read it (0600)"
+    )
+    tls_ca_file: str = setting(
+        "", doc="the CA that signed the clients' and the other bookies' certificates"
+    )
+    tls_client_auth: str = setting(
+        "require",
+        check=one_of("require", "none"),
+        doc='`"require"`: callers need a certificate and roles apply; `"none"`: '
+        "TLS encrypts only, no roles",
+    )
+    allow_insecure: bool = setting(
+        False, doc="`true` lets a bookie without TLS listen on a non-loopback address"
+    )
+    roles: dict[str, str] = setting(
+        default_factory=dict,
+        hash=False,  # the config stays hashable
+        doc="`[roles]` table, principal (certificate common name) = `reader`, `writer`, "
+        "`service` or `admin`; overrides the role the certificate carries",
+    )
 
     # Auto-recovery (docs/design.md §7) in this process: an auditor candidate and replication
-    # workers (stream.autorecovery.settings documents each key).
-    autorecovery: bool = True
-    lost_bookie_recovery_delay_ms: int = 30_000
-    open_stream_replication_delay_ms: int = 30_000
-    audit_interval_ms: int = 600_000
-    scrub_interval_ms: int = 3_600_000
-    scrub_full_interval_ms: int = 86_400_000  # 0 = never
-    replication_workers: int = 1
-    replication_rate_bytes: int = 0  # per worker; 0 = unlimited
-    max_takeovers_per_audit: int = 16
-    bookie_timeout_ms: int = 10_000
+    # workers, declared by AutoRecoverySettings.
+    autorecovery: bool = setting(
+        True, doc="run an auditor candidate and replication workers in this process"
+    )
+    lost_bookie_recovery_delay_ms: int = same_as(_AR, "lost_bookie_recovery_delay_ms")
+    open_stream_replication_delay_ms: int = same_as(_AR, "open_stream_replication_delay_ms")
+    audit_interval_ms: int = same_as(_AR, "audit_interval_ms")
+    scrub_interval_ms: int = same_as(_AR, "scrub_interval_ms")
+    scrub_full_interval_ms: int = same_as(_AR, "scrub_full_interval_ms")
+    replication_workers: int = same_as(_AR, "replication_workers")
+    replication_rate_bytes: int = same_as(_AR, "replication_rate_bytes")
+    max_takeovers_per_audit: int = same_as(_AR, "max_takeovers_per_audit")
+    bookie_timeout_ms: int = same_as(_AR, "bookie_timeout_ms")
 
-    def __post_init__(self) -> None:
-        if not _BOOKIE_ID.match(self.bookie_id):
-            raise ConfigError(
-                "bookie_id must be 1-128 characters of letters, digits, '.', '_', '-'",
-                key="bookie_id",
-                value=self.bookie_id,
-            )
-        _check_address("listen", self.listen)
-        _check_address("metrics_listen", self.metrics_listen, allow_empty=True)
-        if ":" not in self.metadata.split("/", 1)[0]:
-            raise ConfigError("metadata must be HOSTS[/ROOT]", key="metadata", value=self.metadata)
-        positive = (
-            "journal_max_file_bytes",
-            "write_cache_max_bytes",
-            "flush_interval_ms",
-            "entry_log_size_limit_bytes",
-            "max_entry_bytes",
-            "gc_interval_ms",
-            "compaction_interval_ms",
-            "major_compaction_interval_ms",
-            "disk_check_interval_ms",
-            "grpc_max_message_bytes",
-            "read_range_batch_bytes",
-            "read_lac_max_wait_ms",
-            "metadata_session_timeout_ms",
-            "metadata_connect_timeout_ms",
-            "add_max_inflight_batches",
-            "grpc_stream_window_bytes",
-        )
-        for key in positive:
-            if getattr(self, key) <= 0:
-                raise ConfigError(f"{key} must be > 0", key=key, value=getattr(self, key))
-        if self.journal_max_group_wait_ms < 0:
-            raise ConfigError(
-                "journal_max_group_wait_ms must be >= 0",
-                key="journal_max_group_wait_ms",
-                value=self.journal_max_group_wait_ms,
-            )
-        if self.shutdown_grace_ms < 0:
-            raise ConfigError("shutdown_grace_ms must be >= 0", key="shutdown_grace_ms")
-        for key in ("minor_compaction_threshold", "major_compaction_threshold"):
-            if not 0.0 <= getattr(self, key) < 1.0:
-                raise ConfigError(f"{key} must be in [0, 1)", key=key, value=getattr(self, key))
-        if not 0.0 < self.disk_usage_threshold <= 1.0:
-            raise ConfigError(
-                "disk_usage_threshold must be in (0, 1]",
-                key="disk_usage_threshold",
-                value=self.disk_usage_threshold,
-            )
+    def check_together(self) -> None:
         if self.max_entry_bytes + 4096 > self.grpc_max_message_bytes:
-            raise ConfigError(
+            self.refuse(
+                "max_entry_bytes",
                 "max_entry_bytes must leave room in grpc_max_message_bytes",
-                key="max_entry_bytes",
-                value=self.max_entry_bytes,
+                self.max_entry_bytes,
             )
         if self.entry_log_size_limit_bytes < self.max_entry_bytes + 64:
-            raise ConfigError(
+            self.refuse(
+                "entry_log_size_limit_bytes",
                 "entry_log_size_limit_bytes must hold at least one entry",
-                key="entry_log_size_limit_bytes",
             )
         self._check_security()
-        self.autorecovery_settings()  # checks the auto-recovery keys
-        if self.log_level.lower() not in {"debug", "info", "warning", "error"}:
-            raise ConfigError(
-                "log_level must be debug|info|warning|error", key="log_level", value=self.log_level
-            )
 
     def _check_security(self) -> None:
         from stream.security.roles import Role
@@ -193,12 +292,6 @@ class BookieConfig:
         if given and len(given) != len(files):
             missing = next(key for key in files if key not in given)
             raise ConfigError(f"TLS needs {', '.join(files)}; {missing} is missing", key=missing)
-        if self.tls_client_auth not in ("require", "none"):
-            raise ConfigError(
-                'tls_client_auth must be "require" or "none"',
-                key="tls_client_auth",
-                value=self.tls_client_auth,
-            )
         for principal, role in self.roles.items():
             try:
                 Role.parse(role)
@@ -220,13 +313,9 @@ class BookieConfig:
         return TLSConfig(self.tls_ca_file, self.tls_cert_file, self.tls_key_file)
 
     def autorecovery_settings(self) -> AutoRecoverySettings:
-        """Returns the auto-recovery settings of this bookie's keys."""
+        """Returns the auto-recovery settings of this bookie's keys (checked with the rest)."""
         keys = [f.name for f in dataclasses.fields(AutoRecoverySettings)]
-        try:
-            return AutoRecoverySettings(**{k: getattr(self, k) for k in keys})
-        except InvalidArgumentError as e:
-            key = next((k for k in keys if k in e.context), "autorecovery")
-            raise ConfigError(e.message, key=key, value=e.context.get(key)) from None
+        return AutoRecoverySettings(**{k: getattr(self, k) for k in keys})
 
     # Resolved directories.
     @property
@@ -268,29 +357,14 @@ class BookieConfig:
         for key in ("bookie_id", "listen", "metadata"):
             if key not in raw:
                 raise ConfigError(f"missing required key {key!r}", key=key)
-        values: dict[str, Any] = {}
-        for key, value in raw.items():
-            want = fields[key].type
-            if want in ("bool", bool):
-                ok = isinstance(value, bool)
-            elif want in ("int", int):
-                ok = isinstance(value, int) and not isinstance(value, bool)
-            elif want in ("float", float):
-                ok = isinstance(value, int | float) and not isinstance(value, bool)
-                value = float(value) if ok else value
-            elif str(want).startswith("dict"):  # a table of strings: [roles]
-                ok = isinstance(value, dict) and all(
-                    isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-                )
-            else:
-                ok = isinstance(value, str)
-            if not ok:
-                raise ConfigError(
-                    f"{key} must be of type {want}, got {type(value).__name__}",
-                    key=key,
-                    value=value,
-                )
-            values[key] = value
+        # TOML has no float for a whole number: a float key takes an integer.
+        floats = {f.name for f in dataclasses.fields(cls) if f.type in ("float", float)}
+        values = {
+            key: float(value)
+            if key in floats and isinstance(value, int) and not isinstance(value, bool)
+            else value
+            for key, value in raw.items()
+        }
         return cls(**values)
 
     @classmethod

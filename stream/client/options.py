@@ -3,9 +3,9 @@ switch off. Every bound the client keeps (windows, batches, timeouts, retries) i
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from stream.errors import InvalidArgumentError
+from stream.settings import POSITIVE, Settings, setting
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,120 +48,159 @@ class Protections:
 ALL_PROTECTIONS = Protections()
 
 
-def _positive(name: str, value: float) -> None:
-    if not value > 0:
-        raise InvalidArgumentError(f"{name} must be > 0", **{name: value})
-
-
 @dataclass(frozen=True, slots=True)
-class WriterOptions:
+class WriterOptions(Settings):
     """How a writer (and the recovery its takeover runs) behaves. Times in seconds."""
 
-    # Entries appended but not yet acknowledged; a full window blocks `append_async`.
-    window_entries: int = 8192
-    # An idempotent producer unused this long is dropped from the stream's producer table
-    # (docs/design.md §11; Kafka's default): its next writer starts it anew.
-    producer_expiry_s: float = 7 * 86400.0
-    # Payload bytes held by the pipeline until they reach their whole write set; with
-    # `window_entries` this bounds the writer's memory (plus a few dozen bytes of framing per
-    # entry).
-    window_bytes: int = 64 << 20
-    # Bound on one AddRequest: entries and bytes (bookies accept 64 MiB messages by default).
-    batch_max_entries: int = 2048
-    batch_max_bytes: int = 4 << 20
-    # Batches in flight per bookie; more entries wait and join the next batch (adaptive batching:
-    # one entry per batch when idle, large batches under load). A batch goes out beside one
-    # already in flight only when `pipelined_batch_min_entries` wait: at moderate rates one
-    # batch at a time coalesces everything that arrives during a round trip (measured on the
-    # 2-core bench machine at 12k/s: p50 9 ms against 13-22 ms with four small batches in
-    # flight, whose per-batch cost in gRPC and journal wake-ups saturated the CPU), while under
-    # full load batches are large and several in flight keep every bookie busy.
-    inflight_batches_per_bookie: int = 4
-    pipelined_batch_min_entries: int = 256
-    # A bookie that leaves a batch unanswered this long is failed and replaced.
-    add_timeout_s: float = 10.0
-    # After the LAC moves with no add to carry it, send it explicitly this soon (tailing readers
-    # see the last entries within milliseconds).
-    explicit_lac_delay_s: float = 0.002
-    # Timeouts of the takeover's requests.
-    fence_timeout_s: float = 5.0
-    recovery_read_timeout_s: float = 5.0
-    truncate_timeout_s: float = 5.0
-    # Entries whose per-entry recovery reads are in flight at once, ahead of the scan.
-    recovery_read_ahead: int = 64
-    # A per-entry recovery read asks one bookie of the write set first (its positive decides
-    # alone) and the others once it answered otherwise or after this long.
-    recovery_read_hedge_s: float = 0.05
-    # Bulk recovery reads (E == WQ): one ReadRange per chunk of at most this many entries or
-    # about this many payload bytes (the next chunk is read while one is written back).
-    recovery_range_entries: int = 4096
-    recovery_range_bytes: int = 8 << 20
+    window_entries: int = setting(
+        8192,
+        check=POSITIVE,
+        doc="entries appended but not yet acknowledged; a full window blocks `append_async`",
+    )
+    # Kafka's default (docs/design.md §11).
+    producer_expiry_s: float = setting(
+        7 * 86400.0,
+        unit="s",
+        check=POSITIVE,
+        doc="an idempotent producer unused this long is dropped from the stream's producer "
+        "table: its next writer starts it anew",
+    )
+    # With `window_entries` this bounds the writer's memory (plus a few dozen bytes of framing
+    # per entry).
+    window_bytes: int = setting(
+        64 << 20,
+        unit="bytes",
+        check=POSITIVE,
+        doc="payload bytes held by the pipeline until they reach their whole write set",
+    )
+    # Bookies accept 64 MiB messages by default.
+    batch_max_entries: int = setting(2048, check=POSITIVE, doc="entries of one AddRequest")
+    batch_max_bytes: int = setting(
+        4 << 20, unit="bytes", check=POSITIVE, doc="payload bytes of one AddRequest"
+    )
+    # Adaptive batching: one entry per batch when idle, large batches under load. A batch goes
+    # out beside one already in flight only when `pipelined_batch_min_entries` wait: at
+    # moderate rates one batch at a time coalesces everything that arrives during a round trip
+    # (measured on the 2-core bench machine at 12k/s: p50 9 ms against 13-22 ms with four small
+    # batches in flight, whose per-batch cost in gRPC and journal wake-ups saturated the CPU),
+    # while under full load batches are large and several in flight keep every bookie busy.
+    inflight_batches_per_bookie: int = setting(
+        4,
+        check=POSITIVE,
+        doc="batches in flight per bookie; more entries wait and join the next batch",
+    )
+    pipelined_batch_min_entries: int = setting(
+        256,
+        check=POSITIVE,
+        doc="entries that must wait before a batch goes out beside one in flight",
+    )
+    add_timeout_s: float = setting(
+        10.0,
+        unit="s",
+        check=POSITIVE,
+        doc="a bookie that leaves a batch unanswered this long is failed and replaced",
+    )
+    # Tailing readers see the last entries within milliseconds.
+    explicit_lac_delay_s: float = setting(
+        0.002,
+        unit="s",
+        check=POSITIVE,
+        doc="after the LAC moves with no add to carry it, it is sent explicitly this soon",
+    )
+    fence_timeout_s: float = setting(
+        5.0, unit="s", check=POSITIVE, doc="timeout of a takeover's Fence requests"
+    )
+    recovery_read_timeout_s: float = setting(
+        5.0, unit="s", check=POSITIVE, doc="timeout of a takeover's recovery reads"
+    )
+    truncate_timeout_s: float = setting(
+        5.0, unit="s", check=POSITIVE, doc="timeout of a takeover's Truncate requests"
+    )
+    recovery_read_ahead: int = setting(
+        64,
+        check=POSITIVE,
+        doc="entries whose per-entry recovery reads are in flight at once, ahead of the scan",
+    )
+    # Its positive decides alone.
+    recovery_read_hedge_s: float = setting(
+        0.05,
+        unit="s",
+        check=POSITIVE,
+        doc="a per-entry recovery read asks one bookie of the write set first, and the others "
+        "once it answered otherwise or after this long",
+    )
+    # Bulk recovery reads (E == WQ): the next chunk is read while one is written back.
+    recovery_range_entries: int = setting(
+        4096, check=POSITIVE, doc="entries of one bulk recovery ReadRange"
+    )
+    recovery_range_bytes: int = setting(
+        8 << 20,
+        unit="bytes",
+        check=POSITIVE,
+        doc="about this many payload bytes per bulk recovery ReadRange",
+    )
     # A takeover attempt that cannot decide (unknown answers) is retried after a backoff that
     # doubles from `retry_backoff_s` up to `retry_backoff_max_s`, until `takeover_deadline_s`.
-    retry_backoff_s: float = 0.05
-    retry_backoff_max_s: float = 2.0
-    takeover_deadline_s: float = 60.0
-    # An ensemble change waits this long for a replacement bookie (or for a pinned bookie's
-    # entries to reach WQ) before the writer fails with NotEnoughBookiesError.
-    ensemble_change_deadline_s: float = 5.0
-    # Bounded retries of a metadata CAS that lost against a same-term change (retention).
-    cas_attempts: int = 16
-    protections: Protections = field(default=ALL_PROTECTIONS)
-
-    def __post_init__(self) -> None:
-        for name in (
-            "window_entries",
-            "window_bytes",
-            "batch_max_entries",
-            "batch_max_bytes",
-            "inflight_batches_per_bookie",
-            "pipelined_batch_min_entries",
-            "recovery_read_ahead",
-            "recovery_range_entries",
-            "recovery_range_bytes",
-            "cas_attempts",
-        ):
-            value = getattr(self, name)
-            if type(value) is not int or value < 1:
-                raise InvalidArgumentError(f"{name} must be an int >= 1", **{name: value})
-        for name in (
-            "add_timeout_s",
-            "explicit_lac_delay_s",
-            "fence_timeout_s",
-            "recovery_read_timeout_s",
-            "recovery_read_hedge_s",
-            "truncate_timeout_s",
-            "retry_backoff_s",
-            "retry_backoff_max_s",
-            "takeover_deadline_s",
-            "ensemble_change_deadline_s",
-            "producer_expiry_s",
-        ):
-            _positive(name, getattr(self, name))
+    retry_backoff_s: float = setting(
+        0.05, unit="s", check=POSITIVE, doc="first backoff of an undecided takeover"
+    )
+    retry_backoff_max_s: float = setting(
+        2.0, unit="s", check=POSITIVE, doc="longest backoff of an undecided takeover"
+    )
+    takeover_deadline_s: float = setting(
+        60.0, unit="s", check=POSITIVE, doc="a takeover gives up after this long"
+    )
+    ensemble_change_deadline_s: float = setting(
+        5.0,
+        unit="s",
+        check=POSITIVE,
+        doc="an ensemble change waits this long for a replacement bookie (or for a pinned "
+        "bookie's entries to reach WQ) before the writer fails with NotEnoughBookiesError",
+    )
+    cas_attempts: int = setting(
+        16,
+        check=POSITIVE,
+        doc="retries of a metadata CAS that lost against a same-term change (retention)",
+    )
+    protections: Protections = setting(
+        ALL_PROTECTIONS, doc="the safety mechanisms the simulator may switch off"
+    )
 
 
 @dataclass(frozen=True, slots=True)
-class ReaderOptions:
-    """How a reader behaves. Times in seconds."""
+class ReaderOptions(Settings):
+    """How a reader behaves. Times in seconds (`lac_poll_ms`: milliseconds, as its name says)."""
 
-    # A read unanswered this long is also sent to the next bookie of the write set.
-    speculative_timeout_s: float = 0.2
-    # A read (all bookies of the write set tried) gives up after this long.
-    read_timeout_s: float = 10.0
-    # Parallel single-entry reads (striped ensembles, where a bookie holds no long run).
-    read_ahead: int = 128
-    # ReadRange batches (catch-up on E == WQ ensembles).
-    range_batch_bytes: int = 1 << 20
-    range_max_entries: int = 65536
-    # Longest single ReadLac long poll while tailing.
-    lac_poll_ms: int = 10_000
-    # A tail that finds no bookie answering backs off this long before trying again.
-    retry_backoff_s: float = 0.1
-
-    def __post_init__(self) -> None:
-        for name in ("speculative_timeout_s", "read_timeout_s", "retry_backoff_s"):
-            _positive(name, getattr(self, name))
-        for name in ("read_ahead", "range_batch_bytes", "range_max_entries", "lac_poll_ms"):
-            value = getattr(self, name)
-            if type(value) is not int or value < 1:
-                raise InvalidArgumentError(f"{name} must be an int >= 1", **{name: value})
+    speculative_timeout_s: float = setting(
+        0.2,
+        unit="s",
+        check=POSITIVE,
+        doc="a read unanswered this long is also sent to the next bookie of the write set",
+    )
+    read_timeout_s: float = setting(
+        10.0,
+        unit="s",
+        check=POSITIVE,
+        doc="a read (all bookies of the write set tried) gives up after this long",
+    )
+    read_ahead: int = setting(
+        128,
+        check=POSITIVE,
+        doc="parallel single-entry reads (striped ensembles, where a bookie holds no long run)",
+    )
+    range_batch_bytes: int = setting(
+        1 << 20,
+        unit="bytes",
+        check=POSITIVE,
+        doc="size of one ReadRange batch (catch-up on E == WQ ensembles)",
+    )
+    range_max_entries: int = setting(65536, check=POSITIVE, doc="entries of one ReadRange batch")
+    lac_poll_ms: int = setting(
+        10_000, unit="ms", check=POSITIVE, doc="longest single ReadLac long poll while tailing"
+    )
+    retry_backoff_s: float = setting(
+        0.1,
+        unit="s",
+        check=POSITIVE,
+        doc="a tail that finds no bookie answering backs off this long before trying again",
+    )

@@ -32,7 +32,7 @@ from stream.errors import (
 from stream.metadata import paths
 from stream.metadata.connection import MetadataSession
 from stream.metadata.model import validate_stream_id
-from stream.metadata.streams import _first_error
+from stream.metadata.multiop import first_error
 
 log = structlog.get_logger(__name__)
 
@@ -216,7 +216,7 @@ class CursorStore:
             return list(txn.commit())
 
         results = self._session.retry(commit_once)
-        failure = _first_error(results)
+        failure = first_error(results)
         if failure is None:
             log.info("metadata.cursor_created", stream_id=stream_id, cursor=name)
             return wanted

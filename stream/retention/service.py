@@ -77,6 +77,7 @@ from stream.retention import metrics
 from stream.retention.fragments import FragmentWindow, StaleFragments, read_fragments
 from stream.retention.policy import IdleAction, idle_action, idle_candidate, plan_retention
 from stream.security.tls import TLSConfig
+from stream.settings import NON_NEGATIVE, POSITIVE, Settings, setting
 from stream.wakeup import wake
 
 log = structlog.get_logger(__name__)
@@ -93,46 +94,52 @@ _TRIM_OK = (int(Code.OK), int(Code.NO_SUCH_STREAM))
 
 
 @dataclass(frozen=True)
-class RetentionSettings:
+class RetentionSettings(Settings):
     """How often the service runs and how much one round may do (every bound it keeps)."""
 
-    interval_s: float = 60.0
-    # Streams looked at per round; the next round continues where this one stopped.
-    max_streams_per_round: int = 1000
-    # Fragment znodes deleted per round, over all streams.
-    max_fragments_per_round: int = 10_000
-    # Idle-stream takeovers per round (each is a recovery: fences, reads, writes a no-op).
-    max_takeovers_per_round: int = 4
-    # A stream whose idle takeover failed is left alone this long.
-    takeover_retry_s: float = 300.0
-    # Closed fragments remembered between rounds (their retention fields never change), so
-    # that a round reads only new fragments; beyond this many, streams are read afresh.
-    max_remembered_fragments: int = 200_000
-    # Each Trim / StreamState / Read request to a bookie.
-    bookie_timeout_s: float = 5.0
-    # A takeover gives up after this long (it is retried next time the stream comes up).
-    takeover_deadline_s: float = 30.0
-    # Set each durable cursor's lag on the Prometheus gauges every round (costs, per stream
-    # with cursors, its fragment znodes and one ReadLac to the last fragment's bookies).
-    export_cursor_lag: bool = False
-
-    def __post_init__(self) -> None:
-        for name in ("interval_s", "takeover_retry_s", "bookie_timeout_s", "takeover_deadline_s"):
-            value = getattr(self, name)
-            if not (isinstance(value, int | float) and value > 0):
-                raise InvalidArgumentError(f"{name} must be > 0", **{name: value})
-        for name in (
-            "max_streams_per_round",
-            "max_fragments_per_round",
-            "max_remembered_fragments",
-        ):
-            value = getattr(self, name)
-            if type(value) is not int or value < 1:
-                raise InvalidArgumentError(f"{name} must be an int >= 1", **{name: value})
-        if type(self.max_takeovers_per_round) is not int or self.max_takeovers_per_round < 0:
-            raise InvalidArgumentError(
-                "max_takeovers_per_round must be an int >= 0", value=self.max_takeovers_per_round
-            )
+    interval_s: float = setting(60.0, unit="s", check=POSITIVE, doc="time between rounds")
+    max_streams_per_round: int = setting(
+        1000,
+        check=POSITIVE,
+        doc="streams looked at per round; the next round continues where this one stopped",
+    )
+    max_fragments_per_round: int = setting(
+        10_000, check=POSITIVE, doc="fragment znodes deleted per round, over all streams"
+    )
+    max_takeovers_per_round: int = setting(
+        4,
+        check=NON_NEGATIVE,
+        doc="idle-stream takeovers per round (each is a recovery: fences, reads, writes a no-op)",
+    )
+    takeover_retry_s: float = setting(
+        300.0,
+        unit="s",
+        check=POSITIVE,
+        doc="a stream whose idle takeover failed is left alone this long",
+    )
+    # Their retention fields never change, so a round reads only new fragments.
+    max_remembered_fragments: int = setting(
+        200_000,
+        check=POSITIVE,
+        doc="closed fragments remembered between rounds; beyond this many, streams are read afresh",
+    )
+    bookie_timeout_s: float = setting(
+        5.0,
+        unit="s",
+        check=POSITIVE,
+        doc="timeout of each Trim / StreamState / Read request to a bookie",
+    )
+    takeover_deadline_s: float = setting(
+        30.0,
+        unit="s",
+        check=POSITIVE,
+        doc="a takeover gives up after this long (retried next time the stream comes up)",
+    )
+    # Costs, per stream with cursors, its fragment znodes and one ReadLac to the last
+    # fragment's bookies.
+    export_cursor_lag: bool = setting(
+        False, doc="set each durable cursor's lag on the Prometheus gauges every round"
+    )
 
 
 @dataclass

@@ -75,9 +75,23 @@ def cluster_factory(zookeeper: ZooKeeperServer, tmp_path: Path) -> Iterator[Clus
             cluster.stop()
 
 
+@pytest.fixture(scope="module")
+def module_cluster(
+    zookeeper: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SandboxCluster]:
+    """Three bookies with default settings, started once for a module."""
+    with running_cluster(zookeeper, tmp_path_factory.mktemp("module-cluster")) as cluster:
+        yield cluster
+
+
 @pytest.fixture
-def cluster(cluster_factory: ClusterFactory) -> SandboxCluster:
-    """Three bookies with default settings."""
+def cluster(request: pytest.FixtureRequest, cluster_factory: ClusterFactory) -> SandboxCluster:
+    """Three bookies with default settings: in a module marked `shared_cluster` (its tests
+    kill no bookie, change no setting and use streams of their own) one cluster for all its
+    tests, since starting three bookies costs seconds per test; elsewhere one per test."""
+    if request.node.get_closest_marker("shared_cluster"):
+        shared: SandboxCluster = request.getfixturevalue("module_cluster")
+        return shared
     return cluster_factory(3)
 
 

@@ -14,7 +14,7 @@ from stream.client import StreamClient
 from stream.sandbox.cluster import SandboxCluster
 from tests.integration.cli_support import streamctl
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.shared_cluster]
 
 
 def test_append_from_stdin_acknowledges_every_line_in_order(cluster: SandboxCluster) -> None:

@@ -11,7 +11,7 @@ from stream.client import StreamClient
 from stream.sandbox.cluster import SandboxCluster
 from tests.integration.cli_support import streamctl
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.shared_cluster]
 
 
 def test_append_with_key_and_headers_and_tail_shows_them(cluster: SandboxCluster) -> None:

@@ -9,7 +9,7 @@ import pytest
 from stream.sandbox.cluster import SandboxCluster
 from tests.integration.cli_support import streamctl
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.shared_cluster]
 
 
 def test_create_append_tail_info(cluster: SandboxCluster) -> None:

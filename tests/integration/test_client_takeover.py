@@ -16,7 +16,7 @@ from stream.errors import InvalidTermError
 from stream.metadata import StreamSealedError
 from stream.sandbox.cluster import SandboxCluster
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.shared_cluster]
 
 
 def payload(i: int, term: str = "a") -> bytes:

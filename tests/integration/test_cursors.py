@@ -24,7 +24,7 @@ from stream.sandbox.cluster import SandboxCluster
 from tests.integration.cli_support import streamctl
 from tests.integration.retention_support import wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.shared_cluster]
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,7 @@ from stream.client import Entry, StreamClient
 from stream.errors import InvalidArgumentError
 from tests.integration.conftest import ClusterFactory
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.shared_cluster]
 
 
 def attributes(i: int) -> tuple[bytes | None, list[tuple[str, bytes]]]:

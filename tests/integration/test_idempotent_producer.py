@@ -22,7 +22,7 @@ from stream.protocol.producers import EPOCH_BITS, UNKNOWN_ENTRY_ID
 from stream.sandbox.cluster import SandboxCluster
 from tests.integration.retention_support import wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.shared_cluster]
 
 
 def payloads(client: StreamClient, name: str) -> list[bytes]:

@@ -33,7 +33,7 @@ from stream.logs import use_standard_logging
 from stream.sandbox.cluster import SandboxCluster
 from tests.integration.cli_support import streamctl
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.shared_cluster]
 
 HOUR_MS = 3_600_000
 # Clock offsets of the writers that take the stream over one after another: ahead, behind

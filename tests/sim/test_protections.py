@@ -138,6 +138,7 @@ def test_time_never_goes_backwards_across_skewed_writers(seed: int) -> None:
     assert result.ok, f"seed {seed}: {_first(result)}"
 
 
+@pytest.mark.sweep
 @pytest.mark.timeout(1800)  # ~160 s on two idle cores; far longer on a loaded machine
 def test_every_protection_on_passes_many_seeds() -> None:
     workers = min(2, os.cpu_count() or 1)
@@ -148,6 +149,7 @@ def test_every_protection_on_passes_many_seeds() -> None:
     assert failed is None, f"seed {failed.seed}: {_first(failed)}"
 
 
+@pytest.mark.sweep
 @pytest.mark.timeout(900)
 def test_reengaging_writers_pass_many_seeds() -> None:
     # Writers that take the stream back whenever superseded (reengage=True) keep competing to
