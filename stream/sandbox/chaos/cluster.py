@@ -15,6 +15,7 @@ from kazoo.client import KazooClient
 from stream.errors import StreamError
 from stream.sandbox.bookies import BookieProcess, stop_all
 from stream.sandbox.chaos.history import HistoryWriter
+from stream.sandbox.chaos.relay import DelayRelays
 from stream.sandbox.netns import Host, Network
 from stream.sandbox.processes import terminate
 from stream.sandbox.zookeeper import ZooKeeperEnsemble
@@ -27,6 +28,7 @@ STREAM = "chaos"
 # One bookie keeps its data on a small tmpfs of its own, which the nemesis fills (a full disk).
 SMALL_DISK_BOOKIE = "bookie-2"
 SMALL_DISK_SIZE = "256m"
+BOOKIES, WRITERS, READERS = 4, 2, 2
 
 
 class Worker:
@@ -74,12 +76,13 @@ class ChaosCluster:
         self,
         data_dir: Path,
         *,
-        bookies: int = 4,
-        writers: int = 2,
-        readers: int = 2,
+        bookies: int = BOOKIES,
+        writers: int = WRITERS,
+        readers: int = READERS,
         seed: int = 0,
         without_protections: tuple[str, ...] = (),
         bookie_settings: dict[str, Any] | None = None,
+        delay_relays: bool = False,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.network = Network()
@@ -94,6 +97,9 @@ class ChaosCluster:
         self.history_dir = self.data_dir / "history"
         self.harness_history: HistoryWriter | None = None
         self._mounts: list[Path] = []
+        # Delay by userspace relays on the server hosts (ZooKeeper, bookies), where the kernel
+        # has no `tc netem`.
+        self.relays = DelayRelays(self.data_dir / "delay.json") if delay_relays else None
 
     # ------------------------------------------------------------------ hosts
 
@@ -124,7 +130,7 @@ class ChaosCluster:
         self.network.start()
         self.history_dir.mkdir(parents=True, exist_ok=True)
         self.harness_history = HistoryWriter(self.history_dir / "harness.jsonl", "harness")
-        zk_hosts = [self.network.add_host(f"zk{i}") for i in (1, 2, 3)]
+        zk_hosts = [self._add_server_host(f"zk{i}") for i in (1, 2, 3)]
         self.zookeeper = ZooKeeperEnsemble(
             self.data_dir / "zookeeper", 3, hosts=[(h.address, h.command_prefix) for h in zk_hosts]
         ).start()
@@ -152,7 +158,7 @@ class ChaosCluster:
         log.info("chaos.cluster_started", metadata=self.metadata, bridge=self.network.bridge)
 
     def _add_bookie(self, bookie_id: str, *, journaled: bool) -> None:
-        host = self.network.add_host(bookie_id.replace("bookie-", "b"))
+        host = self._add_server_host(bookie_id.replace("bookie-", "b"))
         if bookie_id == SMALL_DISK_BOOKIE:
             self._mount_small_disk(self.data_dir / bookie_id / "data")
         settings: dict[str, Any] = {
@@ -179,6 +185,12 @@ class ChaosCluster:
         self.bookies.append(bookie)
         self.bookie_hosts[bookie_id] = host
         bookie.start()
+
+    def _add_server_host(self, name: str) -> Host:
+        host = self.network.add_host(name)
+        if self.relays is not None:
+            self.relays.start(host, self.data_dir / f"relay-{name}.log")
+        return host
 
     def _mount_small_disk(self, path: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ from stream.metadata.connection import MetadataSession
 from stream.metadata.streams import StreamStore
 from stream.sandbox.chaos import history
 from stream.sandbox.chaos.checker import FINAL, FINAL_READER, Verdict, check
-from stream.sandbox.chaos.cluster import STREAM, ChaosCluster
+from stream.sandbox.chaos.cluster import BOOKIES, STREAM, WRITERS, ChaosCluster
 from stream.sandbox.chaos.history import HistoryWriter
 from stream.sandbox.chaos.nemesis import FAULTS, Nemesis, Step, schedule
 from stream.sandbox.netns import netem_available
@@ -33,6 +33,12 @@ _TRIM_EVERY_S = 15.0
 _TRIM_KEEP = 1000
 
 
+# What delays packets in a run with delay faults: the kernel's netem where it has it, else the
+# relays (stream.sandbox.chaos.relay).
+DELAY_BY_NETEM = "tc netem"
+DELAY_BY_RELAY = "userspace relay (this kernel has no sch_netem)"
+
+
 @dataclass
 class ChaosResult:
     seed: int
@@ -41,6 +47,10 @@ class ChaosResult:
     duration_s: float
     history_dir: Path
     events: list[dict[str, Any]]
+    delay_by: str | None = None  # None: no delay fault in the schedule
+
+    def delay_line(self) -> str:
+        return f"delay faults by: {self.delay_by or 'none drawn'}"
 
 
 class _Watcher(threading.Thread):
@@ -114,22 +124,23 @@ def run_chaos(
     drawn from `seed` over `faults` for `duration_s`, or the given `steps`. `on_step` gets one
     line per step as it is applied (the benchmark prints them)."""
     started = time.monotonic()
-    cluster = ChaosCluster(
-        data_dir, seed=seed, without_protections=without_protections, **cluster_options
-    )
-    with cluster:
-        steps = (
-            steps
-            if steps is not None
-            else schedule(
-                seed,
-                duration_s,
-                bookies=len(cluster.bookies),
-                writers=len(cluster.writer_hosts()),
-                netem=netem_available(),
-                faults=faults,
-            )
+    if steps is None:
+        steps = schedule(
+            seed,
+            duration_s,
+            bookies=cluster_options.get("bookies", BOOKIES),
+            writers=cluster_options.get("writers", WRITERS),
+            netem=True,  # the relays stand in where the kernel has no netem
+            faults=faults,
         )
+    delay_by = None
+    if any(step.fault == "delay" for step in steps):
+        delay_by = DELAY_BY_NETEM if netem_available() else DELAY_BY_RELAY
+    cluster = ChaosCluster(
+        data_dir, seed=seed, without_protections=without_protections,
+        delay_relays=delay_by == DELAY_BY_RELAY, **cluster_options,
+    )  # fmt: skip
+    with cluster:
         record = cluster.harness_history
         assert record is not None
         client = StreamClient.connect(cluster.metadata, timeout_s=30.0)
@@ -161,7 +172,7 @@ def run_chaos(
         events = history.load(cluster.history_files())
     verdict = check(events, progress_bound_s=progress_bound_s)
     return ChaosResult(
-        seed, steps, verdict, time.monotonic() - started, cluster.history_dir, events
+        seed, steps, verdict, time.monotonic() - started, cluster.history_dir, events, delay_by
     )
 
 
