@@ -157,9 +157,17 @@ class ReaderOptions:
     lac_poll_ms: int = 10_000
     # A tail that finds no bookie answering backs off this long before trying again.
     retry_backoff_s: float = 0.1
+    # Metadata unanswered this long: reads go on with the fragments already known (committed
+    # entries stay where they were) while the metadata is re-read in the background.
+    metadata_wait_s: float = 1.0
 
     def __post_init__(self) -> None:
-        for name in ("speculative_timeout_s", "read_timeout_s", "retry_backoff_s"):
+        for name in (
+            "speculative_timeout_s",
+            "read_timeout_s",
+            "retry_backoff_s",
+            "metadata_wait_s",
+        ):
             _positive(name, getattr(self, name))
         for name in ("read_ahead", "range_batch_bytes", "range_max_entries", "lac_poll_ms"):
             value = getattr(self, name)

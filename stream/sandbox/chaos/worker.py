@@ -18,9 +18,9 @@ import signal
 import threading
 from pathlib import Path
 
-from stream.client import StreamClient, StreamWriter
+from stream.client import StreamClient, StreamReader, StreamWriter
 from stream.client.options import Protections, ReaderOptions, WriterOptions
-from stream.errors import EntryTrimmedError, StreamError
+from stream.errors import EntryTrimmedError, MetadataUnavailableError, StreamError
 from stream.logging import configure_logging
 from stream.metadata.streams import StreamSealedError
 from stream.sandbox.chaos.history import ACK, ERROR, FAIL, INVOKE, OPEN, READ, HistoryWriter
@@ -132,6 +132,12 @@ class _Tail:
         self.next_id = 0
 
 
+def _keep_unless_broken(reader: StreamReader | None, error: StreamError) -> StreamReader | None:
+    """A reader is opened again after an error, but not for the metadata being out of reach:
+    opening needs the metadata, and the reader it has goes on with the fragments it knows."""
+    return reader if isinstance(error, MetadataUnavailableError) else None
+
+
 def _tail(
     client: StreamClient, name: str, tail: _Tail, stop: threading.Event, history: HistoryWriter
 ) -> None:
@@ -151,7 +157,7 @@ def _tail(
             history.record(ERROR, op="tail", error="EntryTrimmedError", restart=tail.next_id)
         except StreamError as e:
             history.record(ERROR, op="tail", error=type(e).__name__, detail=str(e)[:200])
-            reader = None
+            reader = _keep_unless_broken(reader, e)
             stop.wait(0.5)
 
 
@@ -179,7 +185,7 @@ def _reread(
             continue
         except StreamError as e:
             history.record(ERROR, op="reread", error=type(e).__name__, detail=str(e)[:200])
-            reader = None
+            reader = _keep_unless_broken(reader, e)
 
 
 def run_reader(args: argparse.Namespace, stop: threading.Event, history: HistoryWriter) -> None:
