@@ -30,6 +30,7 @@ SEED = int(os.environ.get("CHAOS_SEED", "20"))
 
 def _report(result: ChaosResult) -> str:
     lines = [f"seed {result.seed} (replay: CHAOS_SEED={result.seed}): {result.verdict.summary()}"]
+    lines += [result.delay_line()]
     lines += [f"  step: {step}" for step in result.steps]
     lines += [f"  {violation}" for violation in result.verdict.violations[:10]]
     return "\n".join(lines)
@@ -41,6 +42,7 @@ def test_a_short_chaos_run_breaks_no_property(tmp_path: Path) -> None:
     assert result.steps, "the schedule applied no fault"
     assert result.verdict.ok, _report(result)
     assert result.verdict.acks > 0 and result.verdict.checked_entries > 0, _report(result)
+    assert result.verdict.trims > 0, "the retention service trimmed nothing: " + _report(result)
 
 
 def test_without_the_bookies_term_check_the_checker_finds_the_superseded_writer(

@@ -2,7 +2,8 @@
 from ZooKeeper but not from the bookies (its session expires while the other writer takes
 over: no acknowledgement after that takeover's recovery), a bookie cut from ZooKeeper while it
 serves (auto-recovery runs in the bookies and must not copy over live data), and ZooKeeper
-without a quorum (metadata writes stop). After each heal the writers make progress."""
+without a quorum (metadata writes stop, reads of committed entries go on). After each heal the
+writers make progress."""
 
 from __future__ import annotations
 
@@ -45,10 +46,11 @@ def test_writer_and_bookie_cut_from_zookeeper_and_zookeeper_without_quorum(
     }
     assert all(a.to_first_ack_after_heal_s is not None for a in verdict.availability), report
     # Committed entries are read while ZooKeeper has no quorum: the readers go on with the
-    # fragments they know (the tail follows the writers, the rereads go back).
+    # fragments they know. Counted in the outage's second half: in the first, the server the
+    # clients are on may not have noticed yet that it lost the quorum, and still answers.
     marks = [e for e in result.events if e["type"] in (FAULT, HEAL)]
     start, end = marks[-2]["t"], marks[-1]["t"]  # the ZooKeeper outage
-    reads = [e for e in result.events if e["type"] == READ and start < e["t"] < end]
-    rereads = [e for e in reads if str(e["seg"]).startswith("re")]
-    print(f"entries read while ZooKeeper had no quorum: {len(reads)} ({len(rereads)} reread)")
-    assert rereads, report
+    middle = (start + end) / 2
+    reads = [e for e in result.events if e["type"] == READ and middle < e["t"] < end]
+    print(f"entries read in the second half of the ZooKeeper outage: {len(reads)}")
+    assert reads, report

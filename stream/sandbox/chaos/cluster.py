@@ -13,6 +13,8 @@ import structlog
 from kazoo.client import KazooClient
 
 from stream.errors import StreamError
+from stream.metadata.model import RetentionPolicy
+from stream.retention.process import RetentionProcess
 from stream.sandbox.bookies import BookieProcess, stop_all
 from stream.sandbox.chaos.history import HistoryWriter
 from stream.sandbox.chaos.relay import DelayRelays
@@ -29,6 +31,11 @@ STREAM = "chaos"
 SMALL_DISK_BOOKIE = "bookie-2"
 SMALL_DISK_SIZE = "256m"
 BOOKIES, WRITERS, READERS = 4, 2, 2
+# The stream's retention policy, applied by the real retention service on a host of its own:
+# fragments (200 entries, a few seconds of appends) go once their last entry is this old, so a
+# short run trims several times, overtaking lagging readers and racing the rereads.
+RETENTION = RetentionPolicy(max_age_s=15.0)
+RETENTION_INTERVAL_S = 3.0
 
 
 class Worker:
@@ -94,6 +101,7 @@ class ChaosCluster:
         self.bookies: list[BookieProcess] = []
         self.bookie_hosts: dict[str, Host] = {}
         self.workers: list[Worker] = []
+        self.retention: RetentionProcess | None = None
         self.history_dir = self.data_dir / "history"
         self.harness_history: HistoryWriter | None = None
         self._mounts: list[Path] = []
@@ -155,6 +163,12 @@ class ChaosCluster:
             self._add_worker(f"writer-{i}", "writer", args)
         for i in range(1, self._readers + 1):
             self._add_worker(f"reader-{i}", "reader", ["--seed", str(self.seed * 100 + 50 + i)])
+        self.retention = RetentionProcess(
+            self.metadata,
+            self.data_dir / "retention.log",
+            interval_s=RETENTION_INTERVAL_S,
+            command_prefix=self.network.add_host("ret").command_prefix,
+        )
         log.info("chaos.cluster_started", metadata=self.metadata, bridge=self.network.bridge)
 
     def _add_bookie(self, bookie_id: str, *, journaled: bool) -> None:
@@ -206,12 +220,17 @@ class ChaosCluster:
         self.workers.append(Worker(name, role, host, self.history_dir / f"{name}.jsonl", args))
 
     def start_workers(self) -> None:
+        """Starts the workloads and the retention service (the stream must exist)."""
         for worker in self.workers:
             worker.start(self.metadata, self.data_dir)
+        if self.retention is not None:
+            self.retention.start()
 
     def stop_workers(self) -> None:
         for worker in self.workers:
             worker.stop()
+        if self.retention is not None:
+            self.retention.stop()
 
     def history_files(self) -> list[Path]:
         return sorted(self.history_dir.glob("*.jsonl"))

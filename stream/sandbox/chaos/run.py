@@ -1,6 +1,6 @@
-"""One chaos run: start the cluster and the workloads, apply the seeded schedule of faults while
-the harness trims and watches the terms, heal, let the writers show progress, seal, read
-everything back, and check the history."""
+"""One chaos run: start the cluster, the workloads and the retention service, apply the seeded
+schedule of faults while the harness watches the terms and the trims, heal, let the writers show
+progress, seal, read everything back, and check the history."""
 
 from __future__ import annotations
 
@@ -19,18 +19,15 @@ from stream.metadata.connection import MetadataSession
 from stream.metadata.streams import StreamStore
 from stream.sandbox.chaos import history
 from stream.sandbox.chaos.checker import FINAL, FINAL_READER, Verdict, check
-from stream.sandbox.chaos.cluster import BOOKIES, STREAM, WRITERS, ChaosCluster
+from stream.sandbox.chaos.cluster import BOOKIES, RETENTION, STREAM, WRITERS, ChaosCluster
 from stream.sandbox.chaos.history import HistoryWriter
 from stream.sandbox.chaos.nemesis import FAULTS, Nemesis, Step, schedule
 from stream.sandbox.netns import netem_available
 
 log = structlog.get_logger(__name__)
 
-# How often the harness looks at the stream's term history, and trims it.
+# How often the harness looks at the stream's term history and first retained entry.
 _WATCH_S = 0.2
-_TRIM_EVERY_S = 15.0
-# Entries kept below the LAC by the harness's trims (the final read checks those).
-_TRIM_KEEP = 1000
 
 
 # What delays packets in a run with delay faults: the kernel's netem where it has it, else the
@@ -55,24 +52,21 @@ class ChaosResult:
 
 class _Watcher(threading.Thread):
     """Records each term's first entry id once the metadata shows it (its recovery fixed the
-    end), and trims the stream now and then (retention's work, done by the harness)."""
+    end), and each trim the retention service made (the first retained entry moving)."""
 
-    def __init__(self, metadata: str, record: HistoryWriter, client: StreamClient) -> None:
+    def __init__(self, metadata: str, record: HistoryWriter) -> None:
         super().__init__(name="chaos-watcher", daemon=True)
         self.stop = threading.Event()
-        self._metadata, self._record, self._client = metadata, record, client
+        self._metadata, self._record = metadata, record
         self._seen: set[int] = set()
+        self._first_retained = 0
 
     def run(self) -> None:
         session = MetadataSession.connect(self._metadata, timeout_s=30.0)
         store = StreamStore(session)
-        next_trim = time.monotonic() + _TRIM_EVERY_S
         try:
             while not self.stop.wait(_WATCH_S):
                 self._watch(store)
-                if time.monotonic() >= next_trim:
-                    next_trim = time.monotonic() + _TRIM_EVERY_S
-                    self._trim()
         finally:
             session.close()
 
@@ -85,15 +79,9 @@ class _Watcher(threading.Thread):
             if term not in self._seen:
                 self._seen.add(term)
                 self._record.record(history.TERM_FIXED, term=term, first=first)
-
-    def _trim(self) -> None:
-        try:
-            lac = self._client.stream_info(STREAM).lac
-            if lac > _TRIM_KEEP:
-                first = self._client.trim(STREAM, before_entry_id=lac - _TRIM_KEEP)
-                self._record.record(history.TRIM, e=first)
-        except StreamError as e:
-            self._record.record(history.ERROR, op="trim", error=type(e).__name__)
+        if meta.first_entry_id > self._first_retained:
+            self._first_retained = meta.first_entry_id
+            self._record.record(history.TRIM, e=meta.first_entry_id)
 
 
 def _wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
@@ -144,10 +132,10 @@ def run_chaos(
         record = cluster.harness_history
         assert record is not None
         client = StreamClient.connect(cluster.metadata, timeout_s=30.0)
-        watcher = _Watcher(cluster.metadata, record, client)
+        watcher = _Watcher(cluster.metadata, record)
         try:
             client.create_stream(STREAM, ensemble=3, write_quorum=3, ack_quorum=2,
-                                 fragment_max_entries=200)  # fmt: skip
+                                 fragment_max_entries=200, retention=RETENTION)  # fmt: skip
             cluster.start_workers()
             _wait_for(lambda: _acks_so_far(cluster) > 0, 60, "a first acknowledgment")
             watcher.start()
