@@ -22,19 +22,24 @@ _UNAVAILABLE = unavailable_reason()
 if _UNAVAILABLE:
     pytest.skip(f"chaos tests need network namespaces: {_UNAVAILABLE}", allow_module_level=True)
 
+# The workers' ZooKeeper sessions, shorter than a run's default (10 s) to keep the test short.
+SESSION_TIMEOUT_S = 4.0
 STEPS = [
-    # Longer than the writer's 10 s ZooKeeper session.
-    Step(3.0, "writer-cut-from-zookeeper", "writer-2", 13.0),
+    # Longer than the writer's session.
+    Step(2.0, "writer-cut-from-zookeeper", "writer-2", SESSION_TIMEOUT_S + 3.0),
     # Longer than the bookie's 4 s session: its registration goes, it still serves.
-    Step(3.0, "bookie-cut-from-zookeeper", "bookie-1", 10.0),
-    Step(3.0, "zookeeper-no-quorum", "", 8.0),
+    Step(2.0, "bookie-cut-from-zookeeper", "bookie-1", 7.0),
+    Step(2.0, "zookeeper-no-quorum", "", 8.0),
 ]
 
 
 def test_writer_and_bookie_cut_from_zookeeper_and_zookeeper_without_quorum(
     tmp_path: Path,
 ) -> None:
-    result = run_chaos(tmp_path, seed=0, duration_s=0, steps=STEPS, progress_bound_s=15.0)
+    result = run_chaos(
+        tmp_path, seed=0, duration_s=0, steps=STEPS, progress_bound_s=10.0,
+        session_timeout_s=SESSION_TIMEOUT_S,
+    )  # fmt: skip
     verdict = result.verdict
     report = f"{verdict.summary()}\n" + "\n".join(str(v) for v in verdict.violations[:10])
     print(report)

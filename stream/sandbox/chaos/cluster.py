@@ -90,6 +90,7 @@ class ChaosCluster:
         without_protections: tuple[str, ...] = (),
         bookie_settings: dict[str, Any] | None = None,
         delay_relays: bool = False,
+        session_timeout_s: float = 10.0,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.network = Network()
@@ -97,6 +98,8 @@ class ChaosCluster:
         self.seed = seed
         self.without_protections = without_protections
         self.bookie_settings = dict(bookie_settings or {})
+        # The workers' ZooKeeper session timeout: how long a writer cut from ZooKeeper lives on.
+        self.session_timeout_s = session_timeout_s
         self.zookeeper: ZooKeeperEnsemble | None = None
         self.bookies: list[BookieProcess] = []
         self.bookie_hosts: dict[str, Host] = {}
@@ -216,6 +219,7 @@ class ChaosCluster:
         self._mounts.append(path)
 
     def _add_worker(self, name: str, role: str, args: list[str]) -> None:
+        args = [*args, "--session-timeout", str(self.session_timeout_s)]
         host = self.network.add_host(name.replace("writer-", "w").replace("reader-", "r"))
         self.workers.append(Worker(name, role, host, self.history_dir / f"{name}.jsonl", args))
 

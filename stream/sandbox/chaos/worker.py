@@ -4,6 +4,7 @@ invocation and outcome and every entry read go to the history file.
 
     python -m stream.sandbox.chaos.worker writer|reader --metadata M --stream S --name N
         --history FILE [--reengage] [--seed N] [--without-protection NAME]
+        [--session-timeout SECONDS]
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from stream.client import StreamClient, StreamReader, StreamWriter
 from stream.client.options import Protections, ReaderOptions, WriterOptions
 from stream.errors import EntryTrimmedError, MetadataUnavailableError, StreamError
 from stream.logging import configure_logging
+from stream.metadata.connection import MetadataSession
 from stream.metadata.streams import StreamSealedError
 from stream.sandbox.chaos.history import ACK, ERROR, FAIL, INVOKE, OPEN, READ, HistoryWriter
 
@@ -43,10 +45,15 @@ def _writer_options(without: list[str]) -> WriterOptions:
     return WriterOptions(protections=protections)
 
 
-def _connect(metadata: str, stop: threading.Event, history: HistoryWriter) -> StreamClient | None:
+def _connect(
+    args: argparse.Namespace, stop: threading.Event, history: HistoryWriter
+) -> StreamClient | None:
     while not stop.is_set():
         try:
-            return StreamClient.connect(metadata, timeout_s=10.0)
+            session = MetadataSession.connect(
+                args.metadata, timeout_s=10.0, session_timeout_s=args.session_timeout
+            )
+            return StreamClient(session)
         except StreamError as e:
             history.record(ERROR, op="connect", error=type(e).__name__)
             stop.wait(1.0)
@@ -101,7 +108,7 @@ def _append_until_stopped(
 
 def run_writer(args: argparse.Namespace, stop: threading.Event, history: HistoryWriter) -> None:
     rng = random.Random(args.seed)
-    client = _connect(args.metadata, stop, history)
+    client = _connect(args, stop, history)
     if client is None:
         return
     options = _writer_options(args.without_protection)
@@ -189,7 +196,7 @@ def _reread(
 
 
 def run_reader(args: argparse.Namespace, stop: threading.Event, history: HistoryWriter) -> None:
-    client = _connect(args.metadata, stop, history)
+    client = _connect(args, stop, history)
     if client is None:
         return
     tail = _Tail()
@@ -219,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--window", type=int, default=4, help="a writer's appends in flight")
     parser.add_argument("--without-protection", action="append", default=[])
+    parser.add_argument("--session-timeout", type=float, default=10.0, help="ZooKeeper, seconds")
     args = parser.parse_args(argv)
     configure_logging(json=True, level="info")  # into the worker's log file
     stop = threading.Event()
