@@ -246,7 +246,7 @@ class AsyncStreamReader:
         would say where it went (a fragment re-replicated, trimmed), is out of reach."""
         if failure.trimmed:
             return EntryTrimmedError(
-                "entry was trimmed (the first retained entry is unknown: metadata out of reach)",
+                "entry was trimmed (metadata out of reach: first_entry_id is only a lower bound)",
                 stream=self.name,
                 entry_id=failure.entry_id,
                 first_entry_id=failure.entry_id + 1,
