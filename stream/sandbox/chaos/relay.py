@@ -136,7 +136,7 @@ class Relay:
         deliver = asyncio.create_task(self._deliver(queue, sink))
         due = 0.0
         try:
-            while chunk := await source.read(_CHUNK_BYTES):
+            while (chunk := await source.read(_CHUNK_BYTES)) and not deliver.done():
                 delay = self.delay
                 held = delay.draw_s(rng) if delay.applies(*endpoints) else 0.0
                 due = max(due, time.monotonic() + held)  # in order within the connection
@@ -144,7 +144,8 @@ class Relay:
         except OSError:
             pass
         finally:
-            await queue.put((due, b""))
+            if not deliver.done():  # else nobody takes from the queue: it may be full
+                await queue.put((due, b""))
             with contextlib.suppress(OSError, asyncio.CancelledError):
                 await deliver
 
