@@ -66,6 +66,7 @@ def main() -> int:
         )
     verdict = result.verdict
     print(f"chaos: seed {seed}, {result.duration_s:.0f}s: {verdict.summary()}")
+    print(f"chaos: {result.delay_line()}")
     for violation in verdict.violations[:20]:
         print(f"  VIOLATION {violation}")
     print(

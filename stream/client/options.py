@@ -204,3 +204,10 @@ class ReaderOptions(Settings):
         check=POSITIVE,
         doc="a tail that finds no bookie answering backs off this long before trying again",
     )
+    metadata_wait_s: float = setting(
+        1.0,
+        unit="s",
+        check=POSITIVE,
+        doc="metadata unanswered this long: reads go on with the fragments already known "
+        "(committed entries stay where they were) while it is re-read in the background",
+    )

@@ -24,6 +24,7 @@ from stream.errors import (
     EntryNotWrittenError,
     EntryTrimmedError,
     InvalidArgumentError,
+    MetadataUnavailableError,
     StreamNotFoundError,
 )
 from stream.metadata.model import Fragment, StreamMeta, StreamState
@@ -69,6 +70,10 @@ class AsyncStreamReader:
         self._version = -1
         self._fragments: list[Fragment] = []
         self._firsts: list[tuple[int, tuple[str, ...]]] = []
+        # The metadata read in flight (one at a time: a read ZooKeeper does not answer holds a
+        # thread until its retry deadline), and whether the last one failed to answer in time.
+        self._refreshing: asyncio.Future[None] | None = None
+        self._stale = False
         # Single-entry reads the last `seek_time` made.
         self.last_seek_reads = 0
 
@@ -96,6 +101,30 @@ class AsyncStreamReader:
             raise StreamNotFoundError("stream not found", stream=self.name) from None
         self._meta, self._version, self._fragments = meta, version, fragments
         self._firsts = [(f.first_entry_id, tuple(f.ensemble)) for f in fragments]
+
+    async def _refresh_or_keep(self) -> None:
+        """Rereads the metadata, or keeps the snapshot it has when the metadata does not answer
+        within `metadata_wait_s` (ZooKeeper out of reach): the fragments known so far still
+        locate the committed entries (an entry at or below the LAC never changes or moves
+        without a metadata write that a reader may see late anyway). The read goes on in the
+        background and its snapshot is taken when it comes (`_stale` until then)."""
+        if self._meta is None:
+            await self.refresh()
+            return
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = asyncio.ensure_future(self.refresh())
+            # Its failure is seen here or by the next caller; never an unretrieved exception.
+            self._refreshing.add_done_callback(lambda f: f.cancelled() or f.exception())
+        try:
+            await asyncio.wait_for(asyncio.shield(self._refreshing), self._options.metadata_wait_s)
+        except (TimeoutError, MetadataUnavailableError) as e:
+            if not self._stale:
+                log.warning("reader.metadata_unreachable", stream=self.name, error=repr(e))
+            self._stale = True
+            return
+        if self._stale:
+            log.info("reader.metadata_reachable", stream=self.name)
+        self._stale = False
 
     async def _refresh_if_changed(self) -> None:
         """Rereads the fragments only when the meta moved (every change to the fragments
@@ -159,7 +188,7 @@ class AsyncStreamReader:
             raise InvalidArgumentError(
                 "read needs 0 <= first <= last", stream=self.name, first=first, last=last
             )
-        await self.refresh()
+        await self._refresh_or_keep()
         self._check_trimmed(first)
         lac = await self.lac()
         if last > lac:
@@ -204,11 +233,31 @@ class AsyncStreamReader:
                     yield covered, columns
             except _ReadFailed as failure:
                 # The fragment may have changed (or been trimmed) since our snapshot.
-                await self.refresh()
+                await self._refresh_or_keep()
                 self._check_trimmed(failure.entry_id)
+                if self._stale:
+                    raise self._unlocatable(failure) from None
                 if refreshed:
                     raise self._read_error(failure) from None
                 refreshed = True
+
+    def _unlocatable(self, failure: _ReadFailed) -> EntryTrimmedError | MetadataUnavailableError:
+        """The error of an entry its known bookies did not return while the metadata, which
+        would say where it went (a fragment re-replicated, trimmed), is out of reach."""
+        if failure.trimmed:
+            return EntryTrimmedError(
+                "entry was trimmed (metadata out of reach: first_entry_id is only a lower bound)",
+                stream=self.name,
+                entry_id=failure.entry_id,
+                first_entry_id=failure.entry_id + 1,
+            )
+        return MetadataUnavailableError(
+            "entry not returned by the bookies the reader knows, and the metadata that would "
+            "say where it is cannot be read",
+            stream=self.name,
+            entry_id=failure.entry_id,
+            codes=",".join(failure.codes),
+        )
 
     def _read_error(self, failure: _ReadFailed) -> ChecksumError | BookieError:
         """Returns the error of an entry that no bookie of its write set returned."""
@@ -468,7 +517,7 @@ class AsyncStreamReader:
                     "pass either start or start_time_ms", start=start, start_time_ms=start_time_ms
                 )
             start = await self.seek_time(start_time_ms)
-        await self.refresh()
+        await self._refresh_or_keep()
         changed = asyncio.Event()
 
         def on_change(version: int | None) -> None:
@@ -498,7 +547,7 @@ class AsyncStreamReader:
                         if changed.is_set():
                             # Retention may have moved the first retained entry past us.
                             changed.clear()
-                            await self.refresh()
+                            await self._refresh_or_keep()
                         self._check_trimmed(position)
                         upto = min(known_lac, position + self._options.range_max_entries - 1)
                         async for covered, columns in self._read_committed(position, upto):
@@ -513,6 +562,11 @@ class AsyncStreamReader:
                                         continue
                                     not_before = None  # timestamps never go backwards
                                 yield entries
+                    except MetadataUnavailableError:
+                        # An entry it cannot locate yet: wait for the metadata, not give up.
+                        await asyncio.sleep(self._options.retry_backoff_s)
+                        if idle_deadline is not None and loop.time() > idle_deadline:
+                            return
                     except EntryTrimmedError as trimmed:
                         if on_trimmed != "skip":
                             raise
@@ -550,11 +604,14 @@ class AsyncStreamReader:
 
     async def _wait_lac(self, known_lac: int, wait_ms: int, changed: asyncio.Event) -> int:
         """Returns the LAC once a bookie of the last fragment reports one above `known_lac`,
-        the metadata changed, or `wait_ms` passed (then `known_lac` or the metadata floor)."""
-        if changed.is_set():
+        the metadata changed, or `wait_ms` passed (then `known_lac` or the metadata floor).
+        While the metadata is out of reach, it tries again each time and polls the known
+        fragment's bookies meanwhile."""
+        if changed.is_set() or self._stale:
             changed.clear()
-            await self.refresh()
-            return self.committed_floor()
+            await self._refresh_or_keep()
+            if not self._stale:
+                return self.committed_floor()
         ensemble = self._fragments[-1].ensemble if self._fragments else ()
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -574,7 +631,7 @@ class AsyncStreamReader:
                 done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
                 if watch in done:
                     changed.clear()
-                    await self.refresh()
+                    await self._refresh_or_keep()
                     best = max(best, self.committed_floor())
                     break
                 for task in done:

@@ -37,6 +37,18 @@ table inet chaos {
 """
 
 
+# Every TCP connection another host makes to this one goes to a local port instead (the chaos
+# delay relay, where the kernel has no `tc netem`); the relay's own connections to the servers
+# are local, so they are not redirected.
+_REDIRECT = """\
+table ip chaos_relay {{
+  chain prerouting {{
+    type nat hook prerouting priority -100; tcp dport != {port} redirect to :{port};
+  }}
+}}
+"""
+
+
 class NetnsError(StreamError):
     """A namespace, link or firewall command failed."""
 
@@ -152,6 +164,11 @@ class Host:
     def set_netem(self, spec: Sequence[str]) -> None:
         """Puts a `tc netem` qdisc (e.g. delay 50ms 20ms reorder 25%) on the host's link."""
         self.run(["tc", "qdisc", "replace", "dev", self.device, "root", "netem", *spec])
+
+    def redirect_tcp(self, port: int) -> None:
+        """Sends every TCP connection from other hosts to local `port` (a transparent relay,
+        which finds where each was going with `SO_ORIGINAL_DST`)."""
+        self.run(["nft", "-f", "-"], stdin=_REDIRECT.format(port=port))
 
     def heal(self) -> None:
         """Removes every partition, loss rule and netem qdisc of this host."""

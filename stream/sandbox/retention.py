@@ -32,11 +32,14 @@ class RetentionProcess:
         metrics_listen: str = "",
         options: list[str] | None = None,
         metadata_auth_file: Path | None = None,
+        command_prefix: list[str] | None = None,
     ) -> None:
         """`metrics_listen` ("HOST:PORT"): serve Prometheus metrics there (each durable
         cursor's lag); empty: no endpoint. `options`: more global streamctl options (the TLS
-        files of a secure sandbox)."""
+        files of a secure sandbox). `command_prefix` goes before the command (e.g. `ip netns
+        exec NS`: the chaos harness runs it on a host of its own)."""
         self.options = list(options or [])
+        self.command_prefix = list(command_prefix or [])
         self.metadata = metadata
         self.metadata_auth_file = metadata_auth_file
         self.log_path = Path(log_path)
@@ -64,6 +67,7 @@ class RetentionProcess:
         with open(self.log_path, "ab") as logfile:
             self.process = subprocess.Popen(
                 [
+                    *self.command_prefix,
                     sys.executable,
                     "-m",
                     "stream.cli.main",

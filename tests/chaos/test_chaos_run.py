@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from stream.bookie.unsafe import UNSAFE_SKIP_ENV
+from stream.sandbox.chaos.nemesis import Step
 from stream.sandbox.chaos.run import ChaosResult, run_chaos
 from stream.sandbox.netns import unavailable_reason
 from stream.sim.checker import SUPERSEDED_WRITER
@@ -30,6 +31,7 @@ SEED = int(os.environ.get("CHAOS_SEED", "20"))
 
 def _report(result: ChaosResult) -> str:
     lines = [f"seed {result.seed} (replay: CHAOS_SEED={result.seed}): {result.verdict.summary()}"]
+    lines += [result.delay_line()]
     lines += [f"  step: {step}" for step in result.steps]
     lines += [f"  {violation}" for violation in result.verdict.violations[:10]]
     return "\n".join(lines)
@@ -41,6 +43,7 @@ def test_a_short_chaos_run_breaks_no_property(tmp_path: Path) -> None:
     assert result.steps, "the schedule applied no fault"
     assert result.verdict.ok, _report(result)
     assert result.verdict.acks > 0 and result.verdict.checked_entries > 0, _report(result)
+    assert result.verdict.trims > 0, "the retention service trimmed nothing: " + _report(result)
 
 
 def test_without_the_bookies_term_check_the_checker_finds_the_superseded_writer(
@@ -50,9 +53,9 @@ def test_without_the_bookies_term_check_the_checker_finds_the_superseded_writer(
     # may replace entries at or below the LAC (else that second protection refuses the
     # superseded writer's adds: its ids are below the new term's LAC by the time it wakes).
     monkeypatch.setenv(UNSAFE_SKIP_ENV, "add_term_check,overwrite_check")
-    result = run_chaos(
-        tmp_path, seed=SEED, duration_s=20.0, progress_bound_s=10.0, faults=("pause-writer",)
-    )
+    # One pause, longer than the other writer's takeover (its retake waits 1-4 s).
+    steps = [Step(3.0, "pause-writer", "writer-2", 9.5)]
+    result = run_chaos(tmp_path, seed=SEED, duration_s=0, steps=steps, progress_bound_s=8.0)
     print(_report(result))
     found = {violation.property for violation in result.verdict.violations}
     assert SUPERSEDED_WRITER in found, _report(result)

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from stream.sandbox.chaos.history import ACK, FAIL, FAULT, HEAL, OPEN, READ, TERM_FIXED
+from stream.sandbox.chaos.history import ACK, FAIL, FAULT, HEAL, OPEN, READ, TERM_FIXED, TRIM
 from stream.sim.checker import (
     DURABILITY,
     NO_DIVERGENCE,
@@ -65,6 +65,7 @@ class Verdict:
     reads: int = 0
     checked_entries: int = 0
     read_back: int = 0
+    trims: int = 0  # the first retained entry moved (the retention service's work)
     faults: dict[str, int] = field(default_factory=dict)
     availability: list[Availability] = field(default_factory=list)
 
@@ -77,7 +78,7 @@ class Verdict:
         return (
             f"{state}: {self.appends} appends, {self.acks} acknowledged, {self.reads} reads, "
             f"{self.read_back} acknowledged entries read back by readers, "
-            f"{self.checked_entries} checked by the final read, faults "
+            f"{self.checked_entries} checked by the final read, {self.trims} trims, faults "
             + (", ".join(f"{k}={v}" for k, v in sorted(self.faults.items())) or "none")
         )
 
@@ -233,6 +234,7 @@ def check(events: Sequence[Event], *, progress_bound_s: float = 30.0) -> Verdict
     """Returns the verdict over a whole history (events ordered by time)."""
     verdict = Verdict()
     verdict.appends = sum(1 for event in events if event["type"] == "invoke")
+    verdict.trims = sum(1 for event in events if event["type"] == TRIM)
     acked = _check_acks(events, verdict)
     _check_reads(events, acked, verdict)
     _check_final(events, acked, verdict)

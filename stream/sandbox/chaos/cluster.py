@@ -13,10 +13,13 @@ import structlog
 from kazoo.client import KazooClient
 
 from stream.errors import StreamError
+from stream.metadata.model import RetentionPolicy
 from stream.sandbox.bookies import BookieProcess, stop_all
 from stream.sandbox.chaos.history import HistoryWriter
+from stream.sandbox.chaos.relay import DelayRelays
 from stream.sandbox.netns import Host, Network
 from stream.sandbox.processes import terminate
+from stream.sandbox.retention import RetentionProcess
 from stream.sandbox.zookeeper import ZooKeeperEnsemble
 
 log = structlog.get_logger(__name__)
@@ -27,6 +30,12 @@ STREAM = "chaos"
 # One bookie keeps its data on a small tmpfs of its own, which the nemesis fills (a full disk).
 SMALL_DISK_BOOKIE = "bookie-2"
 SMALL_DISK_SIZE = "256m"
+BOOKIES, WRITERS, READERS = 4, 2, 2
+# The stream's retention policy, applied by the real retention service on a host of its own:
+# fragments (200 entries, a few seconds of appends) go once their last entry is this old, so a
+# short run trims several times, overtaking lagging readers and racing the rereads.
+RETENTION = RetentionPolicy(max_age_s=15.0)
+RETENTION_INTERVAL_S = 3.0
 
 
 class Worker:
@@ -74,12 +83,14 @@ class ChaosCluster:
         self,
         data_dir: Path,
         *,
-        bookies: int = 4,
-        writers: int = 2,
-        readers: int = 2,
+        bookies: int = BOOKIES,
+        writers: int = WRITERS,
+        readers: int = READERS,
         seed: int = 0,
         without_protections: tuple[str, ...] = (),
         bookie_settings: dict[str, Any] | None = None,
+        delay_relays: bool = False,
+        session_timeout_s: float = 10.0,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.network = Network()
@@ -87,13 +98,19 @@ class ChaosCluster:
         self.seed = seed
         self.without_protections = without_protections
         self.bookie_settings = dict(bookie_settings or {})
+        # The workers' ZooKeeper session timeout: how long a writer cut from ZooKeeper lives on.
+        self.session_timeout_s = session_timeout_s
         self.zookeeper: ZooKeeperEnsemble | None = None
         self.bookies: list[BookieProcess] = []
         self.bookie_hosts: dict[str, Host] = {}
         self.workers: list[Worker] = []
+        self.retention: RetentionProcess | None = None
         self.history_dir = self.data_dir / "history"
         self.harness_history: HistoryWriter | None = None
         self._mounts: list[Path] = []
+        # Delay by userspace relays on the server hosts (ZooKeeper, bookies), where the kernel
+        # has no `tc netem`.
+        self.relays = DelayRelays(self.data_dir / "delay.json") if delay_relays else None
 
     # ------------------------------------------------------------------ hosts
 
@@ -124,7 +141,7 @@ class ChaosCluster:
         self.network.start()
         self.history_dir.mkdir(parents=True, exist_ok=True)
         self.harness_history = HistoryWriter(self.history_dir / "harness.jsonl", "harness")
-        zk_hosts = [self.network.add_host(f"zk{i}") for i in (1, 2, 3)]
+        zk_hosts = [self._add_server_host(f"zk{i}") for i in (1, 2, 3)]
         self.zookeeper = ZooKeeperEnsemble(
             self.data_dir / "zookeeper", 3, hosts=[(h.address, h.command_prefix) for h in zk_hosts]
         ).start()
@@ -149,10 +166,16 @@ class ChaosCluster:
             self._add_worker(f"writer-{i}", "writer", args)
         for i in range(1, self._readers + 1):
             self._add_worker(f"reader-{i}", "reader", ["--seed", str(self.seed * 100 + 50 + i)])
+        self.retention = RetentionProcess(
+            self.metadata,
+            self.data_dir / "retention.log",
+            interval_s=RETENTION_INTERVAL_S,
+            command_prefix=self.network.add_host("ret").command_prefix,
+        )
         log.info("chaos.cluster_started", metadata=self.metadata, bridge=self.network.bridge)
 
     def _add_bookie(self, bookie_id: str, *, journaled: bool) -> None:
-        host = self.network.add_host(bookie_id.replace("bookie-", "b"))
+        host = self._add_server_host(bookie_id.replace("bookie-", "b"))
         if bookie_id == SMALL_DISK_BOOKIE:
             self._mount_small_disk(self.data_dir / bookie_id / "data")
         settings: dict[str, Any] = {
@@ -180,6 +203,12 @@ class ChaosCluster:
         self.bookie_hosts[bookie_id] = host
         bookie.start()
 
+    def _add_server_host(self, name: str) -> Host:
+        host = self.network.add_host(name)
+        if self.relays is not None:
+            self.relays.start(host, self.data_dir / f"relay-{name}.log")
+        return host
+
     def _mount_small_disk(self, path: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
         subprocess.run(
@@ -190,16 +219,22 @@ class ChaosCluster:
         self._mounts.append(path)
 
     def _add_worker(self, name: str, role: str, args: list[str]) -> None:
+        args = [*args, "--session-timeout", str(self.session_timeout_s)]
         host = self.network.add_host(name.replace("writer-", "w").replace("reader-", "r"))
         self.workers.append(Worker(name, role, host, self.history_dir / f"{name}.jsonl", args))
 
     def start_workers(self) -> None:
+        """Starts the workloads and the retention service (the stream must exist)."""
         for worker in self.workers:
             worker.start(self.metadata, self.data_dir)
+        if self.retention is not None:
+            self.retention.start()
 
     def stop_workers(self) -> None:
         for worker in self.workers:
             worker.stop()
+        if self.retention is not None:
+            self.retention.stop()
 
     def history_files(self) -> list[Path]:
         return sorted(self.history_dir.glob("*.jsonl"))

@@ -2,12 +2,14 @@
 schedule drawn from a seed (printed, so a failing run can be replayed with the same seed).
 
 Partitions are nftables drops in the hosts' namespaces; loss is a random nftables drop; delay
-and reordering use `tc netem` where the kernel has it; processes get SIGKILL (and a restart at
+and reordering use `tc netem` where the kernel has it and the delay relays (chaos.relay) where
+it has not; processes get SIGKILL (and a restart at
 the heal), SIGSTOP (SIGCONT at the heal); a wiped bookie restarts after `streamctl bookie
 fix-cookie`."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import shutil
@@ -22,13 +24,18 @@ import structlog
 from stream.errors import StreamError
 from stream.sandbox.bookies import BookieProcess
 from stream.sandbox.chaos.cluster import SMALL_DISK_BOOKIE, ChaosCluster
+from stream.sandbox.chaos.relay import Delay
 from stream.sandbox.netns import Host
 
 log = structlog.get_logger(__name__)
 
 Heal = Callable[[], None]
 
-# name -> whether it needs `tc netem`
+# Delay with jitter, as netem's `delay 40ms 30ms distribution normal`: packets (chunks, in the
+# relay) overtake each other across connections.
+DELAY = Delay(delay_ms=40.0, jitter_ms=30.0)
+
+# name -> whether it needs a delay mechanism (`tc netem`, or the relays where there is none)
 FAULTS: dict[str, bool] = {
     "partition-halves": False,  # all hosts split in a majority and a minority
     "zookeeper-minority": False,  # one ZooKeeper server cut from every other host
@@ -40,7 +47,7 @@ FAULTS: dict[str, bool] = {
     # reads) and go on when the partition heals mid-recovery.
     "writer-cut-from-bookies": False,
     "loss": False,  # 30 % of the packets of three hosts dropped
-    "delay": True,  # netem delay with jitter (reorders) on three hosts
+    "delay": True,  # delay with jitter (reorders across connections) on three hosts
     "kill-bookie": False,  # kill -9, restart at the heal
     "pause-bookie": False,  # SIGSTOP, SIGCONT at the heal
     "pause-writer": False,  # SIGSTOP a writer (a zombie once another takes over)
@@ -180,9 +187,15 @@ class Nemesis:
         return self.heal_network
 
     def _delay(self, target: str) -> Heal:
-        for host in self._some_hosts(target):
-            host.set_netem(["delay", "40ms", "30ms", "distribution", "normal"])
-        return self.heal_network
+        hosts = self._some_hosts(target)
+        relays = self.cluster.relays
+        if relays is None:
+            for host in hosts:
+                host.set_netem(["delay", f"{DELAY.delay_ms:.0f}ms", f"{DELAY.jitter_ms:.0f}ms",
+                                "distribution", "normal"])  # fmt: skip
+            return self.heal_network
+        relays.delay(hosts, dataclasses.replace(DELAY, seed=int(target)))
+        return relays.heal
 
     # ------------------------------------------------------------------ processes
 

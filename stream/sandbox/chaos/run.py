@@ -1,6 +1,6 @@
-"""One chaos run: start the cluster and the workloads, apply the seeded schedule of faults while
-the harness trims and watches the terms, heal, let the writers show progress, seal, read
-everything back, and check the history."""
+"""One chaos run: start the cluster, the workloads and the retention service, apply the seeded
+schedule of faults while the harness watches the terms and the trims, heal, let the writers show
+progress, seal, read everything back, and check the history."""
 
 from __future__ import annotations
 
@@ -19,18 +19,21 @@ from stream.metadata.connection import MetadataSession
 from stream.metadata.streams import StreamStore
 from stream.sandbox.chaos import history
 from stream.sandbox.chaos.checker import FINAL, FINAL_READER, Verdict, check
-from stream.sandbox.chaos.cluster import STREAM, ChaosCluster
+from stream.sandbox.chaos.cluster import BOOKIES, RETENTION, STREAM, WRITERS, ChaosCluster
 from stream.sandbox.chaos.history import HistoryWriter
 from stream.sandbox.chaos.nemesis import FAULTS, Nemesis, Step, schedule
 from stream.sandbox.netns import netem_available
 
 log = structlog.get_logger(__name__)
 
-# How often the harness looks at the stream's term history, and trims it.
+# How often the harness looks at the stream's term history and first retained entry.
 _WATCH_S = 0.2
-_TRIM_EVERY_S = 15.0
-# Entries kept below the LAC by the harness's trims (the final read checks those).
-_TRIM_KEEP = 1000
+
+
+# What delays packets in a run with delay faults: the kernel's netem where it has it, else the
+# relays (stream.sandbox.chaos.relay).
+DELAY_BY_NETEM = "tc netem"
+DELAY_BY_RELAY = "userspace relay (this kernel has no sch_netem)"
 
 
 @dataclass
@@ -41,28 +44,29 @@ class ChaosResult:
     duration_s: float
     history_dir: Path
     events: list[dict[str, Any]]
+    delay_by: str | None = None  # None: no delay fault in the schedule
+
+    def delay_line(self) -> str:
+        return f"delay faults by: {self.delay_by or 'none drawn'}"
 
 
 class _Watcher(threading.Thread):
     """Records each term's first entry id once the metadata shows it (its recovery fixed the
-    end), and trims the stream now and then (retention's work, done by the harness)."""
+    end), and each trim the retention service made (the first retained entry moving)."""
 
-    def __init__(self, metadata: str, record: HistoryWriter, client: StreamClient) -> None:
+    def __init__(self, metadata: str, record: HistoryWriter) -> None:
         super().__init__(name="chaos-watcher", daemon=True)
         self.stop = threading.Event()
-        self._metadata, self._record, self._client = metadata, record, client
+        self._metadata, self._record = metadata, record
         self._seen: set[int] = set()
+        self._first_retained = 0
 
     def run(self) -> None:
         session = MetadataSession.connect(self._metadata, timeout_s=30.0)
         store = StreamStore(session)
-        next_trim = time.monotonic() + _TRIM_EVERY_S
         try:
             while not self.stop.wait(_WATCH_S):
                 self._watch(store)
-                if time.monotonic() >= next_trim:
-                    next_trim = time.monotonic() + _TRIM_EVERY_S
-                    self._trim()
         finally:
             session.close()
 
@@ -75,15 +79,9 @@ class _Watcher(threading.Thread):
             if term not in self._seen:
                 self._seen.add(term)
                 self._record.record(history.TERM_FIXED, term=term, first=first)
-
-    def _trim(self) -> None:
-        try:
-            lac = self._client.stream_info(STREAM).lac
-            if lac > _TRIM_KEEP:
-                first = self._client.trim(STREAM, before_entry_id=lac - _TRIM_KEEP)
-                self._record.record(history.TRIM, e=first)
-        except StreamError as e:
-            self._record.record(history.ERROR, op="trim", error=type(e).__name__)
+        if meta.first_entry_id > self._first_retained:
+            self._first_retained = meta.first_entry_id
+            self._record.record(history.TRIM, e=meta.first_entry_id)
 
 
 def _wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
@@ -114,29 +112,30 @@ def run_chaos(
     drawn from `seed` over `faults` for `duration_s`, or the given `steps`. `on_step` gets one
     line per step as it is applied (the benchmark prints them)."""
     started = time.monotonic()
-    cluster = ChaosCluster(
-        data_dir, seed=seed, without_protections=without_protections, **cluster_options
-    )
-    with cluster:
-        steps = (
-            steps
-            if steps is not None
-            else schedule(
-                seed,
-                duration_s,
-                bookies=len(cluster.bookies),
-                writers=len(cluster.writer_hosts()),
-                netem=netem_available(),
-                faults=faults,
-            )
+    if steps is None:
+        steps = schedule(
+            seed,
+            duration_s,
+            bookies=cluster_options.get("bookies", BOOKIES),
+            writers=cluster_options.get("writers", WRITERS),
+            netem=True,  # the relays stand in where the kernel has no netem
+            faults=faults,
         )
+    delay_by = None
+    if any(step.fault == "delay" for step in steps):
+        delay_by = DELAY_BY_NETEM if netem_available() else DELAY_BY_RELAY
+    cluster = ChaosCluster(
+        data_dir, seed=seed, without_protections=without_protections,
+        delay_relays=delay_by == DELAY_BY_RELAY, **cluster_options,
+    )  # fmt: skip
+    with cluster:
         record = cluster.harness_history
         assert record is not None
         client = StreamClient.connect(cluster.metadata, timeout_s=30.0)
-        watcher = _Watcher(cluster.metadata, record, client)
+        watcher = _Watcher(cluster.metadata, record)
         try:
             client.create_stream(STREAM, ensemble=3, write_quorum=3, ack_quorum=2,
-                                 fragment_max_entries=200)  # fmt: skip
+                                 fragment_max_entries=200, retention=RETENTION)  # fmt: skip
             cluster.start_workers()
             _wait_for(lambda: _acks_so_far(cluster) > 0, 60, "a first acknowledgment")
             watcher.start()
@@ -161,7 +160,7 @@ def run_chaos(
         events = history.load(cluster.history_files())
     verdict = check(events, progress_bound_s=progress_bound_s)
     return ChaosResult(
-        seed, steps, verdict, time.monotonic() - started, cluster.history_dir, events
+        seed, steps, verdict, time.monotonic() - started, cluster.history_dir, events, delay_by
     )
 
 

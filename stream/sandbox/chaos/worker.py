@@ -4,6 +4,7 @@ invocation and outcome and every entry read go to the history file.
 
     python -m stream.sandbox.chaos.worker writer|reader --metadata M --stream S --name N
         --history FILE [--reengage] [--seed N] [--without-protection NAME]
+        [--session-timeout SECONDS]
 """
 
 from __future__ import annotations
@@ -18,10 +19,16 @@ import signal
 import threading
 from pathlib import Path
 
-from stream.client import StreamClient, StreamWriter
+from stream.client import StreamClient, StreamReader, StreamWriter
 from stream.client.options import Protections, ReaderOptions, WriterOptions
-from stream.errors import EntryTrimmedError, StreamError, StreamSealedError
+from stream.errors import (
+    EntryTrimmedError,
+    MetadataUnavailableError,
+    StreamError,
+    StreamSealedError,
+)
 from stream.logs import configure_logging
+from stream.metadata.connection import MetadataSession
 from stream.sandbox.chaos.history import ACK, ERROR, FAIL, INVOKE, OPEN, READ, HistoryWriter
 
 # A superseded writer waits this long (at random) before it takes the stream over again.
@@ -42,10 +49,15 @@ def _writer_options(without: list[str]) -> WriterOptions:
     return WriterOptions(protections=protections)
 
 
-def _connect(metadata: str, stop: threading.Event, history: HistoryWriter) -> StreamClient | None:
+def _connect(
+    args: argparse.Namespace, stop: threading.Event, history: HistoryWriter
+) -> StreamClient | None:
     while not stop.is_set():
         try:
-            return StreamClient.connect(metadata, timeout_s=10.0)
+            session = MetadataSession.connect(
+                args.metadata, timeout_s=10.0, session_timeout_s=args.session_timeout
+            )
+            return StreamClient(session)
         except StreamError as e:
             history.record(ERROR, op="connect", error=type(e).__name__)
             stop.wait(1.0)
@@ -100,7 +112,7 @@ def _append_until_stopped(
 
 def run_writer(args: argparse.Namespace, stop: threading.Event, history: HistoryWriter) -> None:
     rng = random.Random(args.seed)
-    client = _connect(args.metadata, stop, history)
+    client = _connect(args, stop, history)
     if client is None:
         return
     options = _writer_options(args.without_protection)
@@ -131,6 +143,12 @@ class _Tail:
         self.next_id = 0
 
 
+def _keep_unless_broken(reader: StreamReader | None, error: StreamError) -> StreamReader | None:
+    """A reader is opened again after an error, but not for the metadata being out of reach:
+    opening needs the metadata, and the reader it has goes on with the fragments it knows."""
+    return reader if isinstance(error, MetadataUnavailableError) else None
+
+
 def _tail(
     client: StreamClient, name: str, tail: _Tail, stop: threading.Event, history: HistoryWriter
 ) -> None:
@@ -150,7 +168,7 @@ def _tail(
             history.record(ERROR, op="tail", error="EntryTrimmedError", restart=tail.next_id)
         except StreamError as e:
             history.record(ERROR, op="tail", error=type(e).__name__, detail=str(e)[:200])
-            reader = None
+            reader = _keep_unless_broken(reader, e)
             stop.wait(0.5)
 
 
@@ -178,11 +196,11 @@ def _reread(
             continue
         except StreamError as e:
             history.record(ERROR, op="reread", error=type(e).__name__, detail=str(e)[:200])
-            reader = None
+            reader = _keep_unless_broken(reader, e)
 
 
 def run_reader(args: argparse.Namespace, stop: threading.Event, history: HistoryWriter) -> None:
-    client = _connect(args.metadata, stop, history)
+    client = _connect(args, stop, history)
     if client is None:
         return
     tail = _Tail()
@@ -212,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--window", type=int, default=4, help="a writer's appends in flight")
     parser.add_argument("--without-protection", action="append", default=[])
+    parser.add_argument("--session-timeout", type=float, default=10.0, help="ZooKeeper, seconds")
     args = parser.parse_args(argv)
     configure_logging(json=True, level="info")  # into the worker's log file
     stop = threading.Event()
