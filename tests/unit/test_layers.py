@@ -35,6 +35,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "stream.lazy_exports",
                 "stream.clock",
                 "stream.wakeup",
+                "stream.settings",
             }
         ),
     ),
