@@ -73,7 +73,9 @@ from stream.protocol import (
     max_entry_bytes,
     plan_ensemble_change,
 )
+from stream.protocol.invariant import invariant
 from stream.protocol.producers import NO_SEQUENCE, ProducerPosition
+from stream.protocol.writer_lifecycle import ChangeSlot, Effect, Event, Lifecycle, step
 
 log = structlog.get_logger(__name__)
 
@@ -129,7 +131,6 @@ class AsyncStreamWriter:
         self._rng = rng
         self._options = options or WriterOptions()
         self._identity = identity or WriterIdentity(f"writer-{rng.getrandbits(48):012x}")
-        self._reengage = reengage
         self._is_leader = is_leader
         self._producer_id = producer_id
         self._gate: ProducerGate | None = None  # set by the takeover of a producer writer
@@ -159,14 +160,9 @@ class AsyncStreamWriter:
         self._room_waiters = 0
         self._acked = asyncio.Event()
         self._error: StreamError | None = None
-        self._closing = False
-        self._changing = False
-        self._rolling = False
-        # Set while a roll closes its fragment: an ensemble change waits for it (the roll
-        # closes the fragment with the ensemble it saw once the fragment was fully replicated).
-        self._roll_committing = False
-        self._reengaging = False
-        self._trim_checking = False  # a bookie answered TRIMMED: finding out why
+        # Which jobs run (ensemble change, roll, re-engagement, trim check), closing, stopped:
+        # `_step` feeds it events and carries out the effects it returns.
+        self._life = Lifecycle(reengage=reengage)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._age_timer: asyncio.TimerHandle | None = None
         # Set by `_install` (the takeover's result).
@@ -308,7 +304,7 @@ class AsyncStreamWriter:
         ticket = next(self._tickets)
         if ticket >= self._completed + self._window_entries:
             self._wait_room_threadsafe(ticket)
-        if self._error is not None or self._closing:
+        if self._error is not None or self._life.closing:
             self._raise_if_stopped()
         future: AppendFuture[int] = AppendFuture()
         self._queue.append((queued, future))
@@ -467,19 +463,13 @@ class AsyncStreamWriter:
 
     def _raise_if_stopped(self) -> None:
         error = self._error
-        if error is None and self._closing:
+        if error is None and self._life.closing:
             error = WriterClosedError("writer is closed", stream=self.name)
         if error is not None:
             raise error
 
     def _blocked(self) -> bool:
-        return (
-            self._pipeline is None
-            or self._changing
-            or self._rolling
-            or self._reengaging
-            or self._pipeline.closed
-        )
+        return self._pipeline is None or self._life.blocked or self._pipeline.closed
 
     def _drain(self) -> None:
         """Moves queued appends into the pipeline (entry ids, checksums, write sets) and sends
@@ -535,7 +525,7 @@ class AsyncStreamWriter:
                 added_bytes += prefix_bytes[count]
             if count < wanted:
                 if fragment_fits < fits:
-                    self._start_roll()
+                    self._step(Event.FRAGMENT_FULL)
                 break
         if added >= _DRAIN_MAX_ENTRIES and queue:
             assert self._loop is not None
@@ -591,12 +581,12 @@ class AsyncStreamWriter:
     def _on_age(self) -> None:
         """Rolls an idle fragment whose first entry got too old (retention needs it closed)."""
         self._age_timer = None
-        if self._error is not None or self._closing or self._blocked():
+        if self._error is not None or self._life.closing or self._blocked():
             return
         assert self._pipeline is not None and self._fragment is not None
         if self._pipeline.next_entry_id > self._fragment.first_entry_id:
             if self._fragment_too_old():
-                self._start_roll()
+                self._step(Event.FRAGMENT_FULL)
             else:
                 self._arm_age_timer()
 
@@ -627,16 +617,13 @@ class AsyncStreamWriter:
             self._drain()
 
     def on_bookie_failed(self, bookie_id: str, reason: str) -> None:
-        if not self._changing and self._error is None and not self._reengaging:
-            self._changing = True
-            self._start_task(self._change_ensemble())
+        self._step(Event.BOOKIE_FAILED)
 
     def on_invalid_term(self, bookie_id: str, bookie_term: int) -> None:
         self._on_fenced(bookie_term)
 
     def on_trimmed(self, bookie_id: str, message: str) -> None:
-        if self._error is None and not self._trim_checking:
-            self._trim_checking = True
+        if Effect.START_TRIM_CHECK in self._step(Event.TRIMMED):
             self._start_task(self._fail_trimmed(bookie_id, message))
 
     async def _fail_trimmed(self, bookie_id: str, message: str) -> None:
@@ -675,7 +662,7 @@ class AsyncStreamWriter:
         self._fail(StreamError(f"writer failed: {error!r}", stream=self.name))
 
     def _on_fenced(self, current_term: int) -> None:
-        if self._error is not None or self._reengaging:
+        if self._life.stopped or self._life.reengaging:
             return
         error = InvalidTermError(
             "another writer took over the stream",
@@ -684,15 +671,8 @@ class AsyncStreamWriter:
             stream=self.name,
         )
         log.warning("writer.fenced", stream=self.name, term=self._term, current_term=current_term)
-        if not self._reengage or self._closing:
-            # A closing writer never takes over again (its final LAC can meet a newer term).
-            self._fail(error)
-            return
-        # The entries in flight have an unknown fate: they fail. Queued ones wait for the
-        # new term.
-        self._reengaging = True
-        self._close_pipeline(error)
-        self._start_task(self._reengage_task(error))
+        # Fails the writer, or closes the pipeline and takes the stream over in a new term.
+        self._step(Event.FENCED, error)
 
     async def _reengage_task(self, error: InvalidTermError) -> None:
         try:
@@ -700,7 +680,7 @@ class AsyncStreamWriter:
                 self._fail(error)
                 return
             result = await self._takeover()
-            if self._error is not None or self._closing:
+            if self._error is not None or self._life.closing:
                 return
             self._install(result)
             log.info("writer.reengaged", stream=self.name, term=self._term)
@@ -710,18 +690,35 @@ class AsyncStreamWriter:
             log.exception("writer.reengage_failed", stream=self.name)
             self._fail(StreamError(f"re-engaging failed: {e!r}", stream=self.name))
         finally:
-            self._reengaging = False
-            self._drain()
+            self._step(Event.REENGAGE_ENDED)
 
     def _start_task(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _start_roll(self) -> None:
-        if not self._rolling:
-            self._rolling = True
-            self._start_task(self._roll())
+    def _step(self, event: Event, error: StreamError | None = None) -> tuple[Effect, ...]:
+        """Feeds `event` to the lifecycle and carries out the effects it returns (`error`: what
+        fails the appends, for the events that fail some); returns the effects, so that a job
+        goes on only when granted (`REPLACE_BOOKIE`, `COMMIT_ROLL`, `START_TRIM_CHECK`)."""
+        self._life, effects = step(self._life, event)
+        for effect in effects:
+            if effect is Effect.DRAIN:
+                self._drain()
+            elif effect is Effect.START_ENSEMBLE_CHANGE:
+                self._start_task(self._change_ensemble())
+            elif effect is Effect.START_ROLL:
+                self._start_task(self._roll())
+            elif effect is Effect.CLOSE_PIPELINE:
+                assert isinstance(error, InvalidTermError)
+                self._close_pipeline(error)
+            elif effect is Effect.START_REENGAGE:
+                assert isinstance(error, InvalidTermError)
+                self._start_task(self._reengage_task(error))
+            elif effect is Effect.FAIL_WRITER:
+                assert error is not None
+                self._stop(error)
+        return effects
 
     # ------------------------------------------------------------------ ensemble change
 
@@ -730,9 +727,10 @@ class AsyncStreamWriter:
         by CAS before the replacement gets its entries."""
         try:
             while self._error is None:
-                if self._roll_committing:
-                    # A change now would alter the ensemble the roll is closing the fragment
-                    # with (found by the simulator, seed 1106: an acknowledged entry lost).
+                if Effect.REPLACE_BOOKIE not in self._step(Event.CHANGE_NEXT):
+                    # A roll is closing its fragment: a change now would alter the ensemble it
+                    # closes it with (found by the simulator, seed 1106: an acknowledged entry
+                    # lost).
                     await asyncio.sleep(0.01)
                     continue
                 pipeline = self._pipeline
@@ -745,10 +743,8 @@ class AsyncStreamWriter:
         except _Superseded:
             pass  # the writer moved on to another term: its own pipeline decides
         except InvalidTermError as e:
-            self._changing = False
             self._on_fenced(e.current_term)  # type: ignore[attr-defined]
         except _Fenced as e:
-            self._changing = False
             self._on_fenced(e.bookie_term)
         except StreamError as e:
             self._fail(e)
@@ -756,9 +752,7 @@ class AsyncStreamWriter:
             log.exception("writer.ensemble_change_failed", stream=self.name)
             self._fail(StreamError(f"ensemble change failed: {e!r}", stream=self.name))
         finally:
-            self._changing = False
-            if self._error is None:
-                self._drain()
+            self._step(Event.CHANGE_ENDED)
 
     def _next_to_replace(self, pipeline: AddPipeline) -> str | None:
         return replacement_choice(
@@ -883,7 +877,9 @@ class AsyncStreamWriter:
             meta = self._meta
             assert pipeline is not None and meta is not None
             last = pipeline.next_entry_id - 1
-            while (pipeline.lafr < last or self._changing) and self._error is None:
+            while (pipeline.lafr < last or self._life.change is not ChangeSlot.NONE) and (
+                self._error is None
+            ):
                 if pipeline is not self._pipeline:
                     return
                 await pipeline.wait_progress(0.05)
@@ -895,7 +891,11 @@ class AsyncStreamWriter:
                 # An ensemble change while we waited started its fragment at LAFR + 1, our
                 # boundary: the full fragment is closed already, nothing is left to roll.
                 return
-            self._roll_committing = True
+            invariant(
+                Effect.COMMIT_ROLL in self._step(Event.ROLL_READY),
+                "a roll commits only while no ensemble change runs",
+                stream=self.name,
+            )
             excluded = set(pipeline.failed)
             for _ in range(_MAX_CANDIDATES_TRIED):
                 candidates = await self._metadata.available_bookies()
@@ -959,10 +959,8 @@ class AsyncStreamWriter:
         except _Superseded:
             pass  # the writer moved on to another term: its own pipeline decides
         except InvalidTermError as e:
-            self._rolling = False
             self._on_fenced(e.current_term)  # type: ignore[attr-defined]
         except _Fenced as e:
-            self._rolling = False
             self._on_fenced(e.bookie_term)
         except StreamError as e:
             self._fail(e)
@@ -970,10 +968,7 @@ class AsyncStreamWriter:
             log.exception("writer.roll_failed", stream=self.name)
             self._fail(StreamError(f"fragment roll failed: {e!r}", stream=self.name))
         finally:
-            self._rolling = False
-            self._roll_committing = False
-            if self._error is None:
-                self._drain()
+            self._step(Event.ROLL_ENDED)
 
     def _roll_producers(self, last: int, now_ms: int) -> ProducerChange | None:
         """Returns what a roll closing at `last` records of this writer's producer: its last
@@ -1022,9 +1017,12 @@ class AsyncStreamWriter:
         self._completed_appends(count)
 
     def _fail(self, error: StreamError) -> None:
-        """Stops the writer for good: every pending and later append fails with `error`."""
-        if self._error is not None:
-            return
+        """Stops the writer for good (unless stopped already): every pending and later append
+        fails with `error`."""
+        closed = isinstance(error, WriterClosedError)
+        self._step(Event.STOPPED if closed else Event.FAILED, error)
+
+    def _stop(self, error: StreamError) -> None:
         self._error = error
         if not isinstance(error, WriterClosedError):
             log.warning("writer.stopped", stream=self.name, term=self._term, error=str(error))
@@ -1057,13 +1055,13 @@ class AsyncStreamWriter:
         """Flushes, publishes the final LAC to the ensemble, closes the streams and
         unregisters the writer. The stream stays OPEN in this term: the next writer takes
         over with a new term."""
-        if self._closing:
+        if self._life.closing:
             return
         try:
             if self._error is None:
                 await self.flush()
         finally:
-            self._closing = True
+            self._step(Event.CLOSE_REQUESTED)
         pipeline = self._pipeline
         if pipeline is not None and self._error is None and not pipeline.closed:
             loop = asyncio.get_running_loop()
