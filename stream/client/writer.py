@@ -38,11 +38,12 @@ from stream.client.pipeline import AddPipeline
 from stream.client.ports import BookieTransport, Clock, MetadataPort
 from stream.client.producer import ProducerGate, producer_gate
 from stream.client.recovery import (
+    BookieReplacement,
     Takeover,
     TakeoverResult,
     WriterIdentity,
     _Fenced,
-    pick_replacement,
+    replace_bookie,
     replacement_choice,
     truncate_members,
 )
@@ -71,7 +72,6 @@ from stream.protocol import (
     choose_ensemble,
     journal_required,
     max_entry_bytes,
-    plan_ensemble_change,
 )
 from stream.protocol.invariant import invariant
 from stream.protocol.producers import NO_SEQUENCE, ProducerPosition
@@ -90,6 +90,11 @@ _MAX_CANDIDATES_TRIED = 8
 _INVALID_STATE = (asyncio.InvalidStateError, concurrent.futures.InvalidStateError)
 
 AnyFuture = asyncio.Future[int] | concurrent.futures.Future[int]
+# What a job's unexpected exception is reported as: (message prefix, log event).
+_JOB_NAMES = {
+    Event.CHANGE_ENDED: ("ensemble change", "writer.ensemble_change_failed"),
+    Event.ROLL_ENDED: ("fragment roll", "writer.roll_failed"),
+}
 
 
 class _Superseded(Exception):
@@ -706,9 +711,9 @@ class AsyncStreamWriter:
             if effect is Effect.DRAIN:
                 self._drain()
             elif effect is Effect.START_ENSEMBLE_CHANGE:
-                self._start_task(self._change_ensemble())
+                self._start_task(self._run_job(self._change_ensemble, Event.CHANGE_ENDED))
             elif effect is Effect.START_ROLL:
-                self._start_task(self._roll())
+                self._start_task(self._run_job(self._roll, Event.ROLL_ENDED))
             elif effect is Effect.CLOSE_PIPELINE:
                 assert isinstance(error, InvalidTermError)
                 self._close_pipeline(error)
@@ -720,26 +725,12 @@ class AsyncStreamWriter:
                 self._stop(error)
         return effects
 
-    # ------------------------------------------------------------------ ensemble change
-
-    async def _change_ensemble(self) -> None:
-        """Replaces every failed bookie of the ensemble, one at a time, each change committed
-        by CAS before the replacement gets its entries."""
+    async def _run_job(self, job: Callable[[], Awaitable[None]], ended: Event) -> None:
+        """Runs the ensemble change or the roll, the one funnel for their exceptions: a newer
+        term fences the writer (`_on_fenced`: fails it, or re-engages), a superseded pipeline
+        drops the job, any other error stops the writer; `ended` goes to the lifecycle last."""
         try:
-            while self._error is None:
-                if Effect.REPLACE_BOOKIE not in self._step(Event.CHANGE_NEXT):
-                    # A roll is closing its fragment: a change now would alter the ensemble it
-                    # closes it with (found by the simulator, seed 1106: an acknowledged entry
-                    # lost).
-                    await asyncio.sleep(0.01)
-                    continue
-                pipeline = self._pipeline
-                if pipeline is None or pipeline.closed:
-                    return
-                failed = self._next_to_replace(pipeline)
-                if failed is None:
-                    return
-                await self._replace(pipeline, failed)
+            await job()
         except _Superseded:
             pass  # the writer moved on to another term: its own pipeline decides
         except InvalidTermError as e:
@@ -749,10 +740,31 @@ class AsyncStreamWriter:
         except StreamError as e:
             self._fail(e)
         except Exception as e:
-            log.exception("writer.ensemble_change_failed", stream=self.name)
-            self._fail(StreamError(f"ensemble change failed: {e!r}", stream=self.name))
+            what, log_event = _JOB_NAMES[ended]
+            log.exception(log_event, stream=self.name)
+            self._fail(StreamError(f"{what} failed: {e!r}", stream=self.name))
         finally:
-            self._step(Event.CHANGE_ENDED)
+            self._step(ended)
+
+    # ------------------------------------------------------------------ ensemble change
+
+    async def _change_ensemble(self) -> None:
+        """Replaces every failed bookie of the ensemble, one at a time, each change committed
+        by CAS before the replacement gets its entries."""
+        while self._error is None:
+            if Effect.REPLACE_BOOKIE not in self._step(Event.CHANGE_NEXT):
+                # A roll is closing its fragment: a change now would alter the ensemble it
+                # closes it with (found by the simulator, seed 1106: an acknowledged entry
+                # lost).
+                await asyncio.sleep(0.01)
+                continue
+            pipeline = self._pipeline
+            if pipeline is None or pipeline.closed:
+                return
+            failed = self._next_to_replace(pipeline)
+            if failed is None:
+                return
+            await self._replace(pipeline, failed)
 
     def _next_to_replace(self, pipeline: AddPipeline) -> str | None:
         return replacement_choice(
@@ -760,78 +772,40 @@ class AsyncStreamWriter:
         )
 
     async def _replace(self, pipeline: AddPipeline, failed: str) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._options.ensemble_change_deadline_s
-        tried: set[str] = set()
+        """Replaces `failed` (`replace_bookie`), commits the change by CAS, then lets the
+        replacement have its entries."""
         meta = self._meta
         assert meta is not None
-        while True:
-            if self._error is not None or pipeline is not self._pipeline or pipeline.closed:
-                return
-            if loop.time() > deadline or len(tried) >= _MAX_CANDIDATES_TRIED:
-                raise NotEnoughBookiesError(
-                    "no bookie can replace a failed one",
-                    stream=self.name,
-                    bookie=failed,
-                    ensemble=list(pipeline.ensemble),
-                )
-            if failed in pipeline.pending.pinned_bookies():
-                if self._next_to_replace(pipeline) != failed:
-                    return  # another failed bookie can be replaced now: that one first
-                # It acked committed entries not yet at WQ: wait for them to get there.
-                await pipeline.wait_progress(0.05)
-                continue
-            ensemble = pipeline.ensemble
-            if failed not in ensemble:
-                return  # an earlier change already replaced it
-            candidates = await self._metadata.available_bookies()
-            try:
-                replacement = pick_replacement(
-                    pipeline,
-                    failed,
-                    candidates,
-                    self._rng,
-                    tried,
-                    meta.ack_quorum,
-                    self._options,
-                )
-            except NotEnoughBookiesError:
-                await asyncio.sleep(self._options.retry_backoff_s)
-                continue
-            tried.add(replacement)
-            refused = await truncate_members(
-                self._transport,
-                meta.id,
-                self._term,
-                [replacement],
-                pipeline.lafr,
-                self._options,
-                enabled=self._options.protections.new_member_truncation,
-            )
-            if refused or pipeline is not self._pipeline or pipeline.closed:
-                continue
-            pinned = pipeline.pending.pinned_bookies()
-            change = plan_ensemble_change(
-                pipeline.fragments, failed, replacement, lafr=pipeline.lafr, pinned=pinned
-            )
-            if change is None:
-                continue
-            pipeline.apply_change(change)
-            fragment = Fragment(
-                change.first_entry_id, pipeline.ensemble, created_ms=self._clock.now_ms()
-            )
-            await self._commit(
-                functools.partial(self._add_fragment, meta.id, fragment, change.replaces_last),
-                pipeline,
-            )
-            self._fragment = fragment
-            self._fragment_bytes = pipeline.held_payload_bytes(change.first_entry_id)
-            held = pipeline.held.get(change.first_entry_id)
-            self._fragment_first_ts = None if held is None else held.timestamp_ms
-            self._fragment_first_known = True
-            pipeline.unstored_away.discard(failed)  # the metadata holds the change now
-            pipeline.unblock(replacement)
+        replaced = await replace_bookie(
+            pipeline,
+            failed,
+            pipeline.failed,
+            BookieReplacement(self.name, self._transport, self._metadata, self._rng, self._options),
+            ack_quorum=meta.ack_quorum,
+            moot=lambda: self._error is not None or self._superseded(pipeline),
+        )
+        if replaced is None:
             return
+        change, replacement = replaced
+        fragment = Fragment(
+            change.first_entry_id, pipeline.ensemble, created_ms=self._clock.now_ms()
+        )
+        await self._commit(
+            functools.partial(self._add_fragment, meta.id, fragment, change.replaces_last),
+            pipeline,
+        )
+        self._fragment = fragment
+        self._fragment_bytes = pipeline.held_payload_bytes(change.first_entry_id)
+        held = pipeline.held.get(change.first_entry_id)
+        self._fragment_first_ts = None if held is None else held.timestamp_ms
+        self._fragment_first_known = True
+        pipeline.unstored_away.discard(failed)  # the metadata holds the change now
+        pipeline.unblock(replacement)
+
+    def _superseded(self, pipeline: AddPipeline) -> bool:
+        """Returns whether `pipeline` is no longer the writer's live one (closed or replaced by
+        a re-engaged term's)."""
+        return pipeline is not self._pipeline or pipeline.closed
 
     async def _add_fragment(
         self, stream_id: int, fragment: Fragment, replaces: bool, version: int
@@ -848,14 +822,14 @@ class AsyncStreamWriter:
         assert self._meta is not None
         term = self._term
         for _ in range(self._options.cas_attempts):
-            if pipeline is not self._pipeline or pipeline.closed or self._term != term:
+            if self._superseded(pipeline) or self._term != term:
                 raise _Superseded()
             try:
                 self._meta, self._version = await change(self._version)
                 return
             except BadVersionError:
                 meta, version, _ = await self._metadata.get_snapshot(self._meta.id)
-                if pipeline is not self._pipeline or pipeline.closed or self._term != term:
+                if self._superseded(pipeline) or self._term != term:
                     raise _Superseded() from None
                 if meta.term != term or meta.state is not StreamState.OPEN:
                     raise InvalidTermError(
@@ -872,103 +846,85 @@ class AsyncStreamWriter:
     async def _roll(self) -> None:
         """Closes the full fragment in metadata and continues on a freshly placed ensemble,
         once every entry of the fragment reached its whole write set."""
-        try:
-            pipeline = self._pipeline
-            meta = self._meta
-            assert pipeline is not None and meta is not None
-            last = pipeline.next_entry_id - 1
-            while (pipeline.lafr < last or self._life.change is not ChangeSlot.NONE) and (
-                self._error is None
-            ):
-                if pipeline is not self._pipeline:
-                    return
-                await pipeline.wait_progress(0.05)
-            if self._error is not None or pipeline is not self._pipeline or pipeline.closed:
+        pipeline = self._pipeline
+        meta = self._meta
+        assert pipeline is not None and meta is not None
+        last = pipeline.next_entry_id - 1
+        while (pipeline.lafr < last or self._life.change is not ChangeSlot.NONE) and (
+            self._error is None
+        ):
+            if pipeline is not self._pipeline:
                 return
-            fragment = self._fragment
-            assert fragment is not None
-            if fragment.first_entry_id > last:
-                # An ensemble change while we waited started its fragment at LAFR + 1, our
-                # boundary: the full fragment is closed already, nothing is left to roll.
-                return
-            invariant(
-                Effect.COMMIT_ROLL in self._step(Event.ROLL_READY),
-                "a roll commits only while no ensemble change runs",
-                stream=self.name,
+            await pipeline.wait_progress(0.05)
+        if self._error is not None or pipeline is not self._pipeline or pipeline.closed:
+            return
+        fragment = self._fragment
+        assert fragment is not None
+        if fragment.first_entry_id > last:
+            # An ensemble change while we waited started its fragment at LAFR + 1, our
+            # boundary: the full fragment is closed already, nothing is left to roll.
+            return
+        invariant(
+            Effect.COMMIT_ROLL in self._step(Event.ROLL_READY),
+            "a roll commits only while no ensemble change runs",
+            stream=self.name,
+        )
+        excluded = set(pipeline.failed)
+        for _ in range(_MAX_CANDIDATES_TRIED):
+            candidates = await self._metadata.available_bookies()
+            ensemble = choose_ensemble(
+                candidates,
+                meta.ensemble,
+                self._rng,
+                exclude=excluded,
+                needs_journal=journal_required(meta.ack_quorum),
             )
-            excluded = set(pipeline.failed)
-            for _ in range(_MAX_CANDIDATES_TRIED):
-                candidates = await self._metadata.available_bookies()
-                ensemble = choose_ensemble(
-                    candidates,
-                    meta.ensemble,
-                    self._rng,
-                    exclude=excluded,
-                    needs_journal=journal_required(meta.ack_quorum),
-                )
-                joining = [b for b in ensemble if b not in pipeline.ensemble]
-                refused = await truncate_members(
-                    self._transport,
-                    meta.id,
-                    self._term,
-                    joining,
-                    last,
-                    self._options,
-                    enabled=self._options.protections.new_member_truncation,
-                )
-                if not refused:
-                    break
-                excluded.update(refused)
-            else:
-                raise NotEnoughBookiesError(
-                    "bookies refused to join a new fragment", stream=self.name
-                )
-            now_ms = self._clock.now_ms()
-            closed = Fragment(
-                fragment.first_entry_id,
-                tuple(pipeline.ensemble),
-                created_ms=fragment.created_ms,
-                last_entry_id=last,
-                bytes=self._fragment_bytes,
-                first_timestamp_ms=self._fragment_first_ts if self._fragment_first_known else None,
-                last_timestamp_ms=self._fragment_last_ts,
+            joining = [b for b in ensemble if b not in pipeline.ensemble]
+            refused = await truncate_members(
+                self._transport,
+                meta.id,
+                self._term,
+                joining,
+                last,
+                self._options,
+                enabled=self._options.protections.new_member_truncation,
             )
-            new = Fragment(last + 1, ensemble, created_ms=now_ms)
-            producers = self._roll_producers(last, now_ms)
-            await self._commit(
-                lambda version: self._metadata.roll_fragment(
-                    meta.id, version, closed, new, producers
-                ),
-                pipeline,
-            )
-            if self._gate is not None:
-                self._gate.forget_before(last + 1)
-            pipeline.roll(last + 1, ensemble)
-            self._fragment = new
-            self._fragment_bytes = 0
-            self._fragment_first_ts = None
-            self._fragment_first_known = True
-            self._fragment_last_ts = None
-            log.info(
-                "writer.rolled",
-                stream=self.name,
-                term=self._term,
-                closed_last_entry_id=last,
-                ensemble=list(ensemble),
-            )
-        except _Superseded:
-            pass  # the writer moved on to another term: its own pipeline decides
-        except InvalidTermError as e:
-            self._on_fenced(e.current_term)  # type: ignore[attr-defined]
-        except _Fenced as e:
-            self._on_fenced(e.bookie_term)
-        except StreamError as e:
-            self._fail(e)
-        except Exception as e:
-            log.exception("writer.roll_failed", stream=self.name)
-            self._fail(StreamError(f"fragment roll failed: {e!r}", stream=self.name))
-        finally:
-            self._step(Event.ROLL_ENDED)
+            if not refused:
+                break
+            excluded.update(refused)
+        else:
+            raise NotEnoughBookiesError("bookies refused to join a new fragment", stream=self.name)
+        now_ms = self._clock.now_ms()
+        closed = Fragment(
+            fragment.first_entry_id,
+            tuple(pipeline.ensemble),
+            created_ms=fragment.created_ms,
+            last_entry_id=last,
+            bytes=self._fragment_bytes,
+            first_timestamp_ms=self._fragment_first_ts if self._fragment_first_known else None,
+            last_timestamp_ms=self._fragment_last_ts,
+        )
+        new = Fragment(last + 1, ensemble, created_ms=now_ms)
+        producers = self._roll_producers(last, now_ms)
+        await self._commit(
+            lambda version: self._metadata.roll_fragment(meta.id, version, closed, new, producers),
+            pipeline,
+        )
+        if self._gate is not None:
+            self._gate.forget_before(last + 1)
+        pipeline.roll(last + 1, ensemble)
+        self._fragment = new
+        self._fragment_bytes = 0
+        self._fragment_first_ts = None
+        self._fragment_first_known = True
+        self._fragment_last_ts = None
+        log.info(
+            "writer.rolled",
+            stream=self.name,
+            term=self._term,
+            closed_last_entry_id=last,
+            ensemble=list(ensemble),
+        )
 
     def _roll_producers(self, last: int, now_ms: int) -> ProducerChange | None:
         """Returns what a roll closing at `last` records of this writer's producer: its last
