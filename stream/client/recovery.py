@@ -289,35 +289,16 @@ class Takeover:
         self, meta: StreamMeta, truncate_after: int, exclude: Sequence[str]
     ) -> tuple[str, ...]:
         """Returns a freshly placed ensemble whose members all took the new-member
-        truncation; raises `_RetryLater` when not enough bookies answer."""
-        excluded = set(exclude)
-        for _ in range(_MAX_CANDIDATES_TRIED):
-            candidates = await self._metadata.available_bookies()
-            try:
-                ensemble = choose_ensemble(
-                    candidates,
-                    meta.ensemble,
-                    self._rng,
-                    exclude=excluded,
-                    needs_journal=journal_required(meta.ack_quorum),
-                )
-            except NotEnoughBookiesError as e:
-                raise _RetryLater(e) from None
-            refused = await truncate_members(
-                self._transport,
-                meta.id,
-                meta.term,
-                ensemble,
-                truncate_after,
-                self._options,
-                enabled=self._protections.new_member_truncation,
+        truncation (`place_ensemble`); raises `_RetryLater` when not enough bookies answer."""
+        try:
+            return await place_ensemble(
+                self._placement(), meta, meta.term, truncate_after, exclude=exclude
             )
-            if not refused:
-                return ensemble
-            excluded.update(refused)
-        raise _RetryLater(
-            NotEnoughBookiesError("bookies refused the new-member truncation", stream=self.name)
-        )
+        except NotEnoughBookiesError as e:
+            raise _RetryLater(e) from None
+
+    def _placement(self) -> BookiePlacement:
+        return BookiePlacement(self.name, self._transport, self._metadata, self._rng, self._options)
 
     # ------------------------------------------------------------------ steps 2-6
 
@@ -774,9 +755,7 @@ class Takeover:
                 pipeline,
                 failed,
                 owner.failed,
-                BookieReplacement(
-                    self.name, self._transport, self._metadata, self._rng, self._options
-                ),
+                self._placement(),
                 ack_quorum=meta.ack_quorum,
                 moot=moot,
                 truncate_at_most=truncate_after,
@@ -897,8 +876,8 @@ def pick_replacement(
 
 
 @dataclass(frozen=True)
-class BookieReplacement:
-    """What replacing a bookie needs: the stream's name (for errors) and the ports."""
+class BookiePlacement:
+    """What placing or replacing bookies needs: the stream's name (for errors) and the ports."""
 
     stream: str
     transport: BookieTransport
@@ -911,7 +890,7 @@ async def replace_bookie(
     pipeline: AddPipeline,
     failed: str,
     failed_bookies: Collection[str],
-    how: BookieReplacement,
+    how: BookiePlacement,
     *,
     ack_quorum: int,
     moot: Callable[[], bool],
@@ -978,6 +957,47 @@ async def replace_bookie(
             continue
         pipeline.apply_change(change)
         return change, replacement
+
+
+async def place_ensemble(
+    how: BookiePlacement,
+    meta: StreamMeta,
+    term: int,
+    truncate_after: int,
+    *,
+    exclude: Collection[str] = (),
+    members: Collection[str] = (),
+) -> tuple[str, ...]:
+    """Returns a freshly placed ensemble for `meta` (never a bookie of `exclude`) whose joining
+    bookies (those not in `members`, which hold their state already) all took the new-member
+    truncation after `truncate_after` in `term`; a bookie that refuses is left out of the next
+    try. Raises `NotEnoughBookiesError` when too few bookies qualify or after
+    `_MAX_CANDIDATES_TRIED` tries, `_Fenced` when one knows a newer term."""
+    excluded = set(exclude)
+    for _ in range(_MAX_CANDIDATES_TRIED):
+        candidates = await how.metadata.available_bookies()
+        ensemble = choose_ensemble(
+            candidates,
+            meta.ensemble,
+            how.rng,
+            exclude=excluded,
+            needs_journal=journal_required(meta.ack_quorum),
+        )
+        refused = await truncate_members(
+            how.transport,
+            meta.id,
+            term,
+            [b for b in ensemble if b not in members],
+            truncate_after,
+            how.options,
+            enabled=how.options.protections.new_member_truncation,
+        )
+        if not refused:
+            return ensemble
+        excluded.update(refused)
+    raise NotEnoughBookiesError(
+        "bookies refused to join a new fragment (the new-member truncation)", stream=how.stream
+    )
 
 
 def replacement_choice(

@@ -38,14 +38,14 @@ from stream.client.pipeline import AddPipeline
 from stream.client.ports import BookieTransport, Clock, MetadataPort
 from stream.client.producer import ProducerGate, producer_gate
 from stream.client.recovery import (
-    BookieReplacement,
+    BookiePlacement,
     Takeover,
     TakeoverResult,
     WriterIdentity,
     _Fenced,
+    place_ensemble,
     replace_bookie,
     replacement_choice,
-    truncate_members,
 )
 from stream.client.timestamps import stamp
 from stream.errors import (
@@ -53,7 +53,6 @@ from stream.errors import (
     InvalidArgumentError,
     InvalidTermError,
     MetadataError,
-    NotEnoughBookiesError,
     StreamError,
     StreamNotFoundError,
     WriterClosedError,
@@ -69,8 +68,6 @@ from stream.metadata.model import (
 from stream.metadata.streams import BadVersionError
 from stream.protocol import (
     DEFAULT_MAX_ENTRY_BYTES,
-    choose_ensemble,
-    journal_required,
     max_entry_bytes,
 )
 from stream.protocol.invariant import invariant
@@ -85,8 +82,6 @@ _DRAIN_MAX_ENTRIES = 4096
 # Appends taken from the queue at a time by a drain (a run prepared and added as a whole).
 _DRAIN_RUN_ENTRIES = 256
 _second = operator.itemgetter(1)
-# Bound on placements tried for one roll or replacement.
-_MAX_CANDIDATES_TRIED = 8
 _INVALID_STATE = (asyncio.InvalidStateError, concurrent.futures.InvalidStateError)
 
 AnyFuture = asyncio.Future[int] | concurrent.futures.Future[int]
@@ -780,7 +775,7 @@ class AsyncStreamWriter:
             pipeline,
             failed,
             pipeline.failed,
-            BookieReplacement(self.name, self._transport, self._metadata, self._rng, self._options),
+            self._placement(),
             ack_quorum=meta.ack_quorum,
             moot=lambda: self._error is not None or self._superseded(pipeline),
         )
@@ -801,6 +796,9 @@ class AsyncStreamWriter:
         self._fragment_first_known = True
         pipeline.unstored_away.discard(failed)  # the metadata holds the change now
         pipeline.unblock(replacement)
+
+    def _placement(self) -> BookiePlacement:
+        return BookiePlacement(self.name, self._transport, self._metadata, self._rng, self._options)
 
     def _superseded(self, pipeline: AddPipeline) -> bool:
         """Returns whether `pipeline` is no longer the writer's live one (closed or replaced by
@@ -869,31 +867,14 @@ class AsyncStreamWriter:
             "a roll commits only while no ensemble change runs",
             stream=self.name,
         )
-        excluded = set(pipeline.failed)
-        for _ in range(_MAX_CANDIDATES_TRIED):
-            candidates = await self._metadata.available_bookies()
-            ensemble = choose_ensemble(
-                candidates,
-                meta.ensemble,
-                self._rng,
-                exclude=excluded,
-                needs_journal=journal_required(meta.ack_quorum),
-            )
-            joining = [b for b in ensemble if b not in pipeline.ensemble]
-            refused = await truncate_members(
-                self._transport,
-                meta.id,
-                self._term,
-                joining,
-                last,
-                self._options,
-                enabled=self._options.protections.new_member_truncation,
-            )
-            if not refused:
-                break
-            excluded.update(refused)
-        else:
-            raise NotEnoughBookiesError("bookies refused to join a new fragment", stream=self.name)
+        ensemble = await place_ensemble(
+            self._placement(),
+            meta,
+            self._term,
+            last,
+            exclude=pipeline.failed,
+            members=pipeline.ensemble,
+        )
         now_ms = self._clock.now_ms()
         closed = Fragment(
             fragment.first_entry_id,
