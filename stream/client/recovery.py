@@ -292,13 +292,20 @@ class Takeover:
         truncation (`place_ensemble`); raises `_RetryLater` when not enough bookies answer."""
         try:
             return await place_ensemble(
-                self._placement(), meta, meta.term, truncate_after, exclude=exclude
+                self._placement(meta), meta, truncate_after, exclude=exclude
             )
         except NotEnoughBookiesError as e:
             raise _RetryLater(e) from None
 
-    def _placement(self) -> BookiePlacement:
-        return BookiePlacement(self.name, self._transport, self._metadata, self._rng, self._options)
+    def _placement(self, meta: StreamMeta) -> BookiePlacement:
+        return BookiePlacement(
+            self.name,
+            self._transport,
+            self._metadata,
+            self._rng,
+            self._options,
+            term=lambda: meta.term,
+        )
 
     # ------------------------------------------------------------------ steps 2-6
 
@@ -755,7 +762,7 @@ class Takeover:
                 pipeline,
                 failed,
                 owner.failed,
-                self._placement(),
+                self._placement(meta),
                 ack_quorum=meta.ack_quorum,
                 moot=moot,
                 truncate_at_most=truncate_after,
@@ -877,13 +884,15 @@ def pick_replacement(
 
 @dataclass(frozen=True)
 class BookiePlacement:
-    """What placing or replacing bookies needs: the stream's name (for errors) and the ports."""
+    """What placing or replacing bookies needs: the stream's name (for errors), the ports, and
+    the term the new-member truncations carry, read at each send (the writer's current one)."""
 
     stream: str
     transport: BookieTransport
     metadata: MetadataPort
     rng: random.Random
     options: WriterOptions
+    term: Callable[[], int]
 
 
 async def replace_bookie(
@@ -941,14 +950,14 @@ async def replace_bookie(
         refused = await truncate_members(
             how.transport,
             pipeline.stream_id,
-            pipeline.term,
+            how.term(),
             [replacement],
             after,
             options,
             enabled=options.protections.new_member_truncation,
         )
-        if refused or moot():
-            continue
+        if refused or pipeline.closed:
+            continue  # a closed pipeline: the check at the top says what the caller wants
         pinned = pipeline.pending.pinned_bookies()
         change = plan_ensemble_change(
             pipeline.fragments, failed, replacement, lafr=pipeline.lafr, pinned=pinned
@@ -962,7 +971,6 @@ async def replace_bookie(
 async def place_ensemble(
     how: BookiePlacement,
     meta: StreamMeta,
-    term: int,
     truncate_after: int,
     *,
     exclude: Collection[str] = (),
@@ -970,7 +978,7 @@ async def place_ensemble(
 ) -> tuple[str, ...]:
     """Returns a freshly placed ensemble for `meta` (never a bookie of `exclude`) whose joining
     bookies (those not in `members`, which hold their state already) all took the new-member
-    truncation after `truncate_after` in `term`; a bookie that refuses is left out of the next
+    truncation after `truncate_after`; a bookie that refuses is left out of the next
     try. Raises `NotEnoughBookiesError` when too few bookies qualify or after
     `_MAX_CANDIDATES_TRIED` tries, `_Fenced` when one knows a newer term."""
     excluded = set(exclude)
@@ -986,7 +994,7 @@ async def place_ensemble(
         refused = await truncate_members(
             how.transport,
             meta.id,
-            term,
+            how.term(),
             [b for b in ensemble if b not in members],
             truncate_after,
             how.options,

@@ -798,7 +798,14 @@ class AsyncStreamWriter:
         pipeline.unblock(replacement)
 
     def _placement(self) -> BookiePlacement:
-        return BookiePlacement(self.name, self._transport, self._metadata, self._rng, self._options)
+        return BookiePlacement(
+            self.name,
+            self._transport,
+            self._metadata,
+            self._rng,
+            self._options,
+            term=lambda: self._term,
+        )
 
     def _superseded(self, pipeline: AddPipeline) -> bool:
         """Returns whether `pipeline` is no longer the writer's live one (closed or replaced by
@@ -870,7 +877,6 @@ class AsyncStreamWriter:
         ensemble = await place_ensemble(
             self._placement(),
             meta,
-            self._term,
             last,
             exclude=pipeline.failed,
             members=pipeline.ensemble,
