@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -57,6 +57,7 @@ from stream.metadata.model import (
 from stream.protocol import (
     BookieCandidate,
     Code,
+    EnsembleChange,
     FenceOutcome,
     FenceTally,
     FragmentEnsemble,
@@ -283,34 +284,22 @@ class Takeover:
         self, meta: StreamMeta, truncate_after: int, exclude: Sequence[str]
     ) -> tuple[str, ...]:
         """Returns a freshly placed ensemble whose members all took the new-member
-        truncation; raises `_RetryLater` when not enough bookies answer."""
-        excluded = set(exclude)
-        for _ in range(_MAX_CANDIDATES_TRIED):
-            candidates = await self._metadata.available_bookies()
-            try:
-                ensemble = choose_ensemble(
-                    candidates,
-                    meta.ensemble,
-                    self._rng,
-                    exclude=excluded,
-                    needs_journal=journal_required(meta.ack_quorum),
-                )
-            except NotEnoughBookiesError as e:
-                raise _RetryLater(e) from None
-            refused = await truncate_members(
-                self._transport,
-                meta.id,
-                meta.term,
-                ensemble,
-                truncate_after,
-                self._options,
-                enabled=self._protections.new_member_truncation,
+        truncation (`place_ensemble`); raises `_RetryLater` when not enough bookies answer."""
+        try:
+            return await place_ensemble(
+                self._placement(meta), meta, truncate_after, exclude=exclude
             )
-            if not refused:
-                return ensemble
-            excluded.update(refused)
-        raise _RetryLater(
-            NotEnoughBookiesError("bookies refused the new-member truncation", stream=self.name)
+        except NotEnoughBookiesError as e:
+            raise _RetryLater(e) from None
+
+    def _placement(self, meta: StreamMeta) -> BookiePlacement:
+        return BookiePlacement(
+            self.name,
+            self._transport,
+            self._metadata,
+            self._rng,
+            self._options,
+            term=lambda: meta.term,
         )
 
     # ------------------------------------------------------------------ steps 2-6
@@ -755,63 +744,28 @@ class Takeover:
         failed: str,
         truncate_after: int,
     ) -> None:
-        """Replaces `failed` in the local ensemble: a fragment starting at LAFR + 1, the
-        replacement truncated first and then sent the moved entries."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._options.ensemble_change_deadline_s
-        tried: set[str] = set()
-        while True:
-            self._check_owner(owner)
-            if loop.time() > deadline or len(tried) >= _MAX_CANDIDATES_TRIED:
-                raise _RetryLater(
-                    NotEnoughBookiesError(
-                        "no replacement bookie for a recovery write", stream=self.name
-                    )
-                )
-            pinned = pipeline.pending.pinned_bookies()
-            if failed in pinned:
-                if (
-                    replacement_choice(pipeline.ensemble, owner.failed, pinned, self._options)
-                    != failed
-                ):
-                    return  # another failed bookie can be replaced now: that one first
-                await pipeline.wait_progress(0.05)
-                continue
-            candidates = await self._metadata.available_bookies()
-            try:
-                replacement = pick_replacement(
-                    pipeline,
-                    failed,
-                    candidates,
-                    self._rng,
-                    tried,
-                    meta.ack_quorum,
-                    self._options,
-                )
-            except NotEnoughBookiesError:
-                await asyncio.sleep(self._options.retry_backoff_s)
-                continue
-            tried.add(replacement)
-            refused = await truncate_members(
-                self._transport,
-                meta.id,
-                meta.term,
-                [replacement],
-                min(truncate_after, pipeline.lafr),
-                self._options,
-                enabled=self._protections.new_member_truncation,
+        """Replaces `failed` in the local ensemble (kept locally until step 6): a fragment
+        starting at LAFR + 1, the replacement truncated (at `truncate_after` at most) first and
+        then sent the moved entries."""
+
+        def moot() -> bool:
+            self._check_owner(owner)  # raises when the recovery attempt is over
+            return False
+
+        try:
+            replaced = await replace_bookie(
+                pipeline,
+                failed,
+                owner.failed,
+                self._placement(meta),
+                ack_quorum=meta.ack_quorum,
+                moot=moot,
+                truncate_at_most=truncate_after,
             )
-            if refused:
-                continue
-            pinned = pipeline.pending.pinned_bookies()
-            change = plan_ensemble_change(
-                pipeline.fragments, failed, replacement, lafr=pipeline.lafr, pinned=pinned
-            )
-            if change is None:
-                continue
-            pipeline.apply_change(change)
-            pipeline.unblock(replacement)
-            return
+        except NotEnoughBookiesError as e:
+            raise _RetryLater(e) from None
+        if replaced is not None:
+            pipeline.unblock(replaced[1])
 
     async def _noop_to_whole_ensemble(
         self, pipeline: AddPipeline, owner: _RecoveryOwner, meta: StreamMeta, noop: PreparedEntry
@@ -921,6 +875,132 @@ def pick_replacement(
         if pipeline.quarantined <= exclude:
             raise
     return choose(exclude=exclude)
+
+
+@dataclass(frozen=True)
+class BookiePlacement:
+    """What placing or replacing bookies needs: the stream's name (for errors), the ports, and
+    the term the new-member truncations carry, read at each send (the writer's current one)."""
+
+    stream: str
+    transport: BookieTransport
+    metadata: MetadataPort
+    rng: random.Random
+    options: WriterOptions
+    term: Callable[[], int]
+
+
+async def replace_bookie(
+    pipeline: AddPipeline,
+    failed: str,
+    failed_bookies: Collection[str],
+    how: BookiePlacement,
+    *,
+    ack_quorum: int,
+    moot: Callable[[], bool],
+    truncate_at_most: int | None = None,
+) -> tuple[EnsembleChange, str] | None:
+    """Replaces `failed` in `pipeline`'s ensemble, the one loop of the writer's ensemble change
+    and the recovery's local one: waits while it is pinned (it acked entries not yet at WQ),
+    picks a replacement, truncates it after LAFR (or `truncate_at_most`) and applies the change
+    to the pipeline; returns the change and the replacement, which gets no entries until the
+    caller unblocks it (the writer first commits the change by CAS). Returns None when the
+    pipeline should replace another failed bookie of `failed_bookies` first, when `failed`
+    left the ensemble, or once `moot()` (the caller moved on; it may raise instead). Raises
+    `NotEnoughBookiesError` past `ensemble_change_deadline_s` or `_MAX_CANDIDATES_TRIED`
+    replacements tried, `_Fenced` when a replacement knows a newer term."""
+    options = how.options
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + options.ensemble_change_deadline_s
+    tried: set[str] = set()
+    while True:
+        if moot():
+            return None
+        if loop.time() > deadline or len(tried) >= _MAX_CANDIDATES_TRIED:
+            raise NotEnoughBookiesError(
+                "no bookie can replace a failed one",
+                stream=how.stream,
+                bookie=failed,
+                ensemble=list(pipeline.ensemble),
+            )
+        pinned = pipeline.pending.pinned_bookies()
+        if failed in pinned:
+            if replacement_choice(pipeline.ensemble, failed_bookies, pinned, options) != failed:
+                return None  # another failed bookie can be replaced now: that one first
+            # It acked committed entries not yet at WQ: wait for them to get there.
+            await pipeline.wait_progress(0.05)
+            continue
+        if failed not in pipeline.ensemble:
+            return None  # an earlier change already replaced it
+        candidates = await how.metadata.available_bookies()
+        try:
+            replacement = pick_replacement(
+                pipeline, failed, candidates, how.rng, tried, ack_quorum, options
+            )
+        except NotEnoughBookiesError:
+            await asyncio.sleep(options.retry_backoff_s)
+            continue
+        tried.add(replacement)
+        after = pipeline.lafr if truncate_at_most is None else min(truncate_at_most, pipeline.lafr)
+        refused = await truncate_members(
+            how.transport,
+            pipeline.stream_id,
+            how.term(),
+            [replacement],
+            after,
+            options,
+            enabled=options.protections.new_member_truncation,
+        )
+        if refused or pipeline.closed:
+            continue  # a closed pipeline: the check at the top says what the caller wants
+        pinned = pipeline.pending.pinned_bookies()
+        change = plan_ensemble_change(
+            pipeline.fragments, failed, replacement, lafr=pipeline.lafr, pinned=pinned
+        )
+        if change is None:
+            continue
+        pipeline.apply_change(change)
+        return change, replacement
+
+
+async def place_ensemble(
+    how: BookiePlacement,
+    meta: StreamMeta,
+    truncate_after: int,
+    *,
+    exclude: Collection[str] = (),
+    members: Collection[str] = (),
+) -> tuple[str, ...]:
+    """Returns a freshly placed ensemble for `meta` (never a bookie of `exclude`) whose joining
+    bookies (those not in `members`, which hold their state already) all took the new-member
+    truncation after `truncate_after`; a bookie that refuses is left out of the next
+    try. Raises `NotEnoughBookiesError` when too few bookies qualify or after
+    `_MAX_CANDIDATES_TRIED` tries, `_Fenced` when one knows a newer term."""
+    excluded = set(exclude)
+    for _ in range(_MAX_CANDIDATES_TRIED):
+        candidates = await how.metadata.available_bookies()
+        ensemble = choose_ensemble(
+            candidates,
+            meta.ensemble,
+            how.rng,
+            exclude=excluded,
+            needs_journal=journal_required(meta.ack_quorum),
+        )
+        refused = await truncate_members(
+            how.transport,
+            meta.id,
+            how.term(),
+            [b for b in ensemble if b not in members],
+            truncate_after,
+            how.options,
+            enabled=how.options.protections.new_member_truncation,
+        )
+        if not refused:
+            return ensemble
+        excluded.update(refused)
+    raise NotEnoughBookiesError(
+        "bookies refused to join a new fragment (the new-member truncation)", stream=how.stream
+    )
 
 
 def replacement_choice(

@@ -29,13 +29,14 @@ from stream.client.pipeline import AddPipeline
 from stream.client.ports import BookieTransport, Clock, MetadataPort
 from stream.client.producer import ProducerGate, producer_gate
 from stream.client.recovery import (
+    BookiePlacement,
     Takeover,
     TakeoverResult,
     WriterIdentity,
     _Fenced,
-    pick_replacement,
+    place_ensemble,
+    replace_bookie,
     replacement_choice,
-    truncate_members,
 )
 from stream.client.timestamps import stamp
 from stream.errors import (
@@ -44,7 +45,6 @@ from stream.errors import (
     InvalidArgumentError,
     InvalidTermError,
     MetadataError,
-    NotEnoughBookiesError,
     StreamError,
     StreamNotFoundError,
     WriterClosedError,
@@ -66,12 +66,11 @@ from stream.metadata.model import (
 )
 from stream.protocol import (
     DEFAULT_MAX_ENTRY_BYTES,
-    choose_ensemble,
-    journal_required,
     max_entry_bytes,
-    plan_ensemble_change,
 )
+from stream.protocol.invariant import invariant
 from stream.protocol.producers import NO_SEQUENCE, ProducerPosition
+from stream.protocol.writer_lifecycle import ChangeSlot, Effect, Event, Lifecycle, step
 
 log = structlog.get_logger(__name__)
 
@@ -81,11 +80,14 @@ _DRAIN_MAX_ENTRIES = 4096
 # Appends taken from the queue at a time by a drain (a run prepared and added as a whole).
 _DRAIN_RUN_ENTRIES = 256
 _second = operator.itemgetter(1)
-# Bound on placements tried for one roll or replacement.
-_MAX_CANDIDATES_TRIED = 8
 _INVALID_STATE = (asyncio.InvalidStateError, concurrent.futures.InvalidStateError)
 
 AnyFuture = asyncio.Future[int] | concurrent.futures.Future[int]
+# What a job's unexpected exception is reported as: (message prefix, log event).
+_JOB_NAMES = {
+    Event.CHANGE_ENDED: ("ensemble change", "writer.ensemble_change_failed"),
+    Event.ROLL_ENDED: ("fragment roll", "writer.roll_failed"),
+}
 
 
 class _Superseded(Exception):
@@ -127,7 +129,6 @@ class AsyncStreamWriter:
         self._rng = rng
         self._options = options or WriterOptions()
         self._identity = identity or WriterIdentity(f"writer-{rng.getrandbits(48):012x}")
-        self._reengage = reengage
         self._is_leader = is_leader
         self._producer_id = producer_id
         self._gate: ProducerGate | None = None  # set by the takeover of a producer writer
@@ -157,14 +158,9 @@ class AsyncStreamWriter:
         self._room_waiters = 0
         self._acked = asyncio.Event()
         self._error: StreamError | None = None
-        self._closing = False
-        self._changing = False
-        self._rolling = False
-        # Set while a roll closes its fragment: an ensemble change waits for it (the roll
-        # closes the fragment with the ensemble it saw once the fragment was fully replicated).
-        self._roll_committing = False
-        self._reengaging = False
-        self._trim_checking = False  # a bookie answered TRIMMED: finding out why
+        # Which jobs run (ensemble change, roll, re-engagement, trim check), closing, stopped:
+        # `_step` feeds it events and carries out the effects it returns.
+        self._life = Lifecycle(reengage=reengage)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._age_timer: asyncio.TimerHandle | None = None
         # Set by `_install` (the takeover's result).
@@ -306,7 +302,7 @@ class AsyncStreamWriter:
         ticket = next(self._tickets)
         if ticket >= self._completed + self._window_entries:
             self._wait_room_threadsafe(ticket)
-        if self._error is not None or self._closing:
+        if self._error is not None or self._life.closing:
             self._raise_if_stopped()
         future: AppendFuture[int] = AppendFuture()
         self._queue.append((queued, future))
@@ -465,19 +461,13 @@ class AsyncStreamWriter:
 
     def _raise_if_stopped(self) -> None:
         error = self._error
-        if error is None and self._closing:
+        if error is None and self._life.closing:
             error = WriterClosedError("writer is closed", stream=self.name)
         if error is not None:
             raise error
 
     def _blocked(self) -> bool:
-        return (
-            self._pipeline is None
-            or self._changing
-            or self._rolling
-            or self._reengaging
-            or self._pipeline.closed
-        )
+        return self._pipeline is None or self._life.blocked or self._pipeline.closed
 
     def _drain(self) -> None:
         """Moves queued appends into the pipeline (entry ids, checksums, write sets) and sends
@@ -533,7 +523,7 @@ class AsyncStreamWriter:
                 added_bytes += prefix_bytes[count]
             if count < wanted:
                 if fragment_fits < fits:
-                    self._start_roll()
+                    self._step(Event.FRAGMENT_FULL)
                 break
         if added >= _DRAIN_MAX_ENTRIES and queue:
             assert self._loop is not None
@@ -589,12 +579,12 @@ class AsyncStreamWriter:
     def _on_age(self) -> None:
         """Rolls an idle fragment whose first entry got too old (retention needs it closed)."""
         self._age_timer = None
-        if self._error is not None or self._closing or self._blocked():
+        if self._error is not None or self._life.closing or self._blocked():
             return
         assert self._pipeline is not None and self._fragment is not None
         if self._pipeline.next_entry_id > self._fragment.first_entry_id:
             if self._fragment_too_old():
-                self._start_roll()
+                self._step(Event.FRAGMENT_FULL)
             else:
                 self._arm_age_timer()
 
@@ -625,16 +615,13 @@ class AsyncStreamWriter:
             self._drain()
 
     def on_bookie_failed(self, bookie_id: str, reason: str) -> None:
-        if not self._changing and self._error is None and not self._reengaging:
-            self._changing = True
-            self._start_task(self._change_ensemble())
+        self._step(Event.BOOKIE_FAILED)
 
     def on_invalid_term(self, bookie_id: str, bookie_term: int) -> None:
         self._on_fenced(bookie_term)
 
     def on_trimmed(self, bookie_id: str, message: str) -> None:
-        if self._error is None and not self._trim_checking:
-            self._trim_checking = True
+        if Effect.START_TRIM_CHECK in self._step(Event.TRIMMED):
             self._start_task(self._fail_trimmed(bookie_id, message))
 
     async def _fail_trimmed(self, bookie_id: str, message: str) -> None:
@@ -673,7 +660,7 @@ class AsyncStreamWriter:
         self._fail(StreamError(f"writer failed: {error!r}", stream=self.name))
 
     def _on_fenced(self, current_term: int) -> None:
-        if self._error is not None or self._reengaging:
+        if self._life.stopped or self._life.reengaging:
             return
         error = InvalidTermError(
             "another writer took over the stream",
@@ -682,15 +669,8 @@ class AsyncStreamWriter:
             stream=self.name,
         )
         log.warning("writer.fenced", stream=self.name, term=self._term, current_term=current_term)
-        if not self._reengage or self._closing:
-            # A closing writer never takes over again (its final LAC can meet a newer term).
-            self._fail(error)
-            return
-        # The entries in flight have an unknown fate: they fail. Queued ones wait for the
-        # new term.
-        self._reengaging = True
-        self._close_pipeline(error)
-        self._start_task(self._reengage_task(error))
+        # Fails the writer, or closes the pipeline and takes the stream over in a new term.
+        self._step(Event.FENCED, error)
 
     async def _reengage_task(self, error: InvalidTermError) -> None:
         try:
@@ -698,7 +678,7 @@ class AsyncStreamWriter:
                 self._fail(error)
                 return
             result = await self._takeover()
-            if self._error is not None or self._closing:
+            if self._error is not None or self._life.closing:
                 return
             self._install(result)
             log.info("writer.reengaged", stream=self.name, term=self._term)
@@ -708,55 +688,76 @@ class AsyncStreamWriter:
             log.exception("writer.reengage_failed", stream=self.name)
             self._fail(StreamError(f"re-engaging failed: {e!r}", stream=self.name))
         finally:
-            self._reengaging = False
-            self._drain()
+            self._step(Event.REENGAGE_ENDED)
 
     def _start_task(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _start_roll(self) -> None:
-        if not self._rolling:
-            self._rolling = True
-            self._start_task(self._roll())
+    def _step(self, event: Event, error: StreamError | None = None) -> tuple[Effect, ...]:
+        """Feeds `event` to the lifecycle and carries out the effects it returns (`error`: what
+        fails the appends, for the events that fail some); returns the effects, so that a job
+        goes on only when granted (`REPLACE_BOOKIE`, `COMMIT_ROLL`, `START_TRIM_CHECK`)."""
+        self._life, effects = step(self._life, event)
+        for effect in effects:
+            if effect is Effect.DRAIN:
+                self._drain()
+            elif effect is Effect.START_ENSEMBLE_CHANGE:
+                self._start_task(self._run_job(self._change_ensemble, Event.CHANGE_ENDED))
+            elif effect is Effect.START_ROLL:
+                self._start_task(self._run_job(self._roll, Event.ROLL_ENDED))
+            elif effect is Effect.CLOSE_PIPELINE:
+                assert isinstance(error, InvalidTermError)
+                self._close_pipeline(error)
+            elif effect is Effect.START_REENGAGE:
+                assert isinstance(error, InvalidTermError)
+                self._start_task(self._reengage_task(error))
+            elif effect is Effect.FAIL_WRITER:
+                assert error is not None
+                self._stop(error)
+        return effects
+
+    async def _run_job(self, job: Callable[[], Awaitable[None]], ended: Event) -> None:
+        """Runs the ensemble change or the roll, the one funnel for their exceptions: a newer
+        term fences the writer (`_on_fenced`: fails it, or re-engages), a superseded pipeline
+        drops the job, any other error stops the writer; `ended` goes to the lifecycle last."""
+        try:
+            await job()
+        except _Superseded:
+            pass  # the writer moved on to another term: its own pipeline decides
+        except InvalidTermError as e:
+            self._on_fenced(e.current_term)  # type: ignore[attr-defined]
+        except _Fenced as e:
+            self._on_fenced(e.bookie_term)
+        except StreamError as e:
+            self._fail(e)
+        except Exception as e:
+            what, log_event = _JOB_NAMES[ended]
+            log.exception(log_event, stream=self.name)
+            self._fail(StreamError(f"{what} failed: {e!r}", stream=self.name))
+        finally:
+            self._step(ended)
 
     # ------------------------------------------------------------------ ensemble change
 
     async def _change_ensemble(self) -> None:
         """Replaces every failed bookie of the ensemble, one at a time, each change committed
         by CAS before the replacement gets its entries."""
-        try:
-            while self._error is None:
-                if self._roll_committing:
-                    # A change now would alter the ensemble the roll is closing the fragment
-                    # with (found by the simulator, seed 1106: an acknowledged entry lost).
-                    await asyncio.sleep(0.01)
-                    continue
-                pipeline = self._pipeline
-                if pipeline is None or pipeline.closed:
-                    return
-                failed = self._next_to_replace(pipeline)
-                if failed is None:
-                    return
-                await self._replace(pipeline, failed)
-        except _Superseded:
-            pass  # the writer moved on to another term: its own pipeline decides
-        except InvalidTermError as e:
-            self._changing = False
-            self._on_fenced(e.current_term)  # type: ignore[attr-defined]
-        except _Fenced as e:
-            self._changing = False
-            self._on_fenced(e.bookie_term)
-        except StreamError as e:
-            self._fail(e)
-        except Exception as e:
-            log.exception("writer.ensemble_change_failed", stream=self.name)
-            self._fail(StreamError(f"ensemble change failed: {e!r}", stream=self.name))
-        finally:
-            self._changing = False
-            if self._error is None:
-                self._drain()
+        while self._error is None:
+            if Effect.REPLACE_BOOKIE not in self._step(Event.CHANGE_NEXT):
+                # A roll is closing its fragment: a change now would alter the ensemble it
+                # closes it with (found by the simulator, seed 1106: an acknowledged entry
+                # lost).
+                await asyncio.sleep(0.01)
+                continue
+            pipeline = self._pipeline
+            if pipeline is None or pipeline.closed:
+                return
+            failed = self._next_to_replace(pipeline)
+            if failed is None:
+                return
+            await self._replace(pipeline, failed)
 
     def _next_to_replace(self, pipeline: AddPipeline) -> str | None:
         return replacement_choice(
@@ -764,78 +765,50 @@ class AsyncStreamWriter:
         )
 
     async def _replace(self, pipeline: AddPipeline, failed: str) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._options.ensemble_change_deadline_s
-        tried: set[str] = set()
+        """Replaces `failed` (`replace_bookie`), commits the change by CAS, then lets the
+        replacement have its entries."""
         meta = self._meta
         assert meta is not None
-        while True:
-            if self._error is not None or pipeline is not self._pipeline or pipeline.closed:
-                return
-            if loop.time() > deadline or len(tried) >= _MAX_CANDIDATES_TRIED:
-                raise NotEnoughBookiesError(
-                    "no bookie can replace a failed one",
-                    stream=self.name,
-                    bookie=failed,
-                    ensemble=list(pipeline.ensemble),
-                )
-            if failed in pipeline.pending.pinned_bookies():
-                if self._next_to_replace(pipeline) != failed:
-                    return  # another failed bookie can be replaced now: that one first
-                # It acked committed entries not yet at WQ: wait for them to get there.
-                await pipeline.wait_progress(0.05)
-                continue
-            ensemble = pipeline.ensemble
-            if failed not in ensemble:
-                return  # an earlier change already replaced it
-            candidates = await self._metadata.available_bookies()
-            try:
-                replacement = pick_replacement(
-                    pipeline,
-                    failed,
-                    candidates,
-                    self._rng,
-                    tried,
-                    meta.ack_quorum,
-                    self._options,
-                )
-            except NotEnoughBookiesError:
-                await asyncio.sleep(self._options.retry_backoff_s)
-                continue
-            tried.add(replacement)
-            refused = await truncate_members(
-                self._transport,
-                meta.id,
-                self._term,
-                [replacement],
-                pipeline.lafr,
-                self._options,
-                enabled=self._options.protections.new_member_truncation,
-            )
-            if refused or pipeline is not self._pipeline or pipeline.closed:
-                continue
-            pinned = pipeline.pending.pinned_bookies()
-            change = plan_ensemble_change(
-                pipeline.fragments, failed, replacement, lafr=pipeline.lafr, pinned=pinned
-            )
-            if change is None:
-                continue
-            pipeline.apply_change(change)
-            fragment = Fragment(
-                change.first_entry_id, pipeline.ensemble, created_ms=self._clock.now_ms()
-            )
-            await self._commit(
-                functools.partial(self._add_fragment, meta.id, fragment, change.replaces_last),
-                pipeline,
-            )
-            self._fragment = fragment
-            self._fragment_bytes = pipeline.held_payload_bytes(change.first_entry_id)
-            held = pipeline.held.get(change.first_entry_id)
-            self._fragment_first_ts = None if held is None else held.timestamp_ms
-            self._fragment_first_known = True
-            pipeline.unstored_away.discard(failed)  # the metadata holds the change now
-            pipeline.unblock(replacement)
+        replaced = await replace_bookie(
+            pipeline,
+            failed,
+            pipeline.failed,
+            self._placement(),
+            ack_quorum=meta.ack_quorum,
+            moot=lambda: self._error is not None or self._superseded(pipeline),
+        )
+        if replaced is None:
             return
+        change, replacement = replaced
+        fragment = Fragment(
+            change.first_entry_id, pipeline.ensemble, created_ms=self._clock.now_ms()
+        )
+        await self._commit(
+            functools.partial(self._add_fragment, meta.id, fragment, change.replaces_last),
+            pipeline,
+        )
+        self._fragment = fragment
+        self._fragment_bytes = pipeline.held_payload_bytes(change.first_entry_id)
+        held = pipeline.held.get(change.first_entry_id)
+        self._fragment_first_ts = None if held is None else held.timestamp_ms
+        self._fragment_first_known = True
+        pipeline.unstored_away.discard(failed)  # the metadata holds the change now
+        pipeline.unblock(replacement)
+
+    def _placement(self) -> BookiePlacement:
+        return BookiePlacement(
+            self.name,
+            self._transport,
+            self._metadata,
+            self._rng,
+            self._options,
+            term=lambda: self._term,
+        )
+
+    def _superseded(self, pipeline: AddPipeline) -> bool:
+        """Returns whether `pipeline` is no longer the writer's live one (closed or replaced by
+        a re-engaged term's)."""
+        return pipeline is not self._pipeline or pipeline.closed
 
     async def _add_fragment(
         self, stream_id: int, fragment: Fragment, replaces: bool, version: int
@@ -852,14 +825,14 @@ class AsyncStreamWriter:
         assert self._meta is not None
         term = self._term
         for _ in range(self._options.cas_attempts):
-            if pipeline is not self._pipeline or pipeline.closed or self._term != term:
+            if self._superseded(pipeline) or self._term != term:
                 raise _Superseded()
             try:
                 self._meta, self._version = await change(self._version)
                 return
             except BadVersionError:
                 meta, version, _ = await self._metadata.get_snapshot(self._meta.id)
-                if pipeline is not self._pipeline or pipeline.closed or self._term != term:
+                if self._superseded(pipeline) or self._term != term:
                     raise _Superseded() from None
                 if meta.term != term or meta.state is not StreamState.OPEN:
                     raise InvalidTermError(
@@ -876,102 +849,67 @@ class AsyncStreamWriter:
     async def _roll(self) -> None:
         """Closes the full fragment in metadata and continues on a freshly placed ensemble,
         once every entry of the fragment reached its whole write set."""
-        try:
-            pipeline = self._pipeline
-            meta = self._meta
-            assert pipeline is not None and meta is not None
-            last = pipeline.next_entry_id - 1
-            while (pipeline.lafr < last or self._changing) and self._error is None:
-                if pipeline is not self._pipeline:
-                    return
-                await pipeline.wait_progress(0.05)
-            if self._error is not None or pipeline is not self._pipeline or pipeline.closed:
+        pipeline = self._pipeline
+        meta = self._meta
+        assert pipeline is not None and meta is not None
+        last = pipeline.next_entry_id - 1
+        while (pipeline.lafr < last or self._life.change is not ChangeSlot.NONE) and (
+            self._error is None
+        ):
+            if pipeline is not self._pipeline:
                 return
-            fragment = self._fragment
-            assert fragment is not None
-            if fragment.first_entry_id > last:
-                # An ensemble change while we waited started its fragment at LAFR + 1, our
-                # boundary: the full fragment is closed already, nothing is left to roll.
-                return
-            self._roll_committing = True
-            excluded = set(pipeline.failed)
-            for _ in range(_MAX_CANDIDATES_TRIED):
-                candidates = await self._metadata.available_bookies()
-                ensemble = choose_ensemble(
-                    candidates,
-                    meta.ensemble,
-                    self._rng,
-                    exclude=excluded,
-                    needs_journal=journal_required(meta.ack_quorum),
-                )
-                joining = [b for b in ensemble if b not in pipeline.ensemble]
-                refused = await truncate_members(
-                    self._transport,
-                    meta.id,
-                    self._term,
-                    joining,
-                    last,
-                    self._options,
-                    enabled=self._options.protections.new_member_truncation,
-                )
-                if not refused:
-                    break
-                excluded.update(refused)
-            else:
-                raise NotEnoughBookiesError(
-                    "bookies refused to join a new fragment", stream=self.name
-                )
-            now_ms = self._clock.now_ms()
-            closed = Fragment(
-                fragment.first_entry_id,
-                tuple(pipeline.ensemble),
-                created_ms=fragment.created_ms,
-                last_entry_id=last,
-                bytes=self._fragment_bytes,
-                first_timestamp_ms=self._fragment_first_ts if self._fragment_first_known else None,
-                last_timestamp_ms=self._fragment_last_ts,
-            )
-            new = Fragment(last + 1, ensemble, created_ms=now_ms)
-            producers = self._roll_producers(last, now_ms)
-            await self._commit(
-                lambda version: self._metadata.roll_fragment(
-                    meta.id, version, closed, new, producers
-                ),
-                pipeline,
-            )
-            if self._gate is not None:
-                self._gate.forget_before(last + 1)
-            pipeline.roll(last + 1, ensemble)
-            self._fragment = new
-            self._fragment_bytes = 0
-            self._fragment_first_ts = None
-            self._fragment_first_known = True
-            self._fragment_last_ts = None
-            log.info(
-                "writer.rolled",
-                stream=self.name,
-                term=self._term,
-                closed_last_entry_id=last,
-                ensemble=list(ensemble),
-            )
-        except _Superseded:
-            pass  # the writer moved on to another term: its own pipeline decides
-        except InvalidTermError as e:
-            self._rolling = False
-            self._on_fenced(e.current_term)  # type: ignore[attr-defined]
-        except _Fenced as e:
-            self._rolling = False
-            self._on_fenced(e.bookie_term)
-        except StreamError as e:
-            self._fail(e)
-        except Exception as e:
-            log.exception("writer.roll_failed", stream=self.name)
-            self._fail(StreamError(f"fragment roll failed: {e!r}", stream=self.name))
-        finally:
-            self._rolling = False
-            self._roll_committing = False
-            if self._error is None:
-                self._drain()
+            await pipeline.wait_progress(0.05)
+        if self._error is not None or pipeline is not self._pipeline or pipeline.closed:
+            return
+        fragment = self._fragment
+        assert fragment is not None
+        if fragment.first_entry_id > last:
+            # An ensemble change while we waited started its fragment at LAFR + 1, our
+            # boundary: the full fragment is closed already, nothing is left to roll.
+            return
+        invariant(
+            Effect.COMMIT_ROLL in self._step(Event.ROLL_READY),
+            "a roll commits only while no ensemble change runs",
+            stream=self.name,
+        )
+        ensemble = await place_ensemble(
+            self._placement(),
+            meta,
+            last,
+            exclude=pipeline.failed,
+            members=pipeline.ensemble,
+        )
+        now_ms = self._clock.now_ms()
+        closed = Fragment(
+            fragment.first_entry_id,
+            tuple(pipeline.ensemble),
+            created_ms=fragment.created_ms,
+            last_entry_id=last,
+            bytes=self._fragment_bytes,
+            first_timestamp_ms=self._fragment_first_ts if self._fragment_first_known else None,
+            last_timestamp_ms=self._fragment_last_ts,
+        )
+        new = Fragment(last + 1, ensemble, created_ms=now_ms)
+        producers = self._roll_producers(last, now_ms)
+        await self._commit(
+            lambda version: self._metadata.roll_fragment(meta.id, version, closed, new, producers),
+            pipeline,
+        )
+        if self._gate is not None:
+            self._gate.forget_before(last + 1)
+        pipeline.roll(last + 1, ensemble)
+        self._fragment = new
+        self._fragment_bytes = 0
+        self._fragment_first_ts = None
+        self._fragment_first_known = True
+        self._fragment_last_ts = None
+        log.info(
+            "writer.rolled",
+            stream=self.name,
+            term=self._term,
+            closed_last_entry_id=last,
+            ensemble=list(ensemble),
+        )
 
     def _roll_producers(self, last: int, now_ms: int) -> ProducerChange | None:
         """Returns what a roll closing at `last` records of this writer's producer: its last
@@ -1020,9 +958,12 @@ class AsyncStreamWriter:
         self._completed_appends(count)
 
     def _fail(self, error: StreamError) -> None:
-        """Stops the writer for good: every pending and later append fails with `error`."""
-        if self._error is not None:
-            return
+        """Stops the writer for good (unless stopped already): every pending and later append
+        fails with `error`."""
+        closed = isinstance(error, WriterClosedError)
+        self._step(Event.STOPPED if closed else Event.FAILED, error)
+
+    def _stop(self, error: StreamError) -> None:
         self._error = error
         if not isinstance(error, WriterClosedError):
             log.warning("writer.stopped", stream=self.name, term=self._term, error=str(error))
@@ -1055,13 +996,13 @@ class AsyncStreamWriter:
         """Flushes, publishes the final LAC to the ensemble, closes the streams and
         unregisters the writer. The stream stays OPEN in this term: the next writer takes
         over with a new term."""
-        if self._closing:
+        if self._life.closing:
             return
         try:
             if self._error is None:
                 await self.flush()
         finally:
-            self._closing = True
+            self._step(Event.CLOSE_REQUESTED)
         pipeline = self._pipeline
         if pipeline is not None and self._error is None and not pipeline.closed:
             loop = asyncio.get_running_loop()
