@@ -23,6 +23,7 @@ from typing import Any
 import structlog
 
 from stream.errors import InvalidArgumentError
+from stream.sim.buggify import Knobs, draw_knobs
 from stream.sim.checker import Violation
 from stream.sim.cluster import CLIENT_ERROR, PROTECTIONS, SimConfig, Simulation
 from stream.sim.loop import VirtualTimeLoop
@@ -30,9 +31,20 @@ from stream.sim.network import NetworkFaults
 
 DEFAULT_STEPS = 40
 
-# (E, WQ, AQ) the random runs choose from: AQ >= 2 always, so that one bookie losing its
-# unflushed data (at most one such crash per run) cannot lose an acknowledged entry by itself.
-_QUORUMS = ((3, 3, 2), (3, 2, 2), (4, 3, 2), (4, 2, 2), (5, 3, 2), (3, 3, 3))
+# (E, WQ, AQ) the random runs choose from: striping (E > WQ) and AQ = 1 among them. What a
+# crash may lose is bounded by `Simulation.may_lose_data` (fewer than AQ bookies), not here.
+_QUORUMS = (
+    (3, 3, 2),
+    (3, 2, 2),
+    (4, 3, 2),
+    (4, 2, 2),
+    (5, 3, 2),
+    (5, 2, 2),
+    (3, 3, 3),
+    (2, 2, 1),
+    (3, 2, 1),
+    (3, 3, 1),
+)
 
 
 @dataclass(frozen=True)
@@ -75,7 +87,8 @@ def random_config(rng: random.Random, disabled: frozenset[str]) -> SimConfig:
     bookies = ensemble + rng.choice((1, 2, 2, 3))
     ids = [f"b{i}" for i in range(1, bookies + 1)]
     journal_less: frozenset[str] = frozenset()
-    if rng.random() < 0.5:
+    # AQ = 1 places on journaled bookies only (one acknowledgment must be durable).
+    if rng.random() < 0.5 and ack_quorum > 1:
         journal_less = frozenset(b for b in ids if rng.random() < 0.5)
     faults = NetworkFaults(
         spike_rate=rng.choice((0.0, 0.02, 0.1)),
@@ -108,16 +121,21 @@ def describe(config: SimConfig) -> str:
 
 
 class RandomWorkload:
-    """Random steps: appends, reads, competing takeovers and faults of every kind."""
+    """Random steps: appends, reads, seals, competing takeovers and faults of every kind, with
+    the run's BUGGIFY knobs (`stream.sim.buggify`) biasing them toward rare shapes."""
 
-    def __init__(self, sim: Simulation, rng: random.Random, *, reengage: bool = False) -> None:
+    def __init__(
+        self, sim: Simulation, rng: random.Random, *, reengage: bool = False, knobs: Knobs
+    ) -> None:
         """With `reengage`, every writer takes the stream over again when superseded (the
         client's `reengage=True`), so writers keep competing to the end."""
         self.sim = sim
         self.rng = rng
         self.reengage = reengage
+        self.knobs = knobs
         self.writers = [f"c{i}" for i in range(1, rng.choice((2, 3, 3)) + 1)]
         self.readers = ["r1", "r2"]
+        self._sealed = False
         self._actions: list[tuple[int, Callable[[], None]]] = [
             (40, self.append),
             (8, self.read),
@@ -130,19 +148,31 @@ class RandomWorkload:
             (2, self.expire),
             (2, self.lose_zk_reply),
         ]
+        if knobs.hold_adds:
+            self._actions.append((6, self.hold_adds))
+        if knobs.placement:
+            self._actions.append((4, self.flip_read_only))
+        if knobs.seal:
+            self._actions.append((1, self.seal))
         self._weights = [w for w, _ in self._actions]
 
     async def run(self, steps: int) -> None:
         sim = self.sim
-        sim.start_takeover(self.writers[0], reengage=self.reengage)
+        sim.trace.record("knobs", on=",".join(self.knobs.names()) or "-")
+        self.takeover(self.writers[0])
         for _ in range(steps):
-            if not any(sim.client(w).writer for w in self.writers) and not self._opening():
+            if not self._sealed and not self._writing() and not self._opening():
                 self.takeover()
             else:
                 ((_, action),) = self.rng.choices(self._actions, weights=self._weights)
                 action()
             await asyncio.sleep(self.rng.uniform(0.002, 0.04))
             sim.check()
+        for bookie_id in sorted(sim.read_only):
+            sim.set_read_only(bookie_id, False)  # the final takeover needs its placement
+
+    def _writing(self) -> bool:
+        return any(self.sim.client(w).writer for w in self.writers)
 
     def _opening(self) -> bool:
         return any(
@@ -150,37 +180,156 @@ class RandomWorkload:
             for w in self.writers
         )
 
+    def _ensemble(self) -> tuple[str, ...]:
+        """Returns the last fragment's ensemble (every bookie before the first one)."""
+        fragments = self.sim.snapshot()[2]
+        return tuple(fragments[-1].ensemble if fragments else sorted(self.sim.bookies))
+
+    def _target(self) -> str:
+        """Returns a bookie to aim a fault at: most often the one holding the longest log (the
+        dirty data every protection is about), else one of the last ensemble."""
+        sim = self.sim
+        if self.rng.random() < 0.6:
+            lasts = {
+                b: max(state.entries, default=-1)
+                for b, bookie in sim.bookies.items()
+                if (state := bookie.streams.get(sim.stream_id)) is not None
+            }
+            if lasts:
+                longest = max(lasts.values())
+                return self.rng.choice(sorted(b for b, last in lasts.items() if last == longest))
+        return self.rng.choice(self._ensemble())
+
     # ------------------------------------------------------------------ actions
 
     def append(self) -> None:
-        active = [w for w in self.writers if self.sim.client(w).writer is not None]
+        # A paused process does not call its writer.
+        active = [
+            w
+            for w in self.writers
+            if self.sim.client(w).writer is not None and not self.sim.network.paused(w)
+        ]
         if active:
             self.sim.append(self.rng.choice(active), self.rng.randint(1, 5))
 
     def read(self) -> None:
         self.sim.spawn(self.sim.read(self.rng.choice(self.readers), self.rng.randint(3, 20)))
 
-    def takeover(self) -> None:
-        self.sim.start_takeover(self.rng.choice(self.writers), reengage=self.reengage)
+    def takeover(self, name: str | None = None) -> None:
+        name = name or self.rng.choice(self.writers)
+        client = self.sim.client(name)
+        if client.opening is not None and not client.opening.done():
+            return
+        self._shape_recovery(name)
+        self.sim.start_takeover(name, reengage=self.reengage)
+        opening = client.opening
+        assert opening is not None
+        self.sim.spawn(self._after_takeover(name, opening))
+
+    def seal(self) -> None:
+        if self._sealed:
+            return
+        name = self.rng.choice(self.writers)
+        self._sealed = True
+        self._shape_recovery(name)
+        self.sim.spawn(self._seal(name))
+
+    async def _seal(self, name: str) -> None:
+        if await self.sim.seal(name):
+            self._wipe_soon()
+
+    def _shape_recovery(self, name: str) -> None:
+        """BUGGIFY for a takeover by `name`: its fence and reads miss one bookie, its reads
+        are answered by one bookie first, or its write-backs to one are held."""
+        knobs, rng, network = self.knobs, self.rng, self.sim.network
+        if knobs.isolate and rng.random() < 0.5:
+            self.sim.faults += 1
+            network.cut(name, self._target(), rng.uniform(0.05, 0.6))
+        if knobs.favor and rng.random() < 0.5:
+            favored = self._target()
+            for bookie_id in self.sim.bookies:
+                if bookie_id != favored:
+                    network.slow(name, bookie_id, 0.02, rng.uniform(0.1, 0.8))
+        if knobs.hold_adds and rng.random() < 0.4:
+            self.sim.faults += 1
+            network.hold_adds(name, rng.choice(self._ensemble()), rng.uniform(0.01, 0.5))
+
+    async def _after_takeover(self, name: str, opening: asyncio.Task[Any]) -> None:
+        """BUGGIFY after a takeover: the new writer freezes before it writes while a
+        competitor takes over (a zombie with no connection yet), or a bookie loses its disk
+        as the new term begins."""
+        try:
+            writer = await asyncio.shield(opening)
+        except Exception:
+            return
+        if writer is None:
+            return
+        if self.knobs.zombie and self.rng.random() < 0.5:
+            self.sim.pause(name, self.rng.uniform(0.2, 1.5))
+            others = [w for w in self.writers if w != name]
+            if others and self.rng.random() < 0.7:
+                await asyncio.sleep(self.rng.uniform(0.0, 0.05))
+                if self.knobs.seal and self.rng.random() < 0.3:
+                    self.seal()
+                else:
+                    self.takeover(self.rng.choice(others))
+        self._wipe_soon()
+
+    def _wipe_soon(self) -> None:
+        if self.knobs.wipe and self.rng.random() < 0.5:
+            self.sim.loop.call_later(self.rng.uniform(0.0, 0.1), self._wipe)
+
+    def _wipe(self) -> None:
+        sim = self.sim
+        if sim.finished:
+            return
+        up = [b for b, bookie in sim.bookies.items() if bookie.up and sim.may_lose_data(b)]
+        if up:
+            sim.crash(self.rng.choice(up), lose_disk=True, downtime_s=self.rng.uniform(0.01, 0.3))
 
     def crash(self) -> None:
         sim = self.sim
         up = [b for b, bookie in sim.bookies.items() if bookie.up]
         down = len(sim.bookies) - len(up)
-        if not up or down >= 2:
+        max_down = len(sim.bookies) - 1 if self.knobs.outage else 2
+        if not up or down >= max_down:
             return
-        lossless = [b for b in up if sim.bookies[b].journal_write_data]
         downtime_s = self.rng.uniform(0.05, 1.0)
+        bookie_id = self.rng.choice(up)
+        lossless = sim.bookies[bookie_id].journal_write_data
         if self.rng.random() < 0.15:
-            sim.stop_cleanly(self.rng.choice(up), downtime_s)  # an orderly restart
-        elif sim.lossy_crashes == 0 and self.rng.random() < 0.6:
-            # The one crash of this run that may lose data: the unflushed entries of a
-            # bookie without the journal, or a whole disk.
-            bookie_id = self.rng.choice(up)
+            sim.stop_cleanly(bookie_id, downtime_s)  # an orderly restart
+        elif sim.may_lose_data(bookie_id) and self.rng.random() < 0.6:
+            # A crash that may lose data: the unflushed entries of a bookie without the
+            # journal, or a whole disk.
             lose_disk = self.rng.random() < 0.25
             sim.crash(bookie_id, lose_disk=lose_disk, downtime_s=downtime_s)
         elif lossless:
-            sim.crash(self.rng.choice(lossless), downtime_s=downtime_s)
+            sim.crash(bookie_id, downtime_s=downtime_s)
+
+    def hold_adds(self) -> None:
+        """A writer's Add streams to all but one bookie of its ensemble (or to one) are held
+        for a while: the entries meanwhile reach a subset of their write sets only."""
+        self.sim.faults += 1
+        name = self.rng.choice(self.writers)
+        ensemble = self._ensemble()
+        duration_s = self.rng.uniform(0.02, 0.6)
+        if self.rng.random() < 0.5:
+            keep = self._target()
+            held = [b for b in ensemble if b != keep]
+        else:
+            held = [self.rng.choice(ensemble)]
+        for bookie_id in held:
+            self.sim.network.hold_adds(name, bookie_id, duration_s)
+
+    def flip_read_only(self) -> None:
+        """A bookie turns read-only, or writable again, keeping E writable ones."""
+        sim = self.sim
+        bookie_id = self.rng.choice(sorted(sim.bookies))
+        if bookie_id in sim.read_only:
+            sim.set_read_only(bookie_id, False)
+        elif len(sim.bookies) - len(sim.read_only) > sim.config.ensemble:
+            sim.set_read_only(bookie_id, True)
 
     def pause(self) -> None:
         # A writer stops (GC pause, VM freeze) and wakes up later: a zombie.
@@ -204,7 +353,10 @@ class RandomWorkload:
             await asyncio.sleep(self.rng.uniform(0.005, 0.1))
 
     def _link(self) -> tuple[str, str]:
-        return self.rng.choice(self.writers), self.rng.choice(list(self.sim.bookies))
+        clients = self.writers
+        if self.knobs.reader_faults:
+            clients = [*self.writers, *self.readers]
+        return self.rng.choice(clients), self.rng.choice(list(self.sim.bookies))
 
     def partition(self) -> None:
         a, b = self._link()
@@ -302,9 +454,11 @@ def run_seed(
     master = random.Random(seed)
     config = random_config(random.Random(master.getrandbits(64)), off)
     workload_seed = master.getrandbits(64)
+    knobs = draw_knobs(random.Random(master.getrandbits(64)))
 
     async def script(sim: Simulation) -> None:
-        await RandomWorkload(sim, random.Random(workload_seed), reengage=reengage).run(steps)
+        workload = RandomWorkload(sim, random.Random(workload_seed), reengage=reengage, knobs=knobs)
+        await workload.run(steps)
         await sim.finish()
 
     scenario = "random-reengage" if reengage else "random"
