@@ -33,7 +33,7 @@ from stream.metadata.model import Fragment, StreamMeta, StreamState
 from stream.metadata.streams import StreamStore
 from stream.protocol import EntryFlag, fragment_index_for
 from stream.sim.bookie import BookieProtections, SimBookie
-from stream.sim.checker import LIVENESS, PROGRESS, Checker
+from stream.sim.checker import LIVENESS, PROGRESS, Checker, write_quorum_gap
 from stream.sim.network import NetworkFaults, SimClock, SimNetwork, SimTransport, SkewedClock
 from stream.sim.trace import Trace
 from stream.sim.zookeeper import (
@@ -642,9 +642,33 @@ class Simulation:
         return cached
 
     def check(self) -> None:
-        """Checks property 2 over every bookie now (the checker's scan)."""
+        """Checks properties 2 and 8 over every bookie now (the checker's scans)."""
         meta, _, fragments = self.snapshot()
         self.checker.scan_bookies(self.stream_id, meta.quorum, fragments, self._peer_entry)
+        self.checker.scan_log(
+            meta.quorum, fragments, meta.first_entry_id, self._highest_lac(), self._held
+        )
+
+    def _held(self, bookie_id: str, entry_id: int) -> Any:
+        return self._peer_entry(bookie_id, self.stream_id, entry_id)
+
+    def _highest_lac(self) -> int:
+        """Returns the highest LAC a bookie that is up knows for the stream."""
+        states = (b.streams.get(self.stream_id) for b in self.bookies.values() if b.up)
+        return max((state.lac for state in states if state is not None), default=-1)
+
+    async def _check_write_quorum(self) -> None:
+        """Checks property 7 once the bookies' background repair had its chance (limbo
+        bookies copy their share once a newer recovery fixed the end)."""
+        meta, _, fragments = self.snapshot()
+        await self.until(
+            lambda: (
+                write_quorum_gap(meta.quorum, fragments, meta.first_entry_id, self._held) is None
+            ),
+            timeout_s=2.0,
+            step_s=0.05,
+        )
+        self.checker.check_write_quorum(meta.quorum, fragments, meta.first_entry_id, self._held)
 
     async def finish(self, *, settle_s: float = 0.5) -> None:
         """Heals every fault, stops every writer, runs a last takeover and a last read of the
@@ -682,6 +706,7 @@ class Simulation:
             self.finished = True
             return
         self.check()
+        await self._check_write_quorum()
         got = await self._final_read(end)
         if got is not None:
             self.checker.final(end, got)

@@ -136,6 +136,8 @@ class RandomWorkload:
         self.writers = [f"c{i}" for i in range(1, rng.choice((2, 3, 3)) + 1)]
         self.readers = ["r1", "r2"]
         self._sealed = False
+        # Writers frozen by `zombie`, until when.
+        self._frozen: dict[str, float] = {}
         self._actions: list[tuple[int, Callable[[], None]]] = [
             (40, self.append),
             (8, self.read),
@@ -203,11 +205,13 @@ class RandomWorkload:
     # ------------------------------------------------------------------ actions
 
     def append(self) -> None:
-        # A paused process does not call its writer.
+        # A writer frozen right after its takeover (`zombie`) appends nothing until it wakes:
+        # it opens no Add stream a bookie's crash would break before it writes.
+        now = self.sim.loop.time()
         active = [
             w
             for w in self.writers
-            if self.sim.client(w).writer is not None and not self.sim.network.paused(w)
+            if self.sim.client(w).writer is not None and self._frozen.get(w, 0.0) <= now
         ]
         if active:
             self.sim.append(self.rng.choice(active), self.rng.randint(1, 5))
@@ -242,17 +246,20 @@ class RandomWorkload:
         """BUGGIFY for a takeover by `name`: its fence and reads miss one bookie, its reads
         are answered by one bookie first, or its write-backs to one are held."""
         knobs, rng, network = self.knobs, self.rng, self.sim.network
+        target = self._target()
         if knobs.isolate and rng.random() < 0.5:
             self.sim.faults += 1
-            network.cut(name, self._target(), rng.uniform(0.05, 0.6))
-        if knobs.favor and rng.random() < 0.5:
-            favored = self._target()
+            network.cut(name, target, rng.uniform(0.05, 0.6))
+        elif knobs.favor and rng.random() < 0.5:
             for bookie_id in self.sim.bookies:
-                if bookie_id != favored:
+                if bookie_id != target:
                     network.slow(name, bookie_id, 0.02, rng.uniform(0.1, 0.8))
-        if knobs.hold_adds and rng.random() < 0.4:
+        if knobs.hold_adds and rng.random() < 0.5:
+            # Most often to the bookie it missed: the new term's first entries then reach
+            # the others only, beside that bookie's dirty ones.
             self.sim.faults += 1
-            network.hold_adds(name, rng.choice(self._ensemble()), rng.uniform(0.01, 0.5))
+            held = target if rng.random() < 0.6 else rng.choice(self._ensemble())
+            network.hold_adds(name, held, rng.uniform(0.01, 0.8))
 
     async def _after_takeover(self, name: str, opening: asyncio.Task[Any]) -> None:
         """BUGGIFY after a takeover: the new writer freezes before it writes while a
@@ -265,7 +272,9 @@ class RandomWorkload:
         if writer is None:
             return
         if self.knobs.zombie and self.rng.random() < 0.5:
-            self.sim.pause(name, self.rng.uniform(0.2, 1.5))
+            frozen_s = self.rng.uniform(0.2, 1.5)
+            self._frozen[name] = self.sim.loop.time() + frozen_s
+            self.sim.pause(name, frozen_s)
             others = [w for w in self.writers if w != name]
             if others and self.rng.random() < 0.7:
                 await asyncio.sleep(self.rng.uniform(0.0, 0.05))
