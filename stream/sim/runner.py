@@ -219,37 +219,42 @@ class RandomWorkload:
     def read(self) -> None:
         self.sim.spawn(self.sim.read(self.rng.choice(self.readers), self.rng.randint(3, 20)))
 
-    def takeover(self, name: str | None = None) -> None:
+    def takeover(self, name: str | None = None, *, spare: Iterable[str] = ()) -> None:
+        """Starts a takeover by `name` (a random writer when None), shaped by the knobs; a
+        disk wipe after it spares the bookies in `spare` (see `_after_takeover`)."""
         name = name or self.rng.choice(self.writers)
         client = self.sim.client(name)
         if client.opening is not None and not client.opening.done():
             return
-        self._shape_recovery(name)
+        missed = self._shape_recovery(name)
         self.sim.start_takeover(name, reengage=self.reengage)
         opening = client.opening
         assert opening is not None
-        self.sim.spawn(self._after_takeover(name, opening))
+        self.sim.spawn(self._after_takeover(name, opening, {*spare, *missed}))
 
-    def seal(self) -> None:
+    def seal(self, *, spare: Iterable[str] = ()) -> None:
         if self._sealed:
             return
         name = self.rng.choice(self.writers)
         self._sealed = True
-        self._shape_recovery(name)
-        self.sim.spawn(self._seal(name))
+        missed = self._shape_recovery(name)
+        self.sim.spawn(self._seal(name, {*spare, *missed}))
 
-    async def _seal(self, name: str) -> None:
+    async def _seal(self, name: str, spare: set[str]) -> None:
         if await self.sim.seal(name):
-            self._wipe_soon()
+            self._wipe_soon(spare)
 
-    def _shape_recovery(self, name: str) -> None:
+    def _shape_recovery(self, name: str) -> list[str]:
         """BUGGIFY for a takeover by `name`: its fence and reads miss one bookie, its reads
-        are answered by one bookie first, or its write-backs to one are held."""
+        are answered by one bookie first, or its write-backs to one are held. Returns the
+        bookie it cut `name` from, if any."""
         knobs, rng, network = self.knobs, self.rng, self.sim.network
         target = self._target()
+        missed = []
         if knobs.isolate and rng.random() < 0.5:
             self.sim.faults += 1
             network.cut(name, target, rng.uniform(0.05, 0.6))
+            missed.append(target)
         elif knobs.favor and rng.random() < 0.5:
             for bookie_id in self.sim.bookies:
                 if bookie_id != target:
@@ -260,11 +265,14 @@ class RandomWorkload:
             self.sim.faults += 1
             held = target if rng.random() < 0.6 else rng.choice(self._ensemble())
             network.hold_adds(name, held, rng.uniform(0.01, 0.8))
+        return missed
 
-    async def _after_takeover(self, name: str, opening: asyncio.Task[Any]) -> None:
+    async def _after_takeover(self, name: str, opening: asyncio.Task[Any], spare: set[str]) -> None:
         """BUGGIFY after a takeover: the new writer freezes before it writes while a
-        competitor takes over (a zombie with no connection yet), or a bookie loses its disk
-        as the new term begins."""
+        competitor takes over (a zombie with no connection yet: BP-46's lost fence when a
+        bookie of its ensemble then loses its disk), or a bookie loses its disk as the new
+        term begins (sparing `spare`: the bookies a recovery's fence missed keep their
+        older term, the shape the phase-one fence and the wiped-term check guard)."""
         try:
             writer = await asyncio.shield(opening)
         except Exception:
@@ -279,22 +287,28 @@ class RandomWorkload:
             if others and self.rng.random() < 0.7:
                 await asyncio.sleep(self.rng.uniform(0.0, 0.05))
                 if self.knobs.seal and self.rng.random() < 0.3:
-                    self.seal()
+                    self.seal(spare=spare)
                 else:
-                    self.takeover(self.rng.choice(others))
-        self._wipe_soon()
+                    self.takeover(self.rng.choice(others), spare=spare)
+                return
+        self._wipe_soon(spare)
 
-    def _wipe_soon(self) -> None:
-        if self.knobs.wipe and self.rng.random() < 0.5:
-            self.sim.loop.call_later(self.rng.uniform(0.0, 0.1), self._wipe)
+    def _wipe_soon(self, spare: set[str]) -> None:
+        if self.knobs.wipe and self.rng.random() < 0.6:
+            self.sim.loop.call_later(self.rng.uniform(0.0, 0.1), self._wipe, spare)
 
-    def _wipe(self) -> None:
+    def _wipe(self, spare: set[str]) -> None:
         sim = self.sim
         if sim.finished:
             return
-        up = [b for b, bookie in sim.bookies.items() if bookie.up and sim.may_lose_data(b)]
-        if up:
-            sim.crash(self.rng.choice(up), lose_disk=True, downtime_s=self.rng.uniform(0.01, 0.3))
+        candidates = [
+            b
+            for b, bookie in sim.bookies.items()
+            if bookie.up and sim.may_lose_data(b) and b not in spare
+        ]
+        if candidates:
+            bookie_id = self.rng.choice(candidates)
+            sim.crash(bookie_id, lose_disk=True, downtime_s=self.rng.uniform(0.01, 0.3))
 
     def crash(self) -> None:
         sim = self.sim
