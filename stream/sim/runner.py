@@ -138,6 +138,7 @@ class RandomWorkload:
         self._sealed = False
         # Writers frozen by `zombie`, until when.
         self._frozen: dict[str, float] = {}
+        self._done = False
         self._actions: list[tuple[int, Callable[[], None]]] = [
             (40, self.append),
             (8, self.read),
@@ -170,8 +171,19 @@ class RandomWorkload:
                 action()
             await asyncio.sleep(self.rng.uniform(0.002, 0.04))
             sim.check()
+        self._done = True
         for bookie_id in sorted(sim.read_only):
             sim.set_read_only(bookie_id, False)  # the final takeover needs its placement
+
+    def _later(self, delay_s: float, action: Callable[..., object], *args: object) -> None:
+        """Runs `action(*args)` after `delay_s`, unless the random steps are over by then (the
+        run's end heals every fault)."""
+
+        def run() -> None:
+            if not self._done:
+                action(*args)
+
+        self.sim.loop.call_later(delay_s, run)
 
     def _writing(self) -> bool:
         return any(self.sim.client(w).writer for w in self.writers)
@@ -265,6 +277,11 @@ class RandomWorkload:
             self.sim.faults += 1
             held = target if rng.random() < 0.6 else rng.choice(self._ensemble())
             network.hold_adds(name, held, rng.uniform(0.01, 0.8))
+            spares = sorted(set(self.sim.bookies) - set(self._ensemble()))
+            if spares and rng.random() < 0.5:
+                # The bookie that replaces the held one fails at once: the one replaced away
+                # is the spare left (what the spare-holders rule guards).
+                self._later(rng.uniform(0.01, 0.2), network.cut, name, rng.choice(spares), 0.3)
         return missed
 
     async def _after_takeover(self, name: str, opening: asyncio.Task[Any], spare: set[str]) -> None:
@@ -295,12 +312,10 @@ class RandomWorkload:
 
     def _wipe_soon(self, spare: set[str]) -> None:
         if self.knobs.wipe and self.rng.random() < 0.6:
-            self.sim.loop.call_later(self.rng.uniform(0.0, 0.1), self._wipe, spare)
+            self._later(self.rng.uniform(0.0, 0.1), self._wipe, spare)
 
     def _wipe(self, spare: set[str]) -> None:
         sim = self.sim
-        if sim.finished:
-            return
         candidates = [
             b
             for b, bookie in sim.bookies.items()
@@ -338,10 +353,16 @@ class RandomWorkload:
         ensemble = self._ensemble()
         duration_s = self.rng.uniform(0.02, 0.6)
         if self.rng.random() < 0.5:
+            held = [self.rng.choice(ensemble)]
+        else:
             keep = self._target()
             held = [b for b in ensemble if b != keep]
-        else:
-            held = [self.rng.choice(ensemble)]
+            if self.rng.random() < 0.5:
+                # The writer dies with its tail on `keep` only, and another takes over (most
+                # often missing `keep`): a dirty tail that a later fragment may take `keep`
+                # back over (new-member truncation) or a recovery may read first.
+                self.sim.pause(name, duration_s + self.rng.uniform(0.1, 1.0))
+                self._later(self.rng.uniform(0.01, duration_s), self.takeover)
         for bookie_id in held:
             self.sim.network.hold_adds(name, bookie_id, duration_s)
 
