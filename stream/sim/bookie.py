@@ -609,6 +609,42 @@ class SimBookie:
         self._trace.record("phase2", b=self.bookie_id, s=stream_id, end=end)
         return True
 
+    def set_disk_fault(self, kind: str | None) -> None:
+        """Puts the bookie's disk in fault `kind` ("read_only" or "full") or back to health
+        (None). A faulty disk makes the bookie read-only, as the real one: adds (recovery
+        write-backs excepted) and truncations are refused with READ_ONLY; reads still serve."""
+        if kind not in ("read_only", "full", None):
+            raise ValueError(f"unknown disk fault {kind!r}")
+        # Instance attributes shadow the class's handlers while the fault lasts.
+        for name in ("add", "truncate"):
+            self.__dict__.pop(name, None)
+        self._trace.record("disk_fault", b=self.bookie_id, fault=kind or "-")
+        if kind is None:
+            return
+        serve_add = self.add
+
+        def add(request: pb.AddRequest) -> pb.AddResponse:
+            if request.recovery:
+                return serve_add(request)
+            state = self.streams.get(request.stream_id)
+            response = pb.AddResponse(
+                stream_id=request.stream_id,
+                request_id=request.request_id,
+                bookie_term=0 if state is None else state.term,
+            )
+            response.entry_ids.extend([e.entry_id for e in request.entries])
+            response.codes.extend([int(Code.READ_ONLY)] * max(len(request.entries), 1))
+            return response
+
+        def truncate(request: pb.TruncateRequest) -> pb.TruncateResponse:
+            state = self.streams.get(request.stream_id)
+            return pb.TruncateResponse(
+                code=int(Code.READ_ONLY), bookie_term=0 if state is None else state.term
+            )
+
+        self.add = add  # type: ignore[method-assign]
+        self.truncate = truncate  # type: ignore[method-assign]
+
     # ------------------------------------------------------------------ for the checker
 
     def held(self, stream_id: int, entry_id: int) -> pb.Entry | None:

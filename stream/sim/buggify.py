@@ -31,6 +31,8 @@ class Knobs:
     - `seal`: the stream is sealed once during the writes.
     - `outage`: more than two bookies may be down at once.
     - `reader_faults`: readers' links are cut and clogged too.
+    - `disk_faults`: bookies' disks turn read-only or full for a while.
+    - `slow_bookie`: one bookie (most often the longest log) answers writers late for a while.
     """
 
     hold_adds: bool = False
@@ -42,6 +44,8 @@ class Knobs:
     seal: bool = False
     outage: bool = False
     reader_faults: bool = False
+    disk_faults: bool = False
+    slow_bookie: bool = False
 
     def names(self) -> list[str]:
         """Returns the names of the knobs that are on (for the trace and reports)."""
@@ -55,11 +59,13 @@ _ODDS = {
     "isolate": 0.4,
     "favor": 0.4,
     "zombie": 0.4,
-    "wipe": 0.35,
+    "wipe": 0.4,
     "placement": 0.3,
-    "seal": 0.15,
+    "seal": 0.25,
     "outage": 0.2,
     "reader_faults": 0.3,
+    "disk_faults": 0.2,
+    "slow_bookie": 0.4,
 }
 
 

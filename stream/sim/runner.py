@@ -16,7 +16,7 @@ import math
 import multiprocessing
 import random
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -157,6 +157,10 @@ class RandomWorkload:
             self._actions.append((4, self.flip_read_only))
         if knobs.seal:
             self._actions.append((1, self.seal))
+        if knobs.disk_faults:
+            self._actions.append((3, self.disk_fault))
+        if knobs.slow_bookie:
+            self._actions.append((4, self.slow_bookie))
         self._weights = [w for w, _ in self._actions]
 
     async def run(self, steps: int) -> None:
@@ -231,42 +235,42 @@ class RandomWorkload:
     def read(self) -> None:
         self.sim.spawn(self.sim.read(self.rng.choice(self.readers), self.rng.randint(3, 20)))
 
-    def takeover(self, name: str | None = None, *, spare: Iterable[str] = ()) -> None:
-        """Starts a takeover by `name` (a random writer when None), shaped by the knobs; a
-        disk wipe after it spares the bookies in `spare` (see `_after_takeover`)."""
+    def takeover(self, name: str | None = None, *, against: Sequence[str] = ()) -> None:
+        """Starts a takeover by `name` (a random writer when None), shaped by the knobs, or
+        `against` a zombie whose next entry's write set that is (see `_compete`)."""
         name = name or self.rng.choice(self.writers)
         client = self.sim.client(name)
         if client.opening is not None and not client.opening.done():
             return
-        missed = self._shape_recovery(name)
+        wipe = self._compete(name, against) if against else self._shape_recovery(name)
         self.sim.start_takeover(name, reengage=self.reengage)
         opening = client.opening
         assert opening is not None
-        self.sim.spawn(self._after_takeover(name, opening, {*spare, *missed}))
+        self.sim.spawn(self._after_takeover(name, opening, wipe))
 
-    def seal(self, *, spare: Iterable[str] = ()) -> None:
+    def seal(self, *, against: Sequence[str] = ()) -> None:
         if self._sealed:
             return
         name = self.rng.choice(self.writers)
         self._sealed = True
-        missed = self._shape_recovery(name)
-        self.sim.spawn(self._seal(name, {*spare, *missed}))
+        wipe = self._compete(name, against) if against else self._shape_recovery(name)
+        self.sim.spawn(self._seal(name, wipe))
 
-    async def _seal(self, name: str, spare: set[str]) -> None:
+    async def _seal(self, name: str, wipe: Callable[[], None] | None) -> None:
         if await self.sim.seal(name):
-            self._wipe_soon(spare)
+            self._wipe_soon(wipe)
 
-    def _shape_recovery(self, name: str) -> list[str]:
+    def _shape_recovery(self, name: str) -> Callable[[], None] | None:
         """BUGGIFY for a takeover by `name`: its fence and reads miss one bookie, its reads
         are answered by one bookie first, or its write-backs to one are held. Returns the
-        bookie it cut `name` from, if any."""
+        disk wipe to try once it is done: one of the other bookies."""
         knobs, rng, network = self.knobs, self.rng, self.sim.network
         target = self._target()
-        missed = []
+        missed = set()
         if knobs.isolate and rng.random() < 0.5:
             self.sim.faults += 1
             network.cut(name, target, rng.uniform(0.05, 0.6))
-            missed.append(target)
+            missed.add(target)
         elif knobs.favor and rng.random() < 0.5:
             for bookie_id in self.sim.bookies:
                 if bookie_id != target:
@@ -282,14 +286,38 @@ class RandomWorkload:
                 # The bookie that replaces the held one fails at once: the one replaced away
                 # is the spare left (what the spare-holders rule guards).
                 self._later(rng.uniform(0.01, 0.2), network.cut, name, rng.choice(spares), 0.3)
-        return missed
+        if not (knobs.wipe and rng.random() < 0.7):
+            return None
+        others = sorted(set(self.sim.bookies) - missed)
+        return lambda: self._wipe(others)
 
-    async def _after_takeover(self, name: str, opening: asyncio.Task[Any], spare: set[str]) -> None:
+    def _compete(self, name: str, ensemble: Sequence[str]) -> Callable[[], None] | None:
+        """BUGGIFY for a takeover (or seal) by `name` against a frozen writer whose next entry
+        goes to `ensemble` (BP-46's lost fence): its fence and reads miss one of them, which
+        keeps the old term; its write-backs to another may be held (that one is replaced
+        away, no fragment names it). Returns the disk wipe to try once it is done: the held
+        one, or another bookie than the one it missed, so that the wiped bookie forgets the
+        new term unless phase one or the wiped-term check gives it back."""
+        rng, network = self.rng, self.sim.network
+        self.sim.faults += 1
+        missed = rng.choice(ensemble)
+        self.sim.trace.record("compete", c=name, missed=missed)
+        network.cut(name, missed, rng.uniform(0.3, 0.8))
+        rest = [b for b in ensemble if b != missed]
+        if rest and rng.random() < 0.5:
+            held = rng.choice(rest)
+            network.hold_adds(name, held, rng.uniform(0.3, 0.8))
+            rest = [held]
+        if rng.random() < 0.2:
+            return None
+        return lambda: self._wipe(rest)
+
+    async def _after_takeover(
+        self, name: str, opening: asyncio.Task[Any], wipe: Callable[[], None] | None
+    ) -> None:
         """BUGGIFY after a takeover: the new writer freezes before it writes while a
-        competitor takes over (a zombie with no connection yet: BP-46's lost fence when a
-        bookie of its ensemble then loses its disk), or a bookie loses its disk as the new
-        term begins (sparing `spare`: the bookies a recovery's fence missed keep their
-        older term, the shape the phase-one fence and the wiped-term check guard)."""
+        competitor takes over or seals (a zombie with no connection yet), or a bookie loses
+        its disk as the new term begins (`wipe`)."""
         try:
             writer = await asyncio.shield(opening)
         except Exception:
@@ -297,33 +325,35 @@ class RandomWorkload:
         if writer is None:
             return
         if self.knobs.zombie and self.rng.random() < 0.5:
-            frozen_s = self.rng.uniform(0.2, 1.5)
+            frozen_s = self.rng.uniform(0.3, 1.5)
             self._frozen[name] = self.sim.loop.time() + frozen_s
             self.sim.pause(name, frozen_s)
             others = [w for w in self.writers if w != name]
-            if others and self.rng.random() < 0.7:
+            if others and self.rng.random() < 0.8:
+                # The bookies its next entry goes to: where the lost fence lets it commit.
+                meta, _, fragments = self.sim.snapshot()
+                write_set = meta.quorum.write_set_bookies(
+                    fragments[-1].ensemble, writer.last_add_confirmed + 1
+                )
                 await asyncio.sleep(self.rng.uniform(0.0, 0.05))
-                if self.knobs.seal and self.rng.random() < 0.3:
-                    self.seal(spare=spare)
+                if self.knobs.seal and self.rng.random() < 0.5:
+                    self.seal(against=write_set)
                 else:
-                    self.takeover(self.rng.choice(others), spare=spare)
+                    self.takeover(self.rng.choice(others), against=write_set)
                 return
-        self._wipe_soon(spare)
+        self._wipe_soon(wipe)
 
-    def _wipe_soon(self, spare: set[str]) -> None:
-        if self.knobs.wipe and self.rng.random() < 0.6:
-            self._later(self.rng.uniform(0.0, 0.1), self._wipe, spare)
+    def _wipe_soon(self, wipe: Callable[[], None] | None) -> None:
+        if wipe is not None:
+            self._later(self.rng.uniform(0.0, 0.05), wipe)
 
-    def _wipe(self, spare: set[str]) -> None:
+    def _wipe(self, candidates: Iterable[str]) -> None:
+        """Wipes the disk of one of `candidates` that is up, within the loss budget."""
         sim = self.sim
-        candidates = [
-            b
-            for b, bookie in sim.bookies.items()
-            if bookie.up and sim.may_lose_data(b) and b not in spare
-        ]
-        if candidates:
-            bookie_id = self.rng.choice(candidates)
-            sim.crash(bookie_id, lose_disk=True, downtime_s=self.rng.uniform(0.01, 0.3))
+        up = [b for b in candidates if sim.bookies[b].up and sim.may_lose_data(b)]
+        if up:
+            bookie_id = self.rng.choice(up)
+            sim.crash(bookie_id, lose_disk=True, downtime_s=self.rng.uniform(0.01, 0.2))
 
     def crash(self) -> None:
         sim = self.sim
@@ -365,6 +395,22 @@ class RandomWorkload:
                 self._later(self.rng.uniform(0.01, duration_s), self.takeover)
         for bookie_id in held:
             self.sim.network.hold_adds(name, bookie_id, duration_s)
+
+    def slow_bookie(self) -> None:
+        """One bookie (most often the one with the longest log) answers every writer late
+        for a while: the others' acknowledgments move the LAC past entries it still holds
+        dirty, or has not got yet."""
+        bookie_id = self._target()
+        extra_s = self.rng.uniform(0.01, 0.08)
+        duration_s = self.rng.uniform(0.2, 1.5)
+        for name in self.writers:
+            self.sim.network.slow(name, bookie_id, extra_s, duration_s)
+
+    def disk_fault(self) -> None:
+        """A bookie's disk turns read-only or full for a while: it refuses adds."""
+        bookie_id = self.rng.choice(sorted(self.sim.bookies))
+        kind = self.rng.choice(("read_only", "full"))
+        self.sim.set_disk_fault(bookie_id, kind, self.rng.uniform(0.05, 1.0))
 
     def flip_read_only(self) -> None:
         """A bookie turns read-only, or writable again, keeping E writable ones."""
