@@ -11,7 +11,10 @@ Nothing here acts: `Knobs` only says which faults a run may draw and how often.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass, fields
+
+from stream.errors import InvalidArgumentError
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,3 +75,18 @@ _ODDS = {
 def draw_knobs(rng: random.Random) -> Knobs:
     """Returns the knobs of one run, drawn from `rng` (in a fixed order)."""
     return Knobs(**{name: rng.random() < odds for name, odds in _ODDS.items()})
+
+
+KNOBS = tuple(_ODDS)
+
+
+def check_knobs(names: Iterable[str]) -> frozenset[str]:
+    """Returns `names` as a set of knob names; raises `InvalidArgumentError` for a name that
+    is not one of `KNOBS`."""
+    chosen = frozenset(names)
+    unknown = sorted(chosen - set(KNOBS))
+    if unknown:
+        raise InvalidArgumentError(
+            f"unknown knob(s) {', '.join(unknown)}; choose from {', '.join(KNOBS)}"
+        )
+    return chosen

@@ -17,13 +17,13 @@ import multiprocessing
 import random
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
 
 from stream.errors import InvalidArgumentError
-from stream.sim.buggify import Knobs, draw_knobs
+from stream.sim.buggify import Knobs, check_knobs, draw_knobs
 from stream.sim.checker import Violation
 from stream.sim.cluster import CLIENT_ERROR, PROTECTIONS, SimConfig, Simulation
 from stream.sim.loop import VirtualTimeLoop
@@ -536,28 +536,54 @@ def run_seed(
     disabled: Iterable[str] = (),
     *,
     reengage: bool = False,
+    buggify: bool = True,
+    knobs: Iterable[str] = (),
 ) -> RunResult:
     """Returns the result of the random run of `seed`: `steps` random actions, then the final
     takeover, read and checks. Same seed, same result (and trace digest). With `reengage`
-    the writers re-engage when superseded (another family of runs per seed)."""
+    the writers re-engage when superseded (another family of runs per seed). The run's
+    BUGGIFY knobs are drawn from the seed (all off without `buggify`); those named in `knobs`
+    are on whatever the draw."""
     off = check_disabled(disabled)
+    forced = check_knobs(knobs)
     master = random.Random(seed)
     config = random_config(random.Random(master.getrandbits(64)), off)
     workload_seed = master.getrandbits(64)
-    knobs = draw_knobs(random.Random(master.getrandbits(64)))
+    drawn = draw_knobs(random.Random(master.getrandbits(64))) if buggify else Knobs()
+    run_knobs = replace(drawn, **dict.fromkeys(forced, True))
 
     async def script(sim: Simulation) -> None:
-        workload = RandomWorkload(sim, random.Random(workload_seed), reengage=reengage, knobs=knobs)
+        workload = RandomWorkload(
+            sim, random.Random(workload_seed), reengage=reengage, knobs=run_knobs
+        )
         await workload.run(steps)
         await sim.finish()
 
     scenario = "random-reengage" if reengage else "random"
-    return run_simulation(seed, config, script, steps=steps, scenario=scenario)
+    result = run_simulation(seed, config, script, steps=steps, scenario=scenario)
+    knob_names = ",".join(run_knobs.names()) or "-"
+    return replace(result, config=f"{result.config} knobs={knob_names}")
 
 
-def _run_one(args: tuple[int, int, frozenset[str], bool]) -> RunResult:
-    seed, steps, disabled, reengage = args
-    return run_seed(seed, steps, disabled, reengage=reengage)
+@dataclass(frozen=True)
+class _Job:
+    seed: int
+    steps: int
+    disabled: frozenset[str]
+    reengage: bool
+    buggify: bool
+    knobs: frozenset[str]
+
+
+def _run_one(job: _Job) -> RunResult:
+    return run_seed(
+        job.seed,
+        job.steps,
+        job.disabled,
+        reengage=job.reengage,
+        buggify=job.buggify,
+        knobs=job.knobs,
+    )
 
 
 def run_many(
@@ -568,11 +594,15 @@ def run_many(
     workers: int = 1,
     stop_on_failure: bool = True,
     reengage: bool = False,
+    buggify: bool = True,
+    knobs: Iterable[str] = (),
 ) -> Iterator[RunResult]:
     """Yields the result of each seed in order (computed in `workers` processes when > 1);
-    with `stop_on_failure`, stops after the first failing seed."""
+    with `stop_on_failure`, stops after the first failing seed. `buggify` and `knobs` as
+    `run_seed`."""
     off = check_disabled(disabled)
-    jobs = ((seed, steps, off, reengage) for seed in seeds)
+    forced = check_knobs(knobs)
+    jobs = (_Job(seed, steps, off, reengage, buggify, forced) for seed in seeds)
     if workers <= 1:
         for job in jobs:
             result = _run_one(job)
