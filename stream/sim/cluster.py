@@ -633,6 +633,21 @@ class Simulation:
         self.trace.record("expire", c=name)
         self.client(name).zk.expire(reconnect_after_s)
 
+    def expire_bookie_session(self, bookie_id: str, reconnect_after_s: float) -> None:
+        """Expires `bookie_id`'s metadata session while it keeps serving: its registration
+        goes (placement no longer sees it) until it registers again after
+        `reconnect_after_s`, if it is still up and nothing else replaced that session."""
+        self.faults += 1
+        session = self._bookie_sessions[bookie_id]
+        session.close()
+        self.trace.record("bookie_expire", b=bookie_id)
+
+        def reconnect() -> None:
+            if self._bookie_sessions.get(bookie_id) is session and self.bookies[bookie_id].up:
+                self._register(bookie_id)
+
+        self.loop.call_later(reconnect_after_s, reconnect)
+
     def lose_zk_reply(
         self,
         name: str,
@@ -708,6 +723,8 @@ class Simulation:
         for bookie_id, bookie in self.bookies.items():
             if not bookie.up:
                 self.restart(bookie_id)
+            elif self._bookie_sessions[bookie_id].zk.closed:
+                self._register(bookie_id)  # its session expired while it served
         # Zombies wake up: what they held is delivered now, and may get acknowledged.
         await asyncio.sleep(settle_s)
         self.check()
@@ -726,6 +743,8 @@ class Simulation:
         end = self.sealed_end()
         if end is None:
             end = await self._final_takeover()
+        if end is None:
+            end = self.sealed_end()  # a seal still running when the faults healed
         if end is None:
             self.checker.violate(LIVENESS, "the final takeover did not complete")
             self.finished = True

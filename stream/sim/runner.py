@@ -251,7 +251,9 @@ class RandomWorkload:
     def seal(self, *, against: Sequence[str] = ()) -> None:
         if self._sealed:
             return
-        name = self.rng.choice(self.writers)
+        now = self.sim.loop.time()
+        awake = [w for w in self.writers if self._frozen.get(w, 0.0) <= now]
+        name = self.rng.choice(awake or self.writers)
         self._sealed = True
         wipe = self._compete(name, against) if against else self._shape_recovery(name)
         self.sim.spawn(self._seal(name, wipe))
@@ -460,6 +462,11 @@ class RandomWorkload:
         self.sim.network.clog(a, b, self.rng.uniform(0.02, 0.5), both=self.rng.random() < 0.5)
 
     def expire(self) -> None:
+        if self.rng.random() < 0.3:
+            # A bookie's session: it keeps serving, unregistered for a while.
+            bookie_id = self.rng.choice(sorted(self.sim.bookies))
+            self.sim.expire_bookie_session(bookie_id, self.rng.uniform(0.05, 1.0))
+            return
         self.sim.expire_session(self.rng.choice(self.writers), self.rng.uniform(0.01, 0.3))
 
     def lose_zk_reply(self) -> None:
