@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from stream.client.ports import AddBatch
+from stream.protocol import Code
+from stream.protocol.justified import overwrite_refusal
 from stream.sim.trace import Trace
 from stream.wire import bookie_pb2 as pb
 
@@ -479,7 +481,7 @@ class SimAddStream:
         if self._incarnation != bookie.incarnation:
             self.fail("bookie restarted")
             return
-        response = bookie.add(request)
+        response = justified_add(bookie, request)
         self._down.push(lambda: self._at_client(response))
 
     def _at_client(self, response: pb.AddResponse) -> None:
@@ -505,6 +507,44 @@ class SimAddStream:
     def close(self) -> None:
         """Half-closes: later sends fail; answers to queued batches may still arrive."""
         self._closed = True
+
+
+def justified_add(bookie: SimBookie, request: pb.AddRequest) -> pb.AddResponse:
+    """Returns `bookie`'s answer to `request` under the real bookie's overwrite rule
+    (`stream.protocol.justified.overwrite_refusal`), which the simulated bookie does not
+    apply itself: an entry at or below its LAC that would replace the stored one (a TRUNCATE
+    above all, say a recovery's no-op delivered late) is refused with BAD_REQUEST, and the
+    rest of the batch is served. Until the real bookie runs in the simulation."""
+    state = bookie.streams.get(request.stream_id)
+    entries = list(request.entries)
+    if state is None or not entries or min(e.entry_id for e in entries) > state.lac:
+        return bookie.add(request)
+    refused = [
+        overwrite_refusal(state.entries.get(e.entry_id), e, state.lac) is not None for e in entries
+    ]
+    if not any(refused):
+        return bookie.add(request)
+    kept = pb.AddRequest()
+    kept.CopyFrom(request)
+    del kept.entries[:]
+    kept.entries.extend(e for e, r in zip(entries, refused, strict=True) if not r)
+    served = bookie.add(kept)
+    answers = iter(served.codes)
+    fallback = served.codes[0]
+    if not kept.entries or fallback != int(Code.OK) and len(set(served.codes)) == 1:
+        # Nothing left to store, or the whole batch was refused (term, stream): one code.
+        codes = [
+            int(Code.BAD_REQUEST) if r and fallback == int(Code.OK) else fallback for r in refused
+        ]
+    else:
+        codes = [int(Code.BAD_REQUEST) if r else next(answers) for r in refused]
+    response = pb.AddResponse()
+    response.CopyFrom(served)
+    del response.entry_ids[:]
+    response.entry_ids.extend(e.entry_id for e in entries)
+    del response.codes[:]
+    response.codes.extend(codes)
+    return response
 
 
 def _consume_error(future: asyncio.Future[Any]) -> None:
