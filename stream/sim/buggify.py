@@ -61,7 +61,7 @@ _ODDS = {
     "hold_adds": 0.4,
     "isolate": 0.4,
     "favor": 0.4,
-    "zombie": 0.4,
+    "zombie": 0.5,
     "wipe": 0.4,
     "placement": 0.3,
     "seal": 0.25,

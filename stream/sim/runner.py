@@ -262,6 +262,21 @@ class RandomWorkload:
         if await self.sim.seal(name):
             self._wipe_soon(wipe)
 
+    def _take_from_dirty(self, dirty: str) -> None:
+        """BUGGIFY: another writer takes over while `dirty` alone holds the dead writer's
+        tail (the unbounded-ledgers blog's divergence): its fence misses `dirty`, and its
+        first adds to it are held, so that its first entries are acknowledged by the others
+        beside `dirty`'s dirty ones, unless the truncate no-op (or, when `dirty` comes back in
+        a later fragment, the new-member truncation) clears them."""
+        name = self.rng.choice(self.writers)
+        client = self.sim.client(name)
+        if client.opening is not None and not client.opening.done():
+            return
+        self.sim.faults += 1
+        self.sim.network.cut(name, dirty, self.rng.uniform(0.02, 0.15))
+        self.sim.network.hold_adds(name, dirty, self.rng.uniform(0.1, 0.8))
+        self.sim.start_takeover(name, reengage=self.reengage)
+
     def _shape_recovery(self, name: str) -> Callable[[], None] | None:
         """BUGGIFY for a takeover by `name`: its fence and reads miss one bookie, its reads
         are answered by one bookie first, or its write-backs to one are held. Returns the
@@ -394,7 +409,7 @@ class RandomWorkload:
                 # often missing `keep`): a dirty tail that a later fragment may take `keep`
                 # back over (new-member truncation) or a recovery may read first.
                 self.sim.pause(name, duration_s + self.rng.uniform(0.1, 1.0))
-                self._later(self.rng.uniform(0.01, duration_s), self.takeover)
+                self._later(self.rng.uniform(0.01, duration_s), self._take_from_dirty, keep)
         for bookie_id in held:
             self.sim.network.hold_adds(name, bookie_id, duration_s)
 
