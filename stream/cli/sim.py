@@ -13,6 +13,7 @@ from typing import Any
 
 from rich.console import Console
 
+from stream.sim.buggify import KNOBS
 from stream.sim.checker import PROPERTIES
 from stream.sim.cluster import PROTECTIONS
 from stream.sim.runner import DEFAULT_STEPS, RunResult, run_many, sim_logging
@@ -23,9 +24,11 @@ def register(sub: Any) -> None:
         "sim",
         help="run the deterministic simulator and its safety checker",
         description="Runs N seeded simulations (random faults: lost, delayed, duplicated and "
-        "reordered messages, swizzle-clog, bookie crashes, paused writers, competing writers, "
-        "metadata session loss) of the real client, checks the four safety properties, and "
-        "exits 1 on the first violation, printing its seed.",
+        "reordered messages, swizzle-clog, bookie crashes and disk wipes, read-only and full "
+        "disks, paused and competing writers, seals, faults on readers' links, metadata "
+        "session loss; BUGGIFY knobs drawn per seed bias them toward rare shapes) of the real "
+        "client, checks the safety properties, and exits 1 on the first violation, printing "
+        "its seed and the command that replays it.",
     )
     p.add_argument("--seeds", type=int, default=100, help="number of seeds to run (default 100)")
     p.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
@@ -62,6 +65,23 @@ def register(sub: Any) -> None:
         help="random runs whose writers take over again when superseded (reengage=True)",
     )
     p.add_argument(
+        "--no-buggify",
+        dest="buggify",
+        action="store_false",
+        help="random runs without BUGGIFY: every fault knob off (the plain random workload)",
+    )
+    p.add_argument(
+        "--knob",
+        dest="knobs",
+        nargs="+",
+        action="extend",
+        default=[],
+        choices=KNOBS,
+        metavar="KNOB",
+        help=f"switch fault knobs on in every random run (others drawn per seed): "
+        f"{', '.join(KNOBS)}",
+    )
+    p.add_argument(
         "--trace", action="store_true", help="print the last trace events of a failing seed"
     )
     p.set_defaults(handler=run)
@@ -86,6 +106,8 @@ def _results(args: argparse.Namespace) -> Any:
             workers=args.workers,
             stop_on_failure=not args.keep_going,
             reengage=args.reengage,
+            buggify=args.buggify,
+            knobs=args.knobs,
         )
     from stream.sim.scenarios import run_scenario
 
@@ -158,6 +180,10 @@ def _report_failure(out: Console, result: RunResult, args: argparse.Namespace) -
         replay += f" --steps {args.steps}"
         if args.reengage:
             replay += " --reengage"
+        if not args.buggify:
+            replay += " --no-buggify"
+        if args.knobs:
+            replay += " --knob " + " ".join(sorted(set(args.knobs)))
     if args.disable:
         replay += " --disable " + " ".join(sorted(set(args.disable)))
     out.print(f"  replay: {replay} --trace")

@@ -371,8 +371,6 @@ class SimBookie:
             responses.append(head)
         return responses
 
-    # ------------------------------------------------------------------ for the checker
-
     @property
     def streams(self) -> _StreamStates:
         """The storage's stream states by id (`.get(stream_id)`: term, limbo, lac, lafr...),

@@ -17,6 +17,14 @@ timestamps' order.
 5. `monotone-time`: entry timestamps never go backwards within the stream (docs/design.md
    "Time"): every read returns non-decreasing timestamps in entry id order, although each
    client's clock is skewed (`Simulation` gives each its own offset).
+6. `no-dirty-read`: a reader never returns an entry that was never committed: every entry
+   id a reader returned data for is within the end the final recovery fixed.
+7. `write-quorum`: every entry of a closed fragment (every fragment but the last) is on its
+   whole write set once the writer or recovery that closed it reported success; checked at
+   the end of a run, every fault healed and every bookie up.
+8. `log-divergence`: up to the LAC, every bookie of an entry's write set that holds the entry
+   holds the same bytes (and flags), acknowledged to the application or not. Checked by the
+   same scans as property 2.
 
 A violation carries the property, the virtual time and the details. The checker only
 observes: it never changes what the simulation does.
@@ -24,7 +32,7 @@ observes: it never changes what the simulation does.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from stream.metadata.model import Fragment, StreamMeta
@@ -37,6 +45,9 @@ NO_DIVERGENCE = "no-divergence"
 READER_AGREEMENT = "reader-agreement"
 SUPERSEDED_WRITER = "superseded-writer"
 MONOTONE_TIME = "monotone-time"
+NO_DIRTY_READ = "no-dirty-read"
+WRITE_QUORUM = "write-quorum"
+LOG_DIVERGENCE = "log-divergence"
 # Not a safety property (docs/design.md §10 progress): with every fault healed and E writable
 # bookies up, a writer left appends neither acknowledged nor failed: a stall with no error.
 PROGRESS = "progress"
@@ -44,7 +55,16 @@ PROGRESS = "progress"
 # fault healed (a bug or a protocol that cannot make progress).
 LIVENESS = "liveness"
 
-PROPERTIES = (DURABILITY, NO_DIVERGENCE, READER_AGREEMENT, SUPERSEDED_WRITER, MONOTONE_TIME)
+PROPERTIES = (
+    DURABILITY,
+    NO_DIVERGENCE,
+    READER_AGREEMENT,
+    SUPERSEDED_WRITER,
+    MONOTONE_TIME,
+    NO_DIRTY_READ,
+    WRITE_QUORUM,
+    LOG_DIVERGENCE,
+)
 
 _NOOP = int(EntryFlag.NOOP)
 # A reader that skipped an id saw a no-op there.
@@ -89,6 +109,7 @@ class Checker:
         # entry id -> (payload or None for a skipped no-op, reader, time)
         self.seen: dict[int, tuple[bytes | None, str, float]] = {}
         self._reported_divergence: set[tuple[int, str]] = set()
+        self._reported_log: set[int] = set()
 
     # ------------------------------------------------------------------ reporting
 
@@ -211,7 +232,55 @@ class Checker:
                         f"{ack.payload!r} (writer {ack.writer}, term {ack.term})",
                     )
 
+    def scan_log(
+        self,
+        config: QuorumConfig,
+        fragments: Sequence[Fragment],
+        first_retained: int,
+        lac: int,
+        held: Callable[[str, int], pb.Entry | None],
+    ) -> None:
+        """Checks property 8: for every retained entry up to `lac`, the bookies of its write
+        set under `fragments` that hold it (`held(bookie, entry)`) hold the same bytes."""
+        if not fragments:
+            return
+        firsts = [(f.first_entry_id, f.ensemble) for f in fragments]
+        for entry_id in range(max(first_retained, firsts[0][0]), lac + 1):
+            if entry_id in self._reported_log:
+                continue
+            ensemble = firsts[fragment_index_for(firsts, entry_id)][1]
+            copies: dict[tuple[bytes, int], str] = {}
+            for bookie_id in config.write_set_bookies(ensemble, entry_id):
+                entry = held(bookie_id, entry_id)
+                if entry is not None:
+                    copies.setdefault((entry.payload, entry.flags & _NOOP), bookie_id)
+            if len(copies) > 1:
+                self._reported_log.add(entry_id)
+                seen = ", ".join(
+                    f"{bookie} {'a no-op' if noop else repr(payload)}"
+                    for (payload, noop), bookie in copies.items()
+                )
+                self.violate(
+                    LOG_DIVERGENCE,
+                    f"entry {entry_id} (at or below the LAC {lac}) differs between bookies of "
+                    f"its write set: {seen}",
+                )
+
     # ------------------------------------------------------------------ the end of a run
+
+    def check_write_quorum(
+        self,
+        config: QuorumConfig,
+        fragments: Sequence[Fragment],
+        first_retained: int,
+        held: Callable[[str, int], pb.Entry | None],
+        excused: Collection[str] = (),
+    ) -> None:
+        """Checks property 7: every retained entry of every fragment but the last is held by
+        every bookie of its write set (but those `excused`: see `write_quorum_gap`)."""
+        missing = write_quorum_gap(config, fragments, first_retained, held, excused)
+        if missing is not None:
+            self.violate(WRITE_QUORUM, missing)
 
     def final(
         self, end_entry_id: int, final_read: Mapping[int, bytes] | None, *, source: str = ""
@@ -220,6 +289,14 @@ class Checker:
         takeover fixed the end: the final reader's (no-ops left out), or what `source` says
         when the reader could not read it all (None: nothing to compare)."""
         source = source or "the final read gives"
+        for entry_id, (payload, reader, seen_at) in sorted(self.seen.items()):
+            if entry_id > end_entry_id and payload is not None:
+                self.violate(
+                    NO_DIRTY_READ,
+                    f"reader {reader} returned entry {entry_id} ({payload!r}) at "
+                    f"t={seen_at:.4f}s; the final recovery ended the stream at {end_entry_id}",
+                )
+                break
         for entry_id in sorted(self.acked):
             ack = self.acked[entry_id]
             if entry_id > end_entry_id:
@@ -240,3 +317,28 @@ class Checker:
                     f"{ack.writer}, term {ack.term}); {source} "
                     f"{'nothing' if payload is None else repr(payload)}",
                 )
+
+
+def write_quorum_gap(
+    config: QuorumConfig,
+    fragments: Sequence[Fragment],
+    first_retained: int,
+    held: Callable[[str, int], pb.Entry | None],
+    excused: Collection[str] = (),
+) -> str | None:
+    """Returns what breaks property 7 first (an entry of a closed fragment missing on a bookie
+    of its write set), None when nothing does. Bookies `excused` lost data in a crash after
+    the fragment closed: bringing it back is re-replication's work, not the writer's."""
+    for fragment in fragments[:-1]:
+        last = fragment.last_entry_id
+        if last is None:
+            continue
+        for entry_id in range(max(first_retained, fragment.first_entry_id), last + 1):
+            write_set = config.write_set_bookies(fragment.ensemble, entry_id)
+            missing = [b for b in write_set if b not in excused and held(b, entry_id) is None]
+            if missing:
+                return (
+                    f"entry {entry_id} of the closed fragment {fragment.first_entry_id}.."
+                    f"{last} is missing on {missing} (write set {list(write_set)})"
+                )
+    return None

@@ -144,17 +144,30 @@ class SimNetwork:
         self.trace.record("resume", n=node)
         self._release_parked()
 
-    def slow(self, a: str, b: str, extra_s: float) -> None:
-        """Adds `extra_s` of latency to the links between `a` and `b` (directed scripts)."""
+    def slow(self, a: str, b: str, extra_s: float, duration_s: float = math.inf) -> None:
+        """Adds `extra_s` of latency to the links between `a` and `b` for `duration_s`."""
         self._extra_latency[(a, b)] = extra_s
         self._extra_latency[(b, a)] = extra_s
         self.trace.record("slow", a=a, b=b, d=extra_s)
+        if duration_s != math.inf:
+            self.loop.call_later(duration_s, self._unslow, a, b, extra_s)
 
-    def hold_adds(self, src: str, dst: str) -> None:
+    def _unslow(self, a: str, b: str, extra_s: float) -> None:
+        for link in ((a, b), (b, a)):
+            if self._extra_latency.get(link) == extra_s:
+                del self._extra_latency[link]
+
+    def paused(self, node: str) -> bool:
+        """Returns whether `node` is paused now (`clog_node`)."""
+        return self._node_clog.get(node, 0.0) > self.now()
+
+    def hold_adds(self, src: str, dst: str, duration_s: float = math.inf) -> None:
         """Holds the Add stream batches from `src` to `dst` (unary requests still pass) until
-        `release_adds` or `heal` (directed scripts)."""
+        `release_adds`, `heal` or `duration_s` passed."""
         self._held_adds.add((src, dst))
         self.trace.record("hold_adds", a=src, b=dst)
+        if duration_s != math.inf:
+            self.loop.call_later(duration_s, self.release_adds, src, dst)
 
     def release_adds(self, src: str, dst: str) -> None:
         """Delivers the held Add stream batches from `src` to `dst`."""

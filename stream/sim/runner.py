@@ -16,13 +16,14 @@ import math
 import multiprocessing
 import random
 import sys
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
 
 from stream.errors import InvalidArgumentError
+from stream.sim.buggify import Knobs, check_knobs, draw_knobs
 from stream.sim.checker import Violation
 from stream.sim.cluster import CLIENT_ERROR, PROTECTIONS, SimConfig, Simulation
 from stream.sim.loop import VirtualTimeLoop
@@ -30,9 +31,20 @@ from stream.sim.network import NetworkFaults
 
 DEFAULT_STEPS = 40
 
-# (E, WQ, AQ) the random runs choose from: AQ >= 2 always, so that one bookie losing its
-# unflushed data (at most one such crash per run) cannot lose an acknowledged entry by itself.
-_QUORUMS = ((3, 3, 2), (3, 2, 2), (4, 3, 2), (4, 2, 2), (5, 3, 2), (3, 3, 3))
+# (E, WQ, AQ) the random runs choose from: striping (E > WQ) and AQ = 1 among them. What a
+# crash may lose is bounded by `Simulation.may_lose_data` (fewer than AQ bookies), not here.
+_QUORUMS = (
+    (3, 3, 2),
+    (3, 2, 2),
+    (4, 3, 2),
+    (4, 2, 2),
+    (5, 3, 2),
+    (5, 2, 2),
+    (3, 3, 3),
+    (2, 2, 1),
+    (3, 2, 1),
+    (3, 3, 1),
+)
 
 
 @dataclass(frozen=True)
@@ -75,7 +87,8 @@ def random_config(rng: random.Random, disabled: frozenset[str]) -> SimConfig:
     bookies = ensemble + rng.choice((1, 2, 2, 3))
     ids = [f"b{i}" for i in range(1, bookies + 1)]
     journal_less: frozenset[str] = frozenset()
-    if rng.random() < 0.5:
+    # AQ = 1 places on journaled bookies only (one acknowledgment must be durable).
+    if rng.random() < 0.5 and ack_quorum > 1:
         journal_less = frozenset(b for b in ids if rng.random() < 0.5)
     faults = NetworkFaults(
         spike_rate=rng.choice((0.0, 0.02, 0.1)),
@@ -108,16 +121,24 @@ def describe(config: SimConfig) -> str:
 
 
 class RandomWorkload:
-    """Random steps: appends, reads, competing takeovers and faults of every kind."""
+    """Random steps: appends, reads, seals, competing takeovers and faults of every kind, with
+    the run's BUGGIFY knobs (`stream.sim.buggify`) biasing them toward rare shapes."""
 
-    def __init__(self, sim: Simulation, rng: random.Random, *, reengage: bool = False) -> None:
+    def __init__(
+        self, sim: Simulation, rng: random.Random, *, reengage: bool = False, knobs: Knobs
+    ) -> None:
         """With `reengage`, every writer takes the stream over again when superseded (the
         client's `reengage=True`), so writers keep competing to the end."""
         self.sim = sim
         self.rng = rng
         self.reengage = reengage
+        self.knobs = knobs
         self.writers = [f"c{i}" for i in range(1, rng.choice((2, 3, 3)) + 1)]
         self.readers = ["r1", "r2"]
+        self._sealed = False
+        # Writers frozen by `zombie`, until when.
+        self._frozen: dict[str, float] = {}
+        self._done = False
         self._actions: list[tuple[int, Callable[[], None]]] = [
             (40, self.append),
             (8, self.read),
@@ -130,19 +151,46 @@ class RandomWorkload:
             (2, self.expire),
             (2, self.lose_zk_reply),
         ]
+        if knobs.hold_adds:
+            self._actions.append((6, self.hold_adds))
+        if knobs.placement:
+            self._actions.append((4, self.flip_read_only))
+        if knobs.seal:
+            self._actions.append((1, self.seal))
+        if knobs.disk_faults:
+            self._actions.append((3, self.disk_fault))
+        if knobs.slow_bookie:
+            self._actions.append((4, self.slow_bookie))
         self._weights = [w for w, _ in self._actions]
 
     async def run(self, steps: int) -> None:
         sim = self.sim
-        sim.start_takeover(self.writers[0], reengage=self.reengage)
+        sim.trace.record("knobs", on=",".join(self.knobs.names()) or "-")
+        self.takeover(self.writers[0])
         for _ in range(steps):
-            if not any(sim.client(w).writer for w in self.writers) and not self._opening():
+            if not self._sealed and not self._writing() and not self._opening():
                 self.takeover()
             else:
                 ((_, action),) = self.rng.choices(self._actions, weights=self._weights)
                 action()
             await asyncio.sleep(self.rng.uniform(0.002, 0.04))
             sim.check()
+        self._done = True
+        for bookie_id in sorted(sim.read_only):
+            sim.set_read_only(bookie_id, False)  # the final takeover needs its placement
+
+    def _later(self, delay_s: float, action: Callable[..., object], *args: object) -> None:
+        """Runs `action(*args)` after `delay_s`, unless the random steps are over by then (the
+        run's end heals every fault)."""
+
+        def run() -> None:
+            if not self._done:
+                action(*args)
+
+        self.sim.loop.call_later(delay_s, run)
+
+    def _writing(self) -> bool:
+        return any(self.sim.client(w).writer for w in self.writers)
 
     def _opening(self) -> bool:
         return any(
@@ -150,37 +198,245 @@ class RandomWorkload:
             for w in self.writers
         )
 
+    def _ensemble(self) -> tuple[str, ...]:
+        """Returns the last fragment's ensemble (every bookie before the first one)."""
+        fragments = self.sim.snapshot()[2]
+        return tuple(fragments[-1].ensemble if fragments else sorted(self.sim.bookies))
+
+    def _target(self) -> str:
+        """Returns a bookie to aim a fault at: most often the one holding the longest log (the
+        dirty data every protection is about), else one of the last ensemble."""
+        sim = self.sim
+        if self.rng.random() < 0.6:
+            lasts = {
+                b: max(state.entries, default=-1)
+                for b, bookie in sim.bookies.items()
+                if (state := bookie.streams.get(sim.stream_id)) is not None
+            }
+            if lasts:
+                longest = max(lasts.values())
+                return self.rng.choice(sorted(b for b, last in lasts.items() if last == longest))
+        return self.rng.choice(self._ensemble())
+
     # ------------------------------------------------------------------ actions
 
     def append(self) -> None:
-        active = [w for w in self.writers if self.sim.client(w).writer is not None]
+        # A writer frozen right after its takeover (`zombie`) appends nothing until it wakes:
+        # it opens no Add stream a bookie's crash would break before it writes.
+        now = self.sim.loop.time()
+        active = [
+            w
+            for w in self.writers
+            if self.sim.client(w).writer is not None and self._frozen.get(w, 0.0) <= now
+        ]
         if active:
             self.sim.append(self.rng.choice(active), self.rng.randint(1, 5))
 
     def read(self) -> None:
         self.sim.spawn(self.sim.read(self.rng.choice(self.readers), self.rng.randint(3, 20)))
 
-    def takeover(self) -> None:
-        self.sim.start_takeover(self.rng.choice(self.writers), reengage=self.reengage)
+    def takeover(self, name: str | None = None, *, against: Sequence[str] = ()) -> None:
+        """Starts a takeover by `name` (a random writer when None), shaped by the knobs, or
+        `against` a zombie whose next entry's write set that is (see `_compete`)."""
+        name = name or self.rng.choice(self.writers)
+        client = self.sim.client(name)
+        if client.opening is not None and not client.opening.done():
+            return
+        wipe = self._compete(name, against) if against else self._shape_recovery(name)
+        self.sim.start_takeover(name, reengage=self.reengage)
+        opening = client.opening
+        assert opening is not None
+        self.sim.spawn(self._after_takeover(name, opening, wipe))
+
+    def seal(self, *, against: Sequence[str] = ()) -> None:
+        if self._sealed:
+            return
+        now = self.sim.loop.time()
+        awake = [w for w in self.writers if self._frozen.get(w, 0.0) <= now]
+        name = self.rng.choice(awake or self.writers)
+        self._sealed = True
+        wipe = self._compete(name, against) if against else self._shape_recovery(name)
+        self.sim.spawn(self._seal(name, wipe))
+
+    async def _seal(self, name: str, wipe: Callable[[], None] | None) -> None:
+        if await self.sim.seal(name):
+            self._wipe_soon(wipe)
+
+    def _take_from_dirty(self, dirty: str) -> None:
+        """BUGGIFY: another writer takes over while `dirty` alone holds the dead writer's
+        tail (the unbounded-ledgers blog's divergence): its fence misses `dirty`, and its
+        first adds to it are held, so that its first entries are acknowledged by the others
+        beside `dirty`'s dirty ones, unless the truncate no-op (or, when `dirty` comes back in
+        a later fragment, the new-member truncation) clears them."""
+        name = self.rng.choice(self.writers)
+        client = self.sim.client(name)
+        if client.opening is not None and not client.opening.done():
+            return
+        self.sim.faults += 1
+        self.sim.network.cut(name, dirty, self.rng.uniform(0.02, 0.15))
+        self.sim.network.hold_adds(name, dirty, self.rng.uniform(0.1, 0.8))
+        self.sim.start_takeover(name, reengage=self.reengage)
+
+    def _shape_recovery(self, name: str) -> Callable[[], None] | None:
+        """BUGGIFY for a takeover by `name`: its fence and reads miss one bookie, its reads
+        are answered by one bookie first, or its write-backs to one are held. Returns the
+        disk wipe to try once it is done: one of the other bookies."""
+        knobs, rng, network = self.knobs, self.rng, self.sim.network
+        target = self._target()
+        missed = set()
+        if knobs.isolate and rng.random() < 0.5:
+            self.sim.faults += 1
+            network.cut(name, target, rng.uniform(0.05, 0.6))
+            missed.add(target)
+        elif knobs.favor and rng.random() < 0.5:
+            for bookie_id in self.sim.bookies:
+                if bookie_id != target:
+                    network.slow(name, bookie_id, 0.02, rng.uniform(0.1, 0.8))
+        if knobs.hold_adds and rng.random() < 0.5:
+            # Most often to the bookie it missed: the new term's first entries then reach
+            # the others only, beside that bookie's dirty ones.
+            self.sim.faults += 1
+            held = target if rng.random() < 0.6 else rng.choice(self._ensemble())
+            network.hold_adds(name, held, rng.uniform(0.01, 0.8))
+            spares = sorted(set(self.sim.bookies) - set(self._ensemble()))
+            if spares and rng.random() < 0.5:
+                # The bookie that replaces the held one fails at once: the one replaced away
+                # is the spare left (what the spare-holders rule guards).
+                self._later(rng.uniform(0.01, 0.2), network.cut, name, rng.choice(spares), 0.3)
+        if not (knobs.wipe and rng.random() < 0.7):
+            return None
+        others = sorted(set(self.sim.bookies) - missed)
+        return lambda: self._wipe(others)
+
+    def _compete(self, name: str, ensemble: Sequence[str]) -> Callable[[], None] | None:
+        """BUGGIFY for a takeover (or seal) by `name` against a frozen writer whose next entry
+        goes to `ensemble` (BP-46's lost fence): its fence and reads miss one of them, which
+        keeps the old term; its write-backs to another may be held (that one is replaced
+        away, no fragment names it). Returns the disk wipe to try once it is done: the held
+        one, or another bookie than the one it missed, so that the wiped bookie forgets the
+        new term unless phase one or the wiped-term check gives it back."""
+        rng, network = self.rng, self.sim.network
+        self.sim.faults += 1
+        missed = rng.choice(ensemble)
+        self.sim.trace.record("compete", c=name, missed=missed)
+        network.cut(name, missed, rng.uniform(0.3, 0.8))
+        rest = [b for b in ensemble if b != missed]
+        if rest and rng.random() < 0.5:
+            held = rng.choice(rest)
+            network.hold_adds(name, held, rng.uniform(0.3, 0.8))
+            rest = [held]
+        if rng.random() < 0.2:
+            return None
+        return lambda: self._wipe(rest)
+
+    async def _after_takeover(
+        self, name: str, opening: asyncio.Task[Any], wipe: Callable[[], None] | None
+    ) -> None:
+        """BUGGIFY after a takeover: the new writer freezes before it writes while a
+        competitor takes over or seals (a zombie with no connection yet), or a bookie loses
+        its disk as the new term begins (`wipe`)."""
+        try:
+            writer = await asyncio.shield(opening)
+        except Exception:
+            return
+        if writer is None:
+            return
+        if self.knobs.zombie and self.rng.random() < 0.5:
+            frozen_s = self.rng.uniform(0.3, 1.5)
+            self._frozen[name] = self.sim.loop.time() + frozen_s
+            self.sim.pause(name, frozen_s)
+            others = [w for w in self.writers if w != name]
+            if others and self.rng.random() < 0.8:
+                # The bookies its next entry goes to: where the lost fence lets it commit.
+                meta, _, fragments = self.sim.snapshot()
+                write_set = meta.quorum.write_set_bookies(
+                    fragments[-1].ensemble, writer.last_add_confirmed + 1
+                )
+                await asyncio.sleep(self.rng.uniform(0.0, 0.05))
+                if self.knobs.seal and self.rng.random() < 0.5:
+                    self.seal(against=write_set)
+                else:
+                    self.takeover(self.rng.choice(others), against=write_set)
+                return
+        self._wipe_soon(wipe)
+
+    def _wipe_soon(self, wipe: Callable[[], None] | None) -> None:
+        if wipe is not None:
+            self._later(self.rng.uniform(0.0, 0.05), wipe)
+
+    def _wipe(self, candidates: Iterable[str]) -> None:
+        """Wipes the disk of one of `candidates` that is up, within the loss budget."""
+        sim = self.sim
+        up = [b for b in candidates if sim.bookies[b].up and sim.may_lose_data(b)]
+        if up:
+            bookie_id = self.rng.choice(up)
+            sim.crash(bookie_id, lose_disk=True, downtime_s=self.rng.uniform(0.01, 0.2))
 
     def crash(self) -> None:
         sim = self.sim
         up = [b for b, bookie in sim.bookies.items() if bookie.up]
         down = len(sim.bookies) - len(up)
-        if not up or down >= 2:
+        max_down = len(sim.bookies) - 1 if self.knobs.outage else 2
+        if not up or down >= max_down:
             return
-        lossless = [b for b in up if sim.bookies[b].journal_write_data]
         downtime_s = self.rng.uniform(0.05, 1.0)
+        bookie_id = self.rng.choice(up)
+        lossless = sim.bookies[bookie_id].journal_write_data
         if self.rng.random() < 0.15:
-            sim.stop_cleanly(self.rng.choice(up), downtime_s)  # an orderly restart
-        elif sim.lossy_crashes == 0 and self.rng.random() < 0.6:
-            # The one crash of this run that may lose data: the unflushed entries of a
-            # bookie without the journal, or a whole disk.
-            bookie_id = self.rng.choice(up)
+            sim.stop_cleanly(bookie_id, downtime_s)  # an orderly restart
+        elif sim.may_lose_data(bookie_id) and self.rng.random() < 0.6:
+            # A crash that may lose data: the unflushed entries of a bookie without the
+            # journal, or a whole disk.
             lose_disk = self.rng.random() < 0.25
             sim.crash(bookie_id, lose_disk=lose_disk, downtime_s=downtime_s)
         elif lossless:
-            sim.crash(self.rng.choice(lossless), downtime_s=downtime_s)
+            sim.crash(bookie_id, downtime_s=downtime_s)
+
+    def hold_adds(self) -> None:
+        """A writer's Add streams to all but one bookie of its ensemble (or to one) are held
+        for a while: the entries meanwhile reach a subset of their write sets only."""
+        self.sim.faults += 1
+        name = self.rng.choice(self.writers)
+        ensemble = self._ensemble()
+        duration_s = self.rng.uniform(0.02, 0.6)
+        if self.rng.random() < 0.5:
+            held = [self.rng.choice(ensemble)]
+        else:
+            keep = self._target()
+            held = [b for b in ensemble if b != keep]
+            if self.rng.random() < 0.5:
+                # The writer dies with its tail on `keep` only, and another takes over (most
+                # often missing `keep`): a dirty tail that a later fragment may take `keep`
+                # back over (new-member truncation) or a recovery may read first.
+                self.sim.pause(name, duration_s + self.rng.uniform(0.1, 1.0))
+                self._later(self.rng.uniform(0.01, duration_s), self._take_from_dirty, keep)
+        for bookie_id in held:
+            self.sim.network.hold_adds(name, bookie_id, duration_s)
+
+    def slow_bookie(self) -> None:
+        """One bookie (most often the one with the longest log) answers every writer late
+        for a while: the others' acknowledgments move the LAC past entries it still holds
+        dirty, or has not got yet."""
+        bookie_id = self._target()
+        extra_s = self.rng.uniform(0.01, 0.08)
+        duration_s = self.rng.uniform(0.2, 1.5)
+        for name in self.writers:
+            self.sim.network.slow(name, bookie_id, extra_s, duration_s)
+
+    def disk_fault(self) -> None:
+        """A bookie's disk turns read-only or full for a while: it refuses adds."""
+        bookie_id = self.rng.choice(sorted(self.sim.bookies))
+        kind = self.rng.choice(("read_only", "full"))
+        self.sim.set_disk_fault(bookie_id, kind, self.rng.uniform(0.05, 1.0))
+
+    def flip_read_only(self) -> None:
+        """A bookie turns read-only, or writable again, keeping E writable ones."""
+        sim = self.sim
+        bookie_id = self.rng.choice(sorted(sim.bookies))
+        if bookie_id in sim.read_only:
+            sim.set_read_only(bookie_id, False)
+        elif len(sim.bookies) - len(sim.read_only) > sim.config.ensemble:
+            sim.set_read_only(bookie_id, True)
 
     def pause(self) -> None:
         # A writer stops (GC pause, VM freeze) and wakes up later: a zombie.
@@ -204,7 +460,10 @@ class RandomWorkload:
             await asyncio.sleep(self.rng.uniform(0.005, 0.1))
 
     def _link(self) -> tuple[str, str]:
-        return self.rng.choice(self.writers), self.rng.choice(list(self.sim.bookies))
+        clients = self.writers
+        if self.knobs.reader_faults:
+            clients = [*self.writers, *self.readers]
+        return self.rng.choice(clients), self.rng.choice(list(self.sim.bookies))
 
     def partition(self) -> None:
         a, b = self._link()
@@ -218,6 +477,11 @@ class RandomWorkload:
         self.sim.network.clog(a, b, self.rng.uniform(0.02, 0.5), both=self.rng.random() < 0.5)
 
     def expire(self) -> None:
+        if self.rng.random() < 0.3:
+            # A bookie's session: it keeps serving, unregistered for a while.
+            bookie_id = self.rng.choice(sorted(self.sim.bookies))
+            self.sim.expire_bookie_session(bookie_id, self.rng.uniform(0.05, 1.0))
+            return
         self.sim.expire_session(self.rng.choice(self.writers), self.rng.uniform(0.01, 0.3))
 
     def lose_zk_reply(self) -> None:
@@ -294,26 +558,54 @@ def run_seed(
     disabled: Iterable[str] = (),
     *,
     reengage: bool = False,
+    buggify: bool = True,
+    knobs: Iterable[str] = (),
 ) -> RunResult:
     """Returns the result of the random run of `seed`: `steps` random actions, then the final
     takeover, read and checks. Same seed, same result (and trace digest). With `reengage`
-    the writers re-engage when superseded (another family of runs per seed)."""
+    the writers re-engage when superseded (another family of runs per seed). The run's
+    BUGGIFY knobs are drawn from the seed (all off without `buggify`); those named in `knobs`
+    are on whatever the draw."""
     off = check_disabled(disabled)
+    forced = check_knobs(knobs)
     master = random.Random(seed)
     config = random_config(random.Random(master.getrandbits(64)), off)
     workload_seed = master.getrandbits(64)
+    drawn = draw_knobs(random.Random(master.getrandbits(64))) if buggify else Knobs()
+    run_knobs = replace(drawn, **dict.fromkeys(forced, True))
 
     async def script(sim: Simulation) -> None:
-        await RandomWorkload(sim, random.Random(workload_seed), reengage=reengage).run(steps)
+        workload = RandomWorkload(
+            sim, random.Random(workload_seed), reengage=reengage, knobs=run_knobs
+        )
+        await workload.run(steps)
         await sim.finish()
 
     scenario = "random-reengage" if reengage else "random"
-    return run_simulation(seed, config, script, steps=steps, scenario=scenario)
+    result = run_simulation(seed, config, script, steps=steps, scenario=scenario)
+    knob_names = ",".join(run_knobs.names()) or "-"
+    return replace(result, config=f"{result.config} knobs={knob_names}")
 
 
-def _run_one(args: tuple[int, int, frozenset[str], bool]) -> RunResult:
-    seed, steps, disabled, reengage = args
-    return run_seed(seed, steps, disabled, reengage=reengage)
+@dataclass(frozen=True)
+class _Job:
+    seed: int
+    steps: int
+    disabled: frozenset[str]
+    reengage: bool
+    buggify: bool
+    knobs: frozenset[str]
+
+
+def _run_one(job: _Job) -> RunResult:
+    return run_seed(
+        job.seed,
+        job.steps,
+        job.disabled,
+        reengage=job.reengage,
+        buggify=job.buggify,
+        knobs=job.knobs,
+    )
 
 
 def run_many(
@@ -324,11 +616,15 @@ def run_many(
     workers: int = 1,
     stop_on_failure: bool = True,
     reengage: bool = False,
+    buggify: bool = True,
+    knobs: Iterable[str] = (),
 ) -> Iterator[RunResult]:
     """Yields the result of each seed in order (computed in `workers` processes when > 1);
-    with `stop_on_failure`, stops after the first failing seed."""
+    with `stop_on_failure`, stops after the first failing seed. `buggify` and `knobs` as
+    `run_seed`."""
     off = check_disabled(disabled)
-    jobs = ((seed, steps, off, reengage) for seed in seeds)
+    forced = check_knobs(knobs)
+    jobs = (_Job(seed, steps, off, reengage, buggify, forced) for seed in seeds)
     if workers <= 1:
         for job in jobs:
             result = _run_one(job)

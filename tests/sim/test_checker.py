@@ -8,10 +8,13 @@ from stream.metadata.model import Fragment, StreamMeta
 from stream.protocol import QuorumConfig
 from stream.sim.checker import (
     DURABILITY,
+    LOG_DIVERGENCE,
     MONOTONE_TIME,
+    NO_DIRTY_READ,
     NO_DIVERGENCE,
     READER_AGREEMENT,
     SUPERSEDED_WRITER,
+    WRITE_QUORUM,
     Checker,
 )
 from stream.sim.trace import Trace
@@ -126,3 +129,67 @@ def test_timestamps_that_go_backwards_are_a_violation() -> None:
     checker.on_timestamps("r2", [(0, 10), (1, 12), (3, 11), (4, 9)])
     assert _props(checker) == [MONOTONE_TIME]
     assert "entry 3 is stamped 11, before entry 1 (12)" in checker.violations[0].details
+
+
+def _entry(entry_id: int, payload: bytes) -> pb.Entry:
+    return prepare_entry(1, entry_id, 0, 0, payload).entry()
+
+
+def test_a_read_past_the_fixed_end_is_a_dirty_read() -> None:
+    checker, _ = _checker()
+    checker.on_ack("c1", 1, 0, b"a")
+    # r1 read e1 = "dirty" (a writer's unacknowledged entry) before the recovery ended at 0.
+    checker.on_read("r1", 0, 1, [(0, b"a"), (1, b"dirty")])
+    assert checker.violations == []
+    checker.final(0, {0: b"a"})
+    assert _props(checker) == [NO_DIRTY_READ]
+    assert "entry 1 (b'dirty')" in checker.violations[0].details
+
+
+def test_a_skipped_noop_past_the_end_is_no_dirty_read() -> None:
+    checker, _ = _checker()
+    checker.on_read("r1", 0, 1, [(0, b"a")])  # 1 skipped: a no-op
+    checker.final(0, {0: b"a"})
+    assert checker.violations == []
+
+
+def test_a_closed_fragment_missing_an_entry_on_its_write_set_breaks_write_quorum() -> None:
+    checker, _ = _checker()
+    fragments = [
+        Fragment(0, ("b1", "b2", "b3"), created_ms=1, last_entry_id=1),
+        Fragment(2, ("b1", "b2", "b4"), created_ms=2),
+    ]
+    held = {(b, e): _entry(e, b"x") for b in ("b1", "b2", "b3") for e in (0, 1)}
+    held |= {("b1", 2): _entry(2, b"y"), ("b4", 2): _entry(2, b"y")}  # the open fragment: AQ
+    config = QuorumConfig(3, 3, 2)
+    checker.check_write_quorum(config, fragments, 0, lambda b, e: held.get((b, e)))
+    assert checker.violations == []
+    del held[("b3", 1)]  # acknowledged by b1, b2 (AQ) but never reached b3
+    checker.check_write_quorum(config, fragments, 0, lambda b, e: held.get((b, e)))
+    assert _props(checker) == [WRITE_QUORUM]
+    assert "entry 1" in checker.violations[0].details and "['b3']" in checker.violations[0].details
+    checker.check_write_quorum(config, fragments, 2, lambda b, e: held.get((b, e)))
+    assert len(checker.violations) == 1  # trimmed below 2: nothing left to check
+
+
+def test_bookies_disagreeing_below_the_lac_is_log_divergence_acknowledged_or_not() -> None:
+    checker, _ = _checker()
+    fragments = [Fragment(0, ("b1", "b2", "b3"), created_ms=1)]
+    # Nothing acknowledged to the application: property 2 cannot see it, property 8 does.
+    held = {
+        ("b1", 0): _entry(0, b"a"),
+        ("b2", 0): _entry(0, b"a"),
+        ("b1", 1): _entry(1, b"recovered"),
+        ("b3", 1): _entry(1, b"dirty"),
+        ("b1", 2): _entry(2, b"above the LAC"),
+        ("b2", 2): _entry(2, b"differs, not committed"),
+    }
+
+    def lookup(bookie_id: str, entry_id: int) -> pb.Entry | None:
+        return held.get((bookie_id, entry_id))
+
+    checker.scan_log(QuorumConfig(3, 3, 2), fragments, 0, 1, lookup)
+    assert _props(checker) == [LOG_DIVERGENCE]
+    assert "entry 1" in checker.violations[0].details
+    checker.scan_log(QuorumConfig(3, 3, 2), fragments, 0, 1, lookup)
+    assert len(checker.violations) == 1  # reported once

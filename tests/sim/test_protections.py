@@ -10,19 +10,29 @@ import os
 
 import pytest
 
-from stream.sim.cluster import PROTECTIONS, TERM_FENCING, WIPED_TERM_CHECK
+from stream.sim.cluster import (
+    GWQ,
+    KEEP_FAILED,
+    LIMBO,
+    PROTECTIONS,
+    TERM_FENCING,
+    WIPED_TERM_CHECK,
+)
 from stream.sim.runner import RunResult, run_many, run_seed
 from stream.sim.scenarios import SCENARIOS, run_scenario
 
 SCENARIO_FOR = {s.targets: s.name for s in SCENARIOS.values() if s.targets is not None}
 SCENARIO_SEEDS = range(5)
-# Protections whose counterexample random faults reach often enough for a test: without
-# fencing most seeds fail. The others' counterexamples are rarer in random runs (a few per
-# thousand seeds, and which seeds depends on the client's version); their directed scenarios
-# are the tests, and `streamctl sim --disable P --seeds N` the long search.
-RANDOM_FINDS = (TERM_FENCING,)
-RANDOM_SEEDS = 100
-SWEEP_SEEDS = 5000
+# Random search has teeth: with BUGGIFY biasing the random runs (`stream.sim.buggify`), each
+# of these protections switched off lets random faults alone break a property within this
+# many seeds (what `streamctl sim --seeds 400 --disable P` runs), and that seed passes with
+# it on. Not yet reached by random runs within 400 seeds (their directed scenarios are the
+# tests): truncate-noop, new-member-truncation, phase-one-fence, spare-holders,
+# unpinned-first.
+RANDOM_FINDS = (TERM_FENCING, GWQ, LIMBO, WIPED_TERM_CHECK, KEEP_FAILED)
+RANDOM_SEEDS = 400
+# At least 1,000 seeds with every protection on inside the suite (`--workers 2`).
+SWEEP_SEEDS = 1000
 REENGAGE_SEEDS = 400
 
 
@@ -55,13 +65,14 @@ def test_scenario_passes_with_every_protection_on(protection: str) -> None:
 
 @pytest.mark.parametrize("protection", RANDOM_FINDS)
 def test_random_faults_find_the_counterexample(protection: str) -> None:
-    for seed in range(RANDOM_SEEDS):
-        result = run_seed(seed, disabled={protection})
-        # A counterexample of this protection: the same seed passes with everything on.
-        if not result.ok and run_seed(seed).ok:
-            print(f"\n{protection} off: random seed {seed}: {_first(result)}")
-            return
-    pytest.fail(f"no counterexample with {protection} off in {RANDOM_SEEDS} random seeds")
+    workers = min(2, os.cpu_count() or 1)
+    results = run_many(range(RANDOM_SEEDS), disabled={protection}, workers=workers)
+    failed = next((r for r in results if not r.ok), None)
+    assert failed is not None, f"no violation with {protection} off in {RANDOM_SEEDS} seeds"
+    print(f"\n{protection} off: random seed {failed.seed}: {_first(failed)}")
+    # A counterexample of this protection: the same seed passes with everything on.
+    on = run_seed(failed.seed)
+    assert on.ok, f"seed {failed.seed} fails with every protection on: {_first(on)}"
 
 
 # A wiped bookie forgets every term: of a SEALED stream and of one whose fragments no longer name
@@ -139,7 +150,7 @@ def test_time_never_goes_backwards_across_skewed_writers(seed: int) -> None:
 
 
 @pytest.mark.sweep
-@pytest.mark.timeout(1800)  # ~160 s on two idle cores; far longer on a loaded machine
+@pytest.mark.timeout(1800)  # 1,000 seeds with --workers 2; far longer on a loaded machine
 def test_every_protection_on_passes_many_seeds() -> None:
     workers = min(2, os.cpu_count() or 1)
     failed = None

@@ -1,0 +1,92 @@
+"""FoundationDB's BUGGIFY for the random runs: each run switches on a random few fault knobs,
+drawn from its seed, and the knobs it has push the random choices toward the rare shapes the
+protections guard (a fence that misses the bookie with the longest log, a writer frozen right
+after its takeover, a disk wiped just after a new term began...). A run with few knobs
+concentrates on a few shapes instead of spreading thin over all of them, which is what lets
+400 random seeds reach each protection's counterexample.
+
+Nothing here acts: `Knobs` only says which faults a run may draw and how often.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
+
+from stream.errors import InvalidArgumentError
+
+
+@dataclass(frozen=True, slots=True)
+class Knobs:
+    """The fault knobs of one run (each on or off).
+
+    - `hold_adds`: a writer's Add stream to a bookie is held for a while (its unary requests
+      still pass): dirty tails on a subset of the write set, recovery write-backs that miss.
+    - `isolate`: a takeover (or seal) starts cut from one bookie, most often the one holding
+      the longest log: its fence and reads miss the dirty data.
+    - `favor`: a takeover's reads are answered by one bookie first (the longest log).
+    - `zombie`: a writer freezes right after its takeover, before it writes, and a competitor
+      takes over meanwhile: the old writer wakes up with no connection yet.
+    - `wipe`: a bookie loses its disk right after a takeover (within the loss budget).
+    - `placement`: bookies turn read-only and writable again: placement goes where dirty
+      data is, and dropped members come back.
+    - `seal`: the stream is sealed once during the writes.
+    - `outage`: more than two bookies may be down at once.
+    - `reader_faults`: readers' links are cut and clogged too.
+    - `disk_faults`: bookies' disks turn read-only or full for a while.
+    - `slow_bookie`: one bookie (most often the longest log) answers writers late for a while.
+    """
+
+    hold_adds: bool = False
+    isolate: bool = False
+    favor: bool = False
+    zombie: bool = False
+    wipe: bool = False
+    placement: bool = False
+    seal: bool = False
+    outage: bool = False
+    reader_faults: bool = False
+    disk_faults: bool = False
+    slow_bookie: bool = False
+
+    def names(self) -> list[str]:
+        """Returns the names of the knobs that are on (for the trace and reports)."""
+        return [f.name for f in fields(self) if getattr(self, f.name)]
+
+
+# How often each knob is on in a run: rare enough that most runs stay near the plain random
+# workload, common enough that their combinations come up within a few hundred seeds.
+_ODDS = {
+    "hold_adds": 0.4,
+    "isolate": 0.4,
+    "favor": 0.4,
+    "zombie": 0.5,
+    "wipe": 0.4,
+    "placement": 0.3,
+    "seal": 0.25,
+    "outage": 0.2,
+    "reader_faults": 0.3,
+    "disk_faults": 0.2,
+    "slow_bookie": 0.4,
+}
+
+
+def draw_knobs(rng: random.Random) -> Knobs:
+    """Returns the knobs of one run, drawn from `rng` (in a fixed order)."""
+    return Knobs(**{name: rng.random() < odds for name, odds in _ODDS.items()})
+
+
+KNOBS = tuple(_ODDS)
+
+
+def check_knobs(names: Iterable[str]) -> frozenset[str]:
+    """Returns `names` as a set of knob names; raises `InvalidArgumentError` for a name that
+    is not one of `KNOBS`."""
+    chosen = frozenset(names)
+    unknown = sorted(chosen - set(KNOBS))
+    if unknown:
+        raise InvalidArgumentError(
+            f"unknown knob(s) {', '.join(unknown)}; choose from {', '.join(KNOBS)}"
+        )
+    return chosen
