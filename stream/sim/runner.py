@@ -10,6 +10,7 @@ time or global randomness; every choice comes from `random.Random(seed)`.
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import logging
 import math
@@ -209,7 +210,7 @@ class RandomWorkload:
         sim = self.sim
         if self.rng.random() < 0.6:
             lasts = {
-                b: max(state.entries, default=-1)
+                b: state.last_entry_id
                 for b, bookie in sim.bookies.items()
                 if (state := bookie.streams.get(sim.stream_id)) is not None
             }
@@ -648,12 +649,19 @@ def run_many(
 _current: Simulation | None = None
 
 
+# What a full or read-only simulated disk raises in the bookie's storage engine.
+_INJECTED_DISK_ERRORS = frozenset({errno.ENOSPC, errno.EROFS})
+
+
 def _capture_errors(logger: object, method_name: str, event_dict: dict[str, Any]) -> Any:
     """A structlog processor: an error the client logs during a run (an unexpected exception
     in a writer task, say) becomes a `client-error` violation of that run."""
     sim = _current
     if sim is not None and method_name in ("error", "exception", "critical"):
         error = sys.exc_info()[1]
+        if isinstance(error, OSError) and error.errno in _INJECTED_DISK_ERRORS:
+            # The real bookie logs the full disk a run put on it, as it should.
+            return event_dict
         detail = str(event_dict.get("event"))
         if error is not None:
             detail += f": {error!r}"
