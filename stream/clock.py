@@ -2,7 +2,7 @@
 auditor, replication workers, scrub and the bookie reconciler run on the real clock in
 production and on the simulator's virtual clock in a simulation.
 
-The port is a superset of the client's `stream.client.ports.Clock` (wall-clock `now_ms`), so
+The port is a superset of the client's `stream.client.ports.WallClock` (wall-clock `now_ms`), so
 one object serves a service and the writers or takeovers it runs.
 """
 

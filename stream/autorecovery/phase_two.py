@@ -24,8 +24,9 @@ import structlog
 from prometheus_client import Counter, Gauge, Histogram
 
 from stream.client.options import WriterOptions
-from stream.client.ports import BookieTransport, Clock, SystemClock
+from stream.client.ports import BookieTransport, WallClock
 from stream.client.recovery import Takeover, WriterIdentity, send_lac
+from stream.clock import SystemClock
 from stream.errors import InvalidTermError, StreamError, StreamNotFoundError, StreamSealedError
 from stream.framing.verify import good_run
 from stream.metadata.model import Fragment, StreamMeta, StreamState
@@ -199,7 +200,7 @@ class Repairer:
         options: WriterOptions | None = None,
         rng: random.Random | None = None,
         parallelism: int = REPAIR_PARALLELISM,
-        clock: Clock | None = None,
+        clock: WallClock | None = None,
         identity: WriterIdentity | None = None,
     ) -> None:
         """`metadata` is a `MetadataPort` that also has `get_snapshot` (`ZkMetadata`);

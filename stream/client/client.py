@@ -35,7 +35,7 @@ from stream.client.entry import Entry, EntryColumns
 from stream.client.grpc_transport import GrpcTransport
 from stream.client.info import BookieStatus, FragmentInfo, StreamInfo
 from stream.client.options import ReaderOptions, WriterOptions
-from stream.client.ports import Clock, SystemClock
+from stream.client.ports import WallClock
 from stream.client.reader import AsyncStreamReader
 from stream.client.recovery import (
     LossSurvey,
@@ -46,6 +46,7 @@ from stream.client.recovery import (
 )
 from stream.client.writer import AsyncStreamWriter
 from stream.client.zk_metadata import ZkMetadata
+from stream.clock import SystemClock
 from stream.errors import (
     AppendTimeoutError,
     InvalidArgumentError,
@@ -145,7 +146,7 @@ class StreamClient:
         reader_options: ReaderOptions | None = None,
         seed: int | None = None,
         tls: TLSConfig | None = None,
-        clock: Clock | None = None,
+        clock: WallClock | None = None,
     ) -> None:
         """`tls`: reach the bookies over TLS with these files (None: plaintext). `clock` stamps
         the entries this client's writers append (default: the system's wall clock; tests
@@ -176,7 +177,7 @@ class StreamClient:
         reader_options: ReaderOptions | None = None,
         tls: TLSConfig | None = None,
         metadata_auth_file: str | Path | None = None,
-        clock: Clock | None = None,
+        clock: WallClock | None = None,
     ) -> StreamClient:
         """Returns a client connected to `HOSTS[/ROOT]` (ZooKeeper hosts and the metadata
         root, default `/streamkeeper`). `tls`: the CA, certificate and key for bookies that

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import structlog
 
 from stream.client.options import WriterOptions
-from stream.client.ports import BookieTransport, Clock, MetadataPort
+from stream.client.ports import BookieTransport, MetadataPort, WallClock
 from stream.client.recovery import (
     Takeover,
     TakeoverResult,
@@ -57,7 +57,7 @@ class IdleCloser:
 
     transport: BookieTransport
     metadata: MetadataPort
-    clock: Clock
+    clock: WallClock
     rng: random.Random
     options: WriterOptions
     identity: WriterIdentity

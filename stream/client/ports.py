@@ -224,20 +224,10 @@ class MetadataPort(Protocol):
         ...
 
 
-class Clock(Protocol):
+class WallClock(Protocol):
     """Wall-clock time for entry timestamps and fragment creation times (never for timeouts,
-    which use the loop's monotonic time)."""
+    which use the loop's monotonic time). `stream.clock.SystemClock` is the real one."""
 
     def now_ms(self) -> int:
         """Returns milliseconds since the Unix epoch."""
         ...
-
-
-class SystemClock:
-    """The real wall clock."""
-
-    def now_ms(self) -> int:
-        """Returns `time.time_ns() // 1_000_000`."""
-        import time
-
-        return time.time_ns() // 1_000_000

@@ -29,7 +29,7 @@ import structlog
 from stream.client.answers import answer_or_none
 from stream.client.options import WriterOptions
 from stream.client.pipeline import AddPipeline
-from stream.client.ports import AddBatch, BookieTransport, Clock, MetadataPort
+from stream.client.ports import AddBatch, BookieTransport, MetadataPort, WallClock
 from stream.client.producer_tail import last_sequenced_entry, takeover_change
 from stream.client.recovery_reads import BulkSource, RecoveryReads
 from stream.client.timestamps import stamp, timestamp_in_write_set
@@ -190,7 +190,7 @@ class Takeover:
         *,
         transport: BookieTransport,
         metadata: MetadataPort,
-        clock: Clock,
+        clock: WallClock,
         rng: random.Random,
         options: WriterOptions,
         identity: WriterIdentity,
@@ -1100,7 +1100,7 @@ async def seal(
     *,
     transport: BookieTransport,
     metadata: MetadataPort,
-    clock: Clock,
+    clock: WallClock,
     rng: random.Random,
     options: WriterOptions,
     identity: WriterIdentity,
@@ -1227,7 +1227,7 @@ async def recover_accepting_loss(
     *,
     transport: BookieTransport,
     metadata: MetadataPort,
-    clock: Clock,
+    clock: WallClock,
     rng: random.Random,
     options: WriterOptions,
     identity: WriterIdentity,

@@ -9,14 +9,14 @@ from collections.abc import Sequence
 
 import structlog
 
-from stream.client.ports import BookieTransport, Clock
+from stream.client.ports import BookieTransport, WallClock
 from stream.framing.verify import checksum_ok
 from stream.protocol import Code, QuorumConfig
 
 log = structlog.get_logger(__name__)
 
 
-def stamp(clock: Clock, floor_ms: int | None) -> int:
+def stamp(clock: WallClock, floor_ms: int | None) -> int:
     """Returns the timestamp for the next entry: the clock, or `floor_ms` (the stream's last
     timestamp) when the clock is behind it. A writer whose clock lags keeps stamping the
     previous maximum, so the stream's time stands still until that clock catches up."""

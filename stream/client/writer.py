@@ -26,7 +26,7 @@ from stream.client.attributes import HeadersArg, check_headers, check_key
 from stream.client.futures import AppendFuture
 from stream.client.options import WriterOptions
 from stream.client.pipeline import AddPipeline
-from stream.client.ports import BookieTransport, Clock, MetadataPort
+from stream.client.ports import BookieTransport, MetadataPort, WallClock
 from stream.client.producer import ProducerGate, producer_gate
 from stream.client.recovery import (
     BookiePlacement,
@@ -107,7 +107,7 @@ class AsyncStreamWriter:
         *,
         transport: BookieTransport,
         metadata: MetadataPort,
-        clock: Clock,
+        clock: WallClock,
         rng: random.Random,
         options: WriterOptions | None = None,
         identity: WriterIdentity | None = None,

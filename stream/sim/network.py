@@ -607,7 +607,7 @@ class SimTransport:
 
 
 class SimClock:
-    """The client's `Clock` port on virtual time."""
+    """The client's `WallClock` port on virtual time."""
 
     def __init__(self, network: SimNetwork) -> None:
         self._net = network

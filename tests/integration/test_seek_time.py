@@ -28,7 +28,7 @@ import structlog
 from stream.client import StreamClient
 from stream.client import reader as reader_module
 from stream.client.entry import Entry
-from stream.client.ports import SystemClock
+from stream.clock import SystemClock
 from stream.logs import use_standard_logging
 from stream.sandbox.cluster import SandboxCluster
 from tests.integration.cli_support import streamctl
