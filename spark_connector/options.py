@@ -20,6 +20,8 @@ LATEST = -1
 
 DEFAULT_ENTRIES_PER_PARTITION = 50_000
 
+# TLS to the bookies (docs/security.md): the CA, this job's certificate and key.
+_TLS_OPTIONS = ("tlsCaFile", "tlsCertFile", "tlsKeyFile")
 # Spark hands options to Python sources with lower-cased keys; these are the documented names.
 _READ_OPTIONS = (
     "metadata",
@@ -37,10 +39,8 @@ _READ_OPTIONS = (
     "startingOffsetsByTimestamp",
     "startingOffsetsByTimestampStrategy",
     "includeHeaders",
+    *_TLS_OPTIONS,
 )
-# TLS to the bookies (docs/security.md): the CA, this job's certificate and key.
-_TLS_OPTIONS = ("tlsCaFile", "tlsCertFile", "tlsKeyFile")
-_READ_OPTIONS += _TLS_OPTIONS
 _WRITE_OPTIONS = (
     "metadata",
     "stream",

@@ -76,7 +76,8 @@ def at_least(pieces: Sequence[tuple[Key, int, int]], count: int) -> list[tuple[K
     largest part comes out as small as it can."""
     sizes = [last - first + 1 for _, first, last in pieces]
     parts = [1] * len(pieces)
-    largest = [(-size, i) for i, size in enumerate(sizes) if size > 1]
+    # Keys start as sizes and become (float) part sizes: a max-heap through negation.
+    largest: list[tuple[float, int]] = [(-size, i) for i, size in enumerate(sizes) if size > 1]
     heapq.heapify(largest)
     for _ in range(count - len(pieces)):
         if not largest:

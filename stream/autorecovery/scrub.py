@@ -25,7 +25,7 @@ from stream.errors import StreamError, StreamNotFoundError
 from stream.framing.verify import checksum_ok, good_run
 from stream.metadata import Fragment, StreamMeta
 from stream.metadata.underreplication import Marker, UnderreplicationStore
-from stream.protocol import Code
+from stream.protocol import ResponseClass, classify
 from stream.protocol.rereplication import (
     FragmentView,
     fragment_bounds,
@@ -35,7 +35,6 @@ from stream.protocol.rereplication import (
 
 log = structlog.get_logger(__name__)
 
-_NEGATIVE = (Code.NO_SUCH_ENTRY, Code.NO_SUCH_STREAM)
 _READ_BATCH_BYTES = 1 << 20
 
 
@@ -151,9 +150,10 @@ class Scrubber:
                 log.debug("autorecovery.scrub_read_failed", bookie=bookie_id, error=repr(e))
                 continue
             report.checked_entries += 1
-            if response.code in _NEGATIVE:
+            outcome = classify(response.code)
+            if outcome is ResponseClass.EXPLICIT_NEGATIVE:
                 return False
-            if response.code == Code.OK and (
+            if outcome is ResponseClass.POSITIVE and (
                 response.entry.entry_id != entry_id or not checksum_ok(meta.id, response.entry)
             ):
                 return False
@@ -182,9 +182,10 @@ class Scrubber:
                         return False
                     position += len(response.entries)
                     report.checked_entries += len(response.entries)
-                    if response.code in _NEGATIVE:
+                    outcome = classify(response.code)
+                    if outcome is ResponseClass.EXPLICIT_NEGATIVE:
                         return False
-                    if response.code != Code.OK:
+                    if outcome is not ResponseClass.POSITIVE:
                         break  # unknown (limbo, trimmed meanwhile): no finding
             except Exception as e:  # unknown
                 log.debug("autorecovery.scrub_read_failed", bookie=bookie_id, error=repr(e))

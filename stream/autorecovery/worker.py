@@ -395,7 +395,7 @@ class ReplicationWorker:
                         progress.entries += len(batch)
                         progress.bytes += sum(len(e.payload) for e in batch)
                         await reporter.maybe_report()
-                    if len(batch) != len(response.entries) or response.code != Code.OK:
+                    if len(batch) != len(response.entries) or response.code != pb.OK:
                         break
             except ReplicationFailed:
                 raise
@@ -417,7 +417,7 @@ class ReplicationWorker:
             raise ReplicationFailed("the copy could not be read back", bookie=target) from e
         entry = response.entry
         if (
-            response.code != Code.OK
+            response.code != pb.OK
             or entry.entry_id != entry_id
             or not checksum_ok(meta.id, entry)
         ):
@@ -493,9 +493,9 @@ class _CopySink:
             except Exception as e:
                 raise ReplicationFailed("the target did not take the copy", error=repr(e)) from e
             codes = set(response.codes)
-            if codes == {Code.OK} and len(response.entry_ids) == len(batch.entries):
+            if codes == {pb.OK} and len(response.entry_ids) == len(batch.entries):
                 return
-            if codes == {Code.TOO_BUSY} or codes == {Code.OK, Code.TOO_BUSY}:
+            if codes == {pb.TOO_BUSY} or codes == {pb.OK, pb.TOO_BUSY}:
                 await self._clock.sleep(_BUSY_BACKOFF_S)
                 future = self._stream.send(batch)  # OK ones are stored again: harmless
                 continue
@@ -503,7 +503,7 @@ class _CopySink:
                 "the target refused the copy",
                 codes=sorted(Code(c).name for c in codes),
                 bookie_term=int(response.bookie_term),
-                message=response.message or None,
+                bookie_message=response.message or None,
             )
         raise ReplicationFailed("the target stayed busy")
 

@@ -264,12 +264,13 @@ def prepare_mixed_entries(
     """`prepare_entries` of a run where some payloads are `AttributedPayload`s: the runs of
     plain ones between them still go through `prepare_entries`."""
     prepared: list[PreparedEntry] = []
-    start = 0
+    plain: list[bytes] = []
     for position, payload in enumerate(payloads):
-        if type(payload) is AttributedPayload:
-            if start < position:
-                plain = payloads[start:position]
-                prepared += prepare_entries(stream_id, first_entry_id + start, timestamp_ms, plain)
+        if isinstance(payload, AttributedPayload):
+            if plain:
+                first = first_entry_id + position - len(plain)
+                prepared += prepare_entries(stream_id, first, timestamp_ms, plain)
+                plain = []
             prepared.append(
                 prepare_entry(
                     stream_id,
@@ -282,10 +283,11 @@ def prepare_mixed_entries(
                     sequence=payload.sequence,
                 )
             )
-            start = position + 1
-    if start < len(payloads):
-        rest = payloads[start:]
-        prepared += prepare_entries(stream_id, first_entry_id + start, timestamp_ms, rest)
+        else:
+            plain.append(payload)
+    if plain:
+        first = first_entry_id + len(payloads) - len(plain)
+        prepared += prepare_entries(stream_id, first, timestamp_ms, plain)
     return prepared
 
 

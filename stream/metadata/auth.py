@@ -75,7 +75,8 @@ def digest_id(identity: str) -> str:
     """Returns the `USER:DIGEST` id of a `USER:PASSWORD` identity, as ZooKeeper stores it (what
     `read_digests` takes, so the cluster's file need not hold a reader's password)."""
     user, password = _identity(identity, "identity")
-    return make_digest_acl_credential(user, password)
+    digest: str = make_digest_acl_credential(user, password)  # kazoo is untyped
+    return digest
 
 
 def check_private(path: Path, key: str) -> None:

@@ -385,7 +385,8 @@ class MetadataSession:
             ignore_expire=False,
         )
         try:
-            return retry(func, *args, **kwargs)
+            result: T = retry(func, *args, **kwargs)  # kazoo is untyped
+            return result
         except RetryFailedError as exc:
             raise MetadataUnavailableError(
                 "ZooKeeper did not answer in time", deadline_s=self.retry_deadline_s

@@ -176,10 +176,11 @@ class LeaderElection:
         was lost did."""
         zk = self._session.zk
         zk.ensure_path(self.path)
-        for child in zk.get_children(self.path):
+        children: list[str] = zk.get_children(self.path)  # kazoo is untyped
+        for child in children:
             if child.startswith(self._prefix):
                 return child
-        created = zk.create(
+        created: str = zk.create(
             f"{self.path}/{self._prefix}",
             self.identifier.encode(),
             ephemeral=True,

@@ -62,7 +62,7 @@ def parse_size(text: str) -> int:
         whole, fraction = number.split(".")
         # Exact arithmetic: 1.5GiB is 1610612736 bytes, not a float's rounding of it.
         numerator = int(whole + fraction) * multiplier
-        denominator = 10 ** len(fraction)
+        denominator: int = 10 ** len(fraction)  # int ** int is typed Any (negative powers)
         if numerator % denominator:
             raise InvalidArgumentError("size must be a whole number of bytes", value=text)
         value = numerator // denominator

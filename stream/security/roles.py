@@ -56,6 +56,6 @@ RPC_ROLES: dict[str, Role] = {
 
 def required_role(rpc: str, request: object) -> Role:
     """Returns the least role that may make `request` to `rpc` (admin for an unknown RPC)."""
-    if rpc == "Read" and getattr(request, "term", 0):
+    if rpc == "Read" and getattr(request, "term", None):
         return Role.WRITER
     return RPC_ROLES.get(rpc, Role.ADMIN)

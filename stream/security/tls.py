@@ -101,7 +101,9 @@ class ServerCredentials:
         self._pending: grpc.ServerCertificateConfiguration | None = None
         self.credentials = grpc.dynamic_ssl_server_credentials(
             self._configuration(),
-            self._fetch,
+            # grpc-stubs types the fetcher as never returning None, but gRPC documents None as
+            # "keep the configuration in use", which `_fetch` relies on.
+            self._fetch,  # type: ignore[arg-type]
             require_client_authentication=require_client_auth,
         )
 
