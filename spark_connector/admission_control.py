@@ -14,6 +14,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from spark_connector.ranges import Offsets
 from spark_connector.stream_reader import StreamPlanner
 
 log = structlog.get_logger(__name__)
@@ -35,7 +36,7 @@ class StreamReader(StreamPlanner, SupportsTriggerAvailableNow):
         self._target = self._latest()
         log.info("spark.available_now_target", target=self._target)
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
         max_entries = self._options.max_entries_per_trigger
         max_bytes = self._options.max_bytes_per_trigger
         if isinstance(limit, ReadAllAvailable):

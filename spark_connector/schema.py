@@ -4,7 +4,7 @@ carry it (their types must match what Spark expects for the schema exactly)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -16,15 +16,14 @@ SCHEMA = "stream STRING, entry_id LONG, payload BINARY, timestamp TIMESTAMP, key
 HEADERS_SCHEMA = SCHEMA + ", headers ARRAY<STRUCT<key: STRING, value: BINARY>>"
 
 # Spark's Arrow mapping of SCHEMA (pyspark.sql.pandas.types.to_arrow_type, timezone "UTC").
-ARROW_SCHEMA = pa.schema(
-    [
-        pa.field("stream", pa.string()),
-        pa.field("entry_id", pa.int64()),
-        pa.field("payload", pa.binary()),
-        pa.field("timestamp", pa.timestamp("us", tz="UTC")),
-        pa.field("key", pa.binary()),
-    ]
-)
+_ARROW_FIELDS: list[pa.Field[Any]] = [
+    pa.field("stream", pa.string()),
+    pa.field("entry_id", pa.int64()),
+    pa.field("payload", pa.binary()),
+    pa.field("timestamp", pa.timestamp("us", tz="UTC")),
+    pa.field("key", pa.binary()),
+]
+ARROW_SCHEMA = pa.schema(_ARROW_FIELDS)
 HEADERS_TYPE = pa.list_(
     pa.field("element", pa.struct([("key", pa.string()), ("value", pa.binary())]))
 )
@@ -53,7 +52,7 @@ def columns_to_batch(
     repeated and the milliseconds widened to microseconds inside Arrow, not per entry in
     Python; keys and headers of a batch whose entries have none are all-null columns."""
     count = len(columns.ids)
-    arrays = [
+    arrays: list[pa.Array[Any]] = [
         pa.repeat(pa.scalar(stream, pa.string()), count),
         pa.array(columns.ids, pa.int64()),
         pa.array(columns.payloads, pa.binary()),

@@ -66,7 +66,7 @@ class StreamPlanner(DataSourceStreamReader):
         client = client_for(options.metadata, options.tls, options.metadata_auth_file)
         return StreamCatalog(client, options)
 
-    def initialOffset(self) -> dict:
+    def initialOffset(self) -> Offsets:
         catalog = self._catalog()
         self._bounds = catalog.all_bounds(missing_ok=False)
         return catalog.resolve_start(self._bounds, "latest")
@@ -75,7 +75,7 @@ class StreamPlanner(DataSourceStreamReader):
         self._bounds = self._catalog().all_bounds(missing_ok=True)
         return {name: b.next_entry_id for name, b in self._bounds.items()}
 
-    def _next_end(self, start: dict, max_entries: int | None, max_bytes: int | None) -> Offsets:
+    def _next_end(self, start: Offsets, max_entries: int | None, max_bytes: int | None) -> Offsets:
         """Returns the next batch's end offsets from `start`: everything committed (up to
         the availableNow target), or as much of it as the limits allow (None: no limit)."""
         latest = self._latest()
@@ -109,10 +109,10 @@ class StreamPlanner(DataSourceStreamReader):
             sizes[name] = EntrySizes.of(known, self._sampled_entry_bytes.get(name))
         return sizes
 
-    def reportLatestOffset(self) -> dict | None:
+    def reportLatestOffset(self) -> Offsets | None:
         return ordered({n: b.next_entry_id for n, b in self._bounds.items()}) or None
 
-    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+    def partitions(self, start: Offsets, end: Offsets) -> Sequence[InputPartition]:
         return self._catalog().plan(start, end, self._bounds)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -121,7 +121,7 @@ class StreamPlanner(DataSourceStreamReader):
         assert isinstance(partition, StreamRange)
         return read_range(partition)
 
-    def commit(self, end: dict) -> None:
+    def commit(self, end: Offsets) -> None:
         # Arrives while the next batch is planned; nothing may depend on it being current.
         log.debug("spark.committed", end=end)
 
@@ -136,11 +136,11 @@ class LegacyStreamReader(StreamPlanner):
         super().__init__(options)
         self._position: Offsets | None = None
 
-    def initialOffset(self) -> dict:
+    def initialOffset(self) -> Offsets:
         self._position = super().initialOffset()
         return self._position
 
-    def latestOffset(self) -> dict:  # type: ignore[override]
+    def latestOffset(self) -> Offsets:  # type: ignore[override]
         options = self._options
         if self._position is None:
             if options.max_entries_per_trigger or options.max_bytes_per_trigger:
@@ -153,6 +153,6 @@ class LegacyStreamReader(StreamPlanner):
         self._position = end
         return end
 
-    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+    def partitions(self, start: Offsets, end: Offsets) -> Sequence[InputPartition]:
         self._position = dict(end)
         return super().partitions(start, end)

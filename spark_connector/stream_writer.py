@@ -18,6 +18,7 @@ import concurrent.futures
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import repeat
+from typing import cast
 
 import pyarrow as pa
 import structlog
@@ -70,9 +71,10 @@ def payloads_of(batch: pa.RecordBatch) -> list[bytes]:
     if column.null_count:
         raise StreamError("the payload column holds nulls; an entry needs a payload")
     values = column.to_pylist()
+    # No nulls (checked above): each value is the column's type, str or bytes.
     if _is_text(column.type):
-        return [v.encode() for v in values]
-    return values
+        return [v.encode() for v in cast(list[str], values)]
+    return cast(list[bytes], values)
 
 
 def keys_of(batch: pa.RecordBatch) -> list[bytes | None] | None:
@@ -152,7 +154,9 @@ class StreamWriter(DataSourceStreamArrowWriter):
             )
         self._options = options
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+    # pyspark's DataSourceStreamArrowWriter declares this signature itself, over its base's
+    # Iterator[Row]: the incompatible override is pyspark's.
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:  # type: ignore[override]
         payloads: list[bytes] = []
         keys: list[bytes | None] = []
         headers: list[EntryHeaders] = []

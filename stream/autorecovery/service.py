@@ -154,8 +154,10 @@ class AutoRecovery:
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
-            with contextlib.suppress(Exception):
-                await transport.close()
+            # The port has no close: only the gRPC transport holds channels to release.
+            if isinstance(transport, GrpcTransport):
+                with contextlib.suppress(Exception):
+                    await transport.close()
             metadata.close()
             log.info("autorecovery.stopped", id=self.identifier)
 

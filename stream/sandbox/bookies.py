@@ -191,7 +191,8 @@ class BookieProcess:
                     bookie=self.bookie_id,
                 )
             try:
-                return stub.Info(pb.InfoRequest(), timeout=1.0)
+                info: pb.InfoResponse = stub.Info(pb.InfoRequest(), timeout=1.0)
+                return info
             except grpc.RpcError as e:
                 last_error = f"{e.code().name}: {e.details()}"
             time.sleep(0.05)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import stat
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,7 +135,7 @@ class ServerCredentials:
 
 
 def aio_channel(
-    address: str, tls: TLSConfig | None, options: list[tuple[str, object]] | None = None
+    address: str, tls: TLSConfig | None, options: Sequence[tuple[str, object]] | None = None
 ) -> grpc.aio.Channel:
     """Returns a grpc.aio channel to `address`: TLS with `tls`'s files, plaintext without."""
     if tls is None:
@@ -143,7 +144,7 @@ def aio_channel(
 
 
 def sync_channel(
-    address: str, tls: TLSConfig | None, options: list[tuple[str, object]] | None = None
+    address: str, tls: TLSConfig | None, options: Sequence[tuple[str, object]] | None = None
 ) -> grpc.Channel:
     """As `aio_channel`, for blocking callers (streamctl's one-shot requests)."""
     if tls is None:
