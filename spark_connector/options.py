@@ -94,6 +94,7 @@ class SourceOptions:
         if isinstance(self.starting_times, dict):
             return "startingOffsetsByTimestamp"
         return "startingTimestamp"
+
     include_headers: bool = False
 
     def pattern_matches(self, name: str) -> bool:

@@ -189,9 +189,15 @@ class StreamWriter(DataSourceStreamArrowWriter):
             writer.flush()
             first = futures[0].result()
             last = futures[-1].result()
-        log.info("spark.batch_appended", stream=self._options.stream, batch=batchId,
-                 entries=count, first_entry_id=first, last_entry_id=last,
-                 producer_id=producer_id)
+        log.info(
+            "spark.batch_appended",
+            stream=self._options.stream,
+            batch=batchId,
+            entries=count,
+            first_entry_id=first,
+            last_entry_id=last,
+            producer_id=producer_id,
+        )
 
     def _append_once(
         self, writer: ClientWriter, rows: list[Row], batch_id: int

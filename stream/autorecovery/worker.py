@@ -416,11 +416,7 @@ class ReplicationWorker:
         except Exception as e:
             raise ReplicationFailed("the copy could not be read back", bookie=target) from e
         entry = response.entry
-        if (
-            response.code != pb.OK
-            or entry.entry_id != entry_id
-            or not checksum_ok(meta.id, entry)
-        ):
+        if response.code != pb.OK or entry.entry_id != entry_id or not checksum_ok(meta.id, entry):
             raise ReplicationFailed(
                 "the copy did not read back whole",
                 bookie=target,
