@@ -13,6 +13,7 @@ from stream.framing.prepare import (
     AttributedPayload,
     prepare_entries,
     prepare_entry,
+    prepare_mixed_entries,
     prepare_sequenced_entries,
 )
 from stream.framing.verify import checksum_ok, good_run, is_noop, wire_attributes
@@ -321,4 +322,38 @@ def test_prepared_producer_run_is_prepare_entry_of_each(
     assert run == [
         prepare_entry(stream_id, first_entry_id + i, 0, stamp, p, key=key, sequence=sequence)
         for i, (p, sequence, key) in enumerate(rows)
+    ]
+
+
+@given(
+    st.integers(min_value=1, max_value=(1 << 63) - 1),
+    st.integers(min_value=0, max_value=(1 << 63) - 300),
+    stamps,
+    st.lists(
+        st.binary(max_size=50)
+        | st.builds(AttributedPayload, st.binary(max_size=50), keys, headers),
+        max_size=30,
+    ),
+)
+def test_prepared_mixed_run_is_prepare_entry_of_each(
+    stream_id: int,
+    first_entry_id: int,
+    stamp: int,
+    payloads: list[bytes | AttributedPayload],
+) -> None:
+    run = prepare_mixed_entries(stream_id, first_entry_id, stamp, payloads)
+    assert run == [
+        prepare_entry(stream_id, first_entry_id + i, 0, stamp, p)
+        if isinstance(p, bytes)
+        else prepare_entry(
+            stream_id,
+            first_entry_id + i,
+            0,
+            stamp,
+            p.payload,
+            key=p.key,
+            headers=p.headers,
+            sequence=p.sequence,
+        )
+        for i, p in enumerate(payloads)
     ]
