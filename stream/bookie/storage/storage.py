@@ -772,7 +772,9 @@ class StreamStorage:
         Off with the test-only "truncate_order" switch."""
         if state is None or not self._order_truncates:
             return None
-        decision = truncate_decision(state.truncate_term, state.truncate_after, term, after_entry_id)
+        decision = truncate_decision(
+            state.truncate_term, state.truncate_after, term, after_entry_id
+        )
         if decision is TruncateDecision.APPLY:
             return None
         if decision is TruncateDecision.ALREADY_APPLIED:

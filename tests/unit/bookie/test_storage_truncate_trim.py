@@ -226,9 +226,7 @@ def test_without_the_order_check_a_late_truncate_deletes_the_terms_entries(confi
         storage.close()
 
 
-def _late_truncate_after_a_newer_one(
-    config, unsafe: UnsafeSkips, restart: bool
-) -> StreamStorage:
+def _late_truncate_after_a_newer_one(config, unsafe: UnsafeSkips, restart: bool) -> StreamStorage:
     """A bookie that holds 0..59 of stream 7: an earlier term's 0..53 (flushed), then
     Truncate(term 3, after 53) and term 3's 54..59; optionally crashed and reopened."""
     storage = StreamStorage(config, unsafe=unsafe)
