@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from stream.bookie.storage import StreamStorage
+from stream.bookie.storage.codec import STREAM_STATE
+from stream.bookie.storage.state import LocalStreamState
 from stream.bookie.unsafe import SAFE, UnsafeSkips, parse_unsafe_skips
 from stream.wire import bookie_pb2 as pb
 
@@ -242,3 +244,13 @@ def _late_truncate_after_a_newer_one(config, unsafe: UnsafeSkips, restart: bool)
         storage.open()
     assert _held(storage, 7, 70) == list(range(60))
     return storage
+
+
+def test_a_state_stored_before_the_truncate_point_was_kept_reads_as_none_applied() -> None:
+    raw = STREAM_STATE.pack(3, 0, 9, 9, 12, 0)
+    state = LocalStreamState.unpack(raw)
+    assert (state.term, state.last_entry_id) == (3, 12)
+    assert (state.truncate_term, state.truncate_after) == (0, -1)
+    state.truncate_term, state.truncate_after = 3, 10
+    again = LocalStreamState.unpack(state.pack())
+    assert (again.truncate_term, again.truncate_after) == (3, 10)
