@@ -478,7 +478,8 @@ class BookieCore:
     async def truncate(
         self, request: pb.TruncateRequest, context: Peer | None = None
     ) -> pb.TruncateResponse:
-        """Drops every entry above `after_entry_id` (term rule applies)."""
+        """Drops every entry above `after_entry_id` (term rule applies; a late Truncate of
+        the stream's term, below the point already applied, is refused and drops nothing)."""
         if request.stream_id == 0 or request.term == 0 or request.after_entry_id < -1:
             return pb.TruncateResponse(
                 code=BAD_REQUEST,

@@ -17,7 +17,9 @@ passes them directly.
   whatever its term (no fencing at all: the simulator's `term-fencing` switch);
 - "limbo_unknown" makes a stream in limbo answer NO_SUCH_ENTRY for an entry it lacks instead
   of UNKNOWN (the simulator shows its checker catches the lost entry that lets a recovery
-  truncate).
+  truncate);
+- "truncate_order" applies every Truncate of the stream's term, even a late one below the point
+  the bookie already truncated at (which deletes what the term wrote since).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ UNSAFE_SWITCHES = frozenset(
         "add_term_check",
         "term_check",
         "limbo_unknown",
+        "truncate_order",
     }
 )
 

@@ -465,8 +465,11 @@ class Takeover:
         """Returns the timestamp of entry `start`, the last one before the recovered range
         (none was recovered): the floor of the new term's timestamps. From the last fragment,
         or, when that one is empty, from the fragment before (its recorded last timestamp,
-        else a read). None when there is no such entry or no bookie answers with it: the new
-        term's clock alone then stamps it."""
+        else a read). None when there is no such entry. When no bookie answers with it the
+        attempt is retried (`_RetryLater`): the entry is acknowledged, so its holders answer
+        once reachable or out of limbo, and stamping by this writer's clock instead could put
+        the new term's entries before it in time. Only an accept-loss recovery, which may give
+        up what limbo bookies hold, goes on with its clock alone."""
         if start < max(meta.first_entry_id, 0):
             return None
         holder = last
@@ -494,6 +497,15 @@ class Takeover:
             if found is not None:
                 return found
         if recorded is None:
+            if self._accept_loss_operator is None:
+                raise _RetryLater(
+                    BookieError(
+                        f"the timestamp of entry {start}, which the new term's entries must "
+                        "not go below, could not be read from its bookies",
+                        stream=self.name,
+                        entry_id=start,
+                    )
+                )
             log.warning(
                 "recovery.last_timestamp_unknown",
                 stream=self.name,

@@ -54,6 +54,11 @@ from stream.protocol.terms import (
     term_decision,
     term_justified,
 )
+from stream.protocol.truncation import (
+    TruncateDecision,
+    stale_truncate_message,
+    truncate_decision,
+)
 
 __all__ = [
     "ENTRY_HEADER",
@@ -75,6 +80,7 @@ __all__ = [
     "RecoveryStatus",
     "ResponseClass",
     "TermDecision",
+    "TruncateDecision",
     "check_fragments",
     "choose_ensemble",
     "choose_replacement",
@@ -100,7 +106,9 @@ __all__ = [
     "read_outcome",
     "recovery_waits_for",
     "scan_recovery_reads",
+    "stale_truncate_message",
     "term_decision",
     "term_justified",
     "trim_refusal",
+    "truncate_decision",
 ]

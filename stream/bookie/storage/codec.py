@@ -50,6 +50,9 @@ LOCATION_BYTES = LOCATION.size
 
 # Stream states: key STREAM_PREFIX, value STREAM_STATE.
 STREAM_STATE = struct.Struct("<QBqqqq")  # term, limbo, lac, lafr, last_entry_id, first_entry_id
+# The same followed by the last Truncate applied (term, after_entry_id): states written before
+# it was kept are STREAM_STATE alone and read as "none applied".
+STREAM_STATE_TRUNCATED = struct.Struct("<QBqqqqQq")
 
 # Meta keys.
 META_CHECKPOINT = b"journal_checkpoint"  # value CHECKPOINT

@@ -55,6 +55,11 @@ from stream.protocol.codes import limbo_code
 from stream.protocol.invariant import invariant
 from stream.protocol.justified import overwrite_refusal
 from stream.protocol.terms import TermDecision, term_decision
+from stream.protocol.truncation import (
+    TruncateDecision,
+    stale_truncate_message,
+    truncate_decision,
+)
 from stream.wire import bookie_pb2 as pb
 
 log = structlog.get_logger(__name__)
@@ -307,6 +312,8 @@ class StreamStorage:
         # Off only in the simulator's test that shows its checker catches a limbo bookie's
         # explicit negative (the lost entry a recovery would then truncate).
         self._limbo_unknown = "limbo_unknown" not in unsafe
+        # Off only in tests that show a late Truncate deleting its term's later entries.
+        self._order_truncates = "truncate_order" not in unsafe
         self._cache_max_bytes = config.write_cache_max_bytes
         self._flush_trigger_bytes = max(config.write_cache_max_bytes // 2, 1)
         # Jitter of the flush interval, seeded per bookie: the bookies of an ensemble start
@@ -747,12 +754,33 @@ class StreamStorage:
         if not decision.serves:
             message = self._term_message(decision, term, local_term)
             return TruncateOutcome(decision.code, local_term, None, message)
+        late = self._late_truncate(state, term, after_entry_id)
+        if late is not None:
+            return late
         with self._lock:
             durable = self._journal.append(
                 codec.REC_TRUNCATE, codec.TRUNCATE_BODY.pack(stream_id, term, after_entry_id)
             )
             state = self._apply_truncate(stream_id, term, after_entry_id)
         return TruncateOutcome(OK, state.term, durable)
+
+    def _late_truncate(
+        self, state: LocalStreamState | None, term: int, after_entry_id: int
+    ) -> TruncateOutcome | None:
+        """The answer to a Truncate that must delete nothing (`truncate_decision`: a repeat
+        of, or older than, the one the stream last applied in its term), or None to apply it.
+        Off with the test-only "truncate_order" switch."""
+        if state is None or not self._order_truncates:
+            return None
+        decision = truncate_decision(
+            state.truncate_term, state.truncate_after, term, after_entry_id
+        )
+        if decision is TruncateDecision.APPLY:
+            return None
+        if decision is TruncateDecision.ALREADY_APPLIED:
+            return TruncateOutcome(OK, state.term, None)
+        message = stale_truncate_message(term, after_entry_id, state.truncate_after)
+        return TruncateOutcome(BAD_REQUEST, state.term, None, message)
 
     def trim(self, stream_id: int, before_entry_id: int) -> TrimOutcome:
         """Drops every entry of the stream below `before_entry_id` (retention): reads below
@@ -828,6 +856,8 @@ class StreamStorage:
     def _apply_truncate(self, stream_id: int, term: int, after_entry_id: int) -> LocalStreamState:
         state = self._apply_term(stream_id, term)
         self._delete_above(stream_id, state, after_entry_id)
+        state.truncate_term = term
+        state.truncate_after = after_entry_id
         return state
 
     def _apply_trim(self, stream_id: int, before_entry_id: int) -> None:

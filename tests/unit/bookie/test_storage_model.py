@@ -50,6 +50,8 @@ class StorageModel(RuleBasedStateMachine):
         self.durable: dict[int, bytes] = {}
         self.first = 0
         self.term = 1
+        # The last Truncate applied (term, after): term 0, none.
+        self.truncated = (0, -1)
         self.writes = 0
         # Adds not yet known durable: (entry id -> payload, future) in order.
         self.pending: list[tuple[dict[int, bytes], Future[None]]] = []
@@ -90,7 +92,13 @@ class StorageModel(RuleBasedStateMachine):
     @rule(after=st.integers(-1, MAX_ID))
     def truncate(self, after: int) -> None:
         outcome = self.storage.truncate(STREAM, self.term, after)
+        applied_term, applied_after = self.truncated
+        if self.term == applied_term and after <= applied_after:
+            # A late Truncate of the same term deletes nothing (stream.protocol.truncation).
+            assert outcome.code == (pb.OK if after == applied_after else pb.BAD_REQUEST)
+            return
         assert outcome.code == pb.OK
+        self.truncated = (self.term, after)
         wait(outcome.durable)
         self._settle()
         for model in (self.live, self.durable):

@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 
 from stream.bookie.storage import StreamStorage
+from stream.bookie.storage.codec import STREAM_STATE
+from stream.bookie.storage.state import LocalStreamState
+from stream.bookie.unsafe import SAFE, UnsafeSkips, parse_unsafe_skips
 from stream.wire import bookie_pb2 as pb
 
 from .storage_support import (
@@ -91,11 +94,11 @@ def test_truncate_survives_restart(config) -> None:
     storage, _ = open_storage(config)
     try:
         assert _held(storage, 7, 25) == list(range(5))
-        # -1 drops everything.
-        wait(storage.truncate(7, 3, -1).durable)
+        # -1 drops everything (a newer term's: term 3's points only move forward).
+        wait(storage.truncate(7, 4, -1).durable)
         assert _held(storage, 7, 25) == []
         assert storage.stream_state(7).last_entry_id == -1
-        assert storage.truncate(7, 3, -2).code == pb.BAD_REQUEST
+        assert storage.truncate(7, 4, -2).code == pb.BAD_REQUEST
     finally:
         storage.close()
 
@@ -191,3 +194,63 @@ def test_concurrent_flushes_and_truncates_keep_the_model(tmp_path: Path) -> None
                 assert got.code == pb.NO_SUCH_ENTRY
     finally:
         storage.close()
+
+
+@pytest.mark.parametrize("restart", [False, True], ids=["running", "restarted"])
+def test_a_late_truncate_of_the_same_term_keeps_what_the_term_wrote_since(
+    config, restart: bool
+) -> None:
+    storage = _late_truncate_after_a_newer_one(config, SAFE, restart)
+    try:
+        late = storage.truncate(7, 3, 47)
+        assert late.code == pb.BAD_REQUEST
+        assert "stale" in late.message
+        again = storage.truncate(7, 3, 53)  # a duplicate of the applied one
+        assert again.code == pb.OK
+        assert _held(storage, 7, 70) == list(range(60))
+        # A newer term's recovery may still truncate lower.
+        wait(storage.truncate(7, 4, 47).durable)
+        assert _held(storage, 7, 70) == list(range(48))
+    finally:
+        storage.close()
+
+
+def test_without_the_order_check_a_late_truncate_deletes_the_terms_entries(config) -> None:
+    storage = _late_truncate_after_a_newer_one(
+        config, parse_unsafe_skips("truncate_order"), restart=False
+    )
+    try:
+        late = storage.truncate(7, 3, 47)
+        assert late.code == pb.OK
+        wait(late.durable)
+        assert _held(storage, 7, 70) == list(range(48))
+    finally:
+        storage.close()
+
+
+def _late_truncate_after_a_newer_one(config, unsafe: UnsafeSkips, restart: bool) -> StreamStorage:
+    """A bookie that holds 0..59 of stream 7: an earlier term's 0..53 (flushed), then
+    Truncate(term 3, after 53) and term 3's 54..59; optionally crashed and reopened."""
+    storage = StreamStorage(config, unsafe=unsafe)
+    storage.open()
+    wait(storage.add_batch(add_request(7, 1, [entry(7, i) for i in range(54)])).durable)
+    flush(storage)
+    wait(storage.truncate(7, 3, 53).durable)
+    wait(storage.add_batch(add_request(7, 3, [entry(7, i) for i in range(54, 60)])).durable)
+    if restart:
+        flush(storage)  # 54..59 durable without the journal's data too
+        storage.abandon()
+        storage = StreamStorage(config, unsafe=unsafe)
+        storage.open()
+    assert _held(storage, 7, 70) == list(range(60))
+    return storage
+
+
+def test_a_state_stored_before_the_truncate_point_was_kept_reads_as_none_applied() -> None:
+    raw = STREAM_STATE.pack(3, 0, 9, 9, 12, 0)
+    state = LocalStreamState.unpack(raw)
+    assert (state.term, state.last_entry_id) == (3, 12)
+    assert (state.truncate_term, state.truncate_after) == (0, -1)
+    state.truncate_term, state.truncate_after = 3, 10
+    again = LocalStreamState.unpack(state.pack())
+    assert (again.truncate_term, again.truncate_after) == (3, 10)
