@@ -357,6 +357,16 @@ class Simulation:
     def _heal_disk(self, bookie_id: str) -> None:
         if bookie_id in self.disk_faults:
             self.set_disk_fault(bookie_id, None)
+            self.restart_if_failed(bookie_id)
+
+    def restart_if_failed(self, bookie_id: str) -> None:
+        """Restarts `bookie_id` if its storage failed on the full disk: the real storage engine
+        answers INTERNAL from then on, until its process is restarted (what its operator does
+        once the disk has room again)."""
+        bookie = self.bookies[bookie_id]
+        if bookie.up and bookie.storage_failed:
+            self.trace.record("restart_failed", b=bookie_id)
+            self.crash(bookie_id, downtime_s=self.rng.uniform(0.01, 0.1))
 
     def _arm_flush(self, bookie_id: str) -> None:
         interval = self.config.flush_interval_s * self._flush_rng.uniform(0.5, 1.5)
@@ -756,6 +766,8 @@ class Simulation:
             client.lost_replies.clear()
         for bookie_id in sorted(self.disk_faults):
             self.set_disk_fault(bookie_id, None)
+        for bookie_id in sorted(self.bookies):
+            self.restart_if_failed(bookie_id)
         for bookie_id, bookie in self.bookies.items():
             if not bookie.up:
                 self.restart(bookie_id)
