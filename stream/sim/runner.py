@@ -25,7 +25,7 @@ import structlog
 
 from stream.bookie.unsafe import UNSAFE_SWITCHES
 from stream.errors import InvalidArgumentError
-from stream.sim.buggify import Knobs, check_knobs, draw_knobs
+from stream.sim.buggify import Knobs, check_knobs, draw_knobs, guarded_shapes
 from stream.sim.checker import Violation
 from stream.sim.cluster import CLIENT_ERROR, PROTECTIONS, SimConfig, Simulation
 from stream.sim.loop import VirtualTimeLoop
@@ -586,15 +586,18 @@ def run_seed(
     takeover, read and checks. Same seed, same result (and trace digest). With `reengage`
     the writers re-engage when superseded (another family of runs per seed). The run's
     BUGGIFY knobs are drawn from the seed (all off without `buggify`); those named in `knobs`
-    are on whatever the draw. `bookie_switches` are the shipping bookie's own test-only
-    switches (`stream.bookie.unsafe`) to turn on, for tests that break a rule inside it
-    (`streamctl sim` names only the protections)."""
+    are on whatever the draw, and so are those that reach the shapes a protection in
+    `disabled` guards (`stream.sim.buggify.GUARDED_SHAPES`). `bookie_switches` are the
+    shipping bookie's own test-only switches (`stream.bookie.unsafe`) to turn on, for tests
+    that break a rule inside it (`streamctl sim` names only the protections)."""
     off = check_disabled(disabled) | check_bookie_switches(bookie_switches)
     forced = check_knobs(knobs)
     master = random.Random(seed)
     config = random_config(random.Random(master.getrandbits(64)), off)
     workload_seed = master.getrandbits(64)
     drawn = draw_knobs(random.Random(master.getrandbits(64))) if buggify else Knobs()
+    if buggify:
+        forced |= guarded_shapes(off)
     run_knobs = replace(drawn, **dict.fromkeys(forced, True))
 
     async def script(sim: Simulation) -> None:
