@@ -279,6 +279,8 @@ class Simulation:
         # Bookies that lost data they may have acknowledged (the loss budget: fewer than AQ).
         self.lossy_bookies: set[str] = set()
         self._restarts: dict[str, asyncio.TimerHandle] = {}
+        # Bookies whose restart waits for their full disk to heal.
+        self._blocked_restarts: set[str] = set()
         self.finished = False
         self._snapshot: tuple[StreamMeta, int, list[Fragment]] | None = None
         # The real background services, once `start_services` ran them.
@@ -358,6 +360,9 @@ class Simulation:
         if bookie_id in self.disk_faults:
             self.set_disk_fault(bookie_id, None)
             self.restart_if_failed(bookie_id)
+            if bookie_id in self._blocked_restarts:
+                self._blocked_restarts.discard(bookie_id)
+                self.restart(bookie_id)
 
     def restart_if_failed(self, bookie_id: str) -> None:
         """Restarts `bookie_id` if its storage failed on the full disk: the real storage engine
@@ -661,6 +666,12 @@ class Simulation:
             handle.cancel()
         bookie = self.bookies[bookie_id]
         if bookie.up:
+            return
+        if bookie.disk.fault == "full":
+            # The real bookie cannot open its storage on a full disk: it starts once the disk
+            # has room again (`_heal_disk`).
+            self._blocked_restarts.add(bookie_id)
+            self.trace.record("restart_blocked", b=bookie_id)
             return
         self._bookie_sessions[bookie_id].close()
         bookie.start()

@@ -15,6 +15,7 @@ import gc
 import logging
 import math
 import multiprocessing
+import os
 import random
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -24,7 +25,7 @@ from typing import Any
 import structlog
 
 from stream.bookie.unsafe import UNSAFE_SWITCHES
-from stream.errors import InvalidArgumentError
+from stream.errors import InvalidArgumentError, StorageError
 from stream.sim.buggify import Knobs, check_knobs, draw_knobs, guarded_shapes
 from stream.sim.checker import Violation
 from stream.sim.cluster import CLIENT_ERROR, PROTECTIONS, SimConfig, Simulation
@@ -682,13 +683,27 @@ _current: Simulation | None = None
 _INJECTED_DISK_ERRORS = frozenset({errno.ENOSPC, errno.EROFS})
 
 
+def _injected_disk_error(error: BaseException | None) -> bool:
+    """Returns whether `error` is (or was caused by) a full or read-only simulated disk. The
+    journal hands its failure on in a `StorageError` that only names it."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in _INJECTED_DISK_ERRORS:
+            return True
+        if isinstance(error, StorageError) and any(
+            os.strerror(code) in str(error) for code in _INJECTED_DISK_ERRORS
+        ):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
 def _capture_errors(logger: object, method_name: str, event_dict: dict[str, Any]) -> Any:
     """A structlog processor: an error the client logs during a run (an unexpected exception
     in a writer task, say) becomes a `client-error` violation of that run."""
     sim = _current
     if sim is not None and method_name in ("error", "exception", "critical"):
         error = sys.exc_info()[1]
-        if isinstance(error, OSError) and error.errno in _INJECTED_DISK_ERRORS:
+        if _injected_disk_error(error):
             # The real bookie logs the full disk a run put on it, as it should.
             return event_dict
         detail = str(event_dict.get("event"))
