@@ -332,6 +332,9 @@ class SimBookie:
         else:
             response = task.result()
             code = list(response.codes) if kind == "add" else response.code
+            if code == pb.INTERNAL or (isinstance(code, list) and pb.INTERNAL in code):
+                # The core answers INTERNAL only when the storage or its journal failed.
+                self.storage_failed = True
         self._trace.record(kind, b=self.bookie_id, code=code, **fields)
 
     def add(self, request: pb.AddRequest) -> asyncio.Future[pb.AddResponse]:

@@ -381,6 +381,8 @@ class Simulation:
         bookie = self.bookies[bookie_id]
         if bookie.up:
             bookie.flush()
+            if bookie_id not in self.disk_faults:
+                self.restart_if_failed(bookie_id)  # it failed just before the disk healed
         if not self.finished:
             self._arm_flush(bookie_id)
 
