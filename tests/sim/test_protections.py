@@ -28,11 +28,9 @@ SCENARIO_SEEDS = range(5)
 # Random search has teeth: with BUGGIFY biasing the random runs (`stream.sim.buggify`, whose
 # GUARDED_SHAPES switch on the knobs of a disabled protection's shapes), each protection
 # switched off lets random faults alone break a property within this many seeds (what
-# `streamctl sim --seeds 400 --disable P` runs), and that run passes with it on. Not yet:
-# truncate-noop, new-member-truncation and unpinned-first (nothing within 400 seeds; their
-# directed scenarios are the tests), and spare-holders (its first seed, 74, breaks write
-# quorum with every protection on too: the late new-member Truncate being fixed in the
-# client).
+# `streamctl sim --seeds 400 --disable P` runs), and that run passes with it on. Not yet
+# (nothing within 400 seeds; their directed scenarios are the tests): truncate-noop,
+# new-member-truncation, spare-holders and unpinned-first.
 RANDOM_FINDS = (
     TERM_FENCING,
     GWQ,
