@@ -144,6 +144,9 @@ class SimBookie:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._jobs_armed = False
         self._fault: DiskFault | None = None
+        # The storage engine failed (a write hit the full disk): like the real one, it answers
+        # INTERNAL until the process restarts.
+        self.storage_failed = False
         self._boot()
 
     # ------------------------------------------------------------------ lifecycle
@@ -152,6 +155,7 @@ class SimBookie:
         """Opens the storage (replay), runs phase one when needed and makes it durable (the
         journal job, at once), then serves: all in one virtual instant, as a restart is."""
         loop = asyncio.get_running_loop()
+        self.storage_failed = False
         journal_bypassed_before = self._journal_bypassed
         if not self.journal_write_data:
             self._journal_bypassed = True
@@ -288,6 +292,7 @@ class SimBookie:
             if storage.flush_wanted():
                 storage.run_flush_once()
         except Exception as e:  # the disk failed: the storage answers INTERNAL from now on
+            self.storage_failed = True
             log.debug("sim.bookie.job_failed", bookie=self.bookie_id, error=repr(e))
 
     def flush(self) -> None:
@@ -300,6 +305,7 @@ class SimBookie:
             if asyncio.get_running_loop().time() >= storage.next_gc_due():
                 storage.run_gc_due()
         except Exception as e:
+            self.storage_failed = True
             log.debug("sim.bookie.flush_failed", bookie=self.bookie_id, error=repr(e))
 
     # ------------------------------------------------------------------ requests
@@ -326,6 +332,9 @@ class SimBookie:
         else:
             response = task.result()
             code = list(response.codes) if kind == "add" else response.code
+            if code == pb.INTERNAL or (isinstance(code, list) and pb.INTERNAL in code):
+                # The core answers INTERNAL only when the storage or its journal failed.
+                self.storage_failed = True
         self._trace.record(kind, b=self.bookie_id, code=code, **fields)
 
     def add(self, request: pb.AddRequest) -> asyncio.Future[pb.AddResponse]:

@@ -15,6 +15,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, fields
 
 from stream.errors import InvalidArgumentError
+from stream.sim.cluster import (
+    NEW_MEMBER_TRUNCATION,
+    PHASE_ONE_FENCE,
+    SPARE_HOLDERS,
+    TRUNCATE_NOOP,
+    UNPINNED_FIRST,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +85,29 @@ def draw_knobs(rng: random.Random) -> Knobs:
 
 
 KNOBS = tuple(_ODDS)
+
+# The knobs a run switches on whatever its draw while a protection is off: the shapes that
+# protection's directed scenario (`stream.sim.scenarios`) shows it guards, so that a search
+# with it off spends its seeds there. Protections absent here are reached by the drawn
+# knobs alone within 400 seeds.
+GUARDED_SHAPES: dict[str, frozenset[str]] = {
+    # blog-divergence: a dirty tail on one bookie, a takeover whose fence misses it.
+    TRUNCATE_NOOP: frozenset({"hold_adds", "isolate"}),
+    # design-new-member: a dirty tail, and placement moving back onto the bookie holding it.
+    NEW_MEMBER_TRUNCATION: frozenset({"hold_adds", "placement"}),
+    # bp46-lost-fence: a writer frozen right after its takeover, before its first add.
+    PHASE_ONE_FENCE: frozenset({"zombie"}),
+    # replaced-member-returns: write-backs held, the replacement failing, placement moving.
+    SPARE_HOLDERS: frozenset({"hold_adds", "placement"}),
+    # pinned-first: a member held (it acks committed entries late) while another fails.
+    UNPINNED_FIRST: frozenset({"hold_adds", "slow_bookie"}),
+}
+
+
+def guarded_shapes(disabled: Iterable[str]) -> frozenset[str]:
+    """Returns the knobs to switch on in every run while the protections in `disabled` are
+    off (`GUARDED_SHAPES`)."""
+    return frozenset().union(*(GUARDED_SHAPES.get(name, frozenset()) for name in disabled))
 
 
 def check_knobs(names: Iterable[str]) -> frozenset[str]:

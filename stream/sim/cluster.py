@@ -279,6 +279,8 @@ class Simulation:
         # Bookies that lost data they may have acknowledged (the loss budget: fewer than AQ).
         self.lossy_bookies: set[str] = set()
         self._restarts: dict[str, asyncio.TimerHandle] = {}
+        # Bookies whose restart waits for their full disk to heal.
+        self._blocked_restarts: set[str] = set()
         self.finished = False
         self._snapshot: tuple[StreamMeta, int, list[Fragment]] | None = None
         # The real background services, once `start_services` ran them.
@@ -357,6 +359,19 @@ class Simulation:
     def _heal_disk(self, bookie_id: str) -> None:
         if bookie_id in self.disk_faults:
             self.set_disk_fault(bookie_id, None)
+            self.restart_if_failed(bookie_id)
+            if bookie_id in self._blocked_restarts:
+                self._blocked_restarts.discard(bookie_id)
+                self.restart(bookie_id)
+
+    def restart_if_failed(self, bookie_id: str) -> None:
+        """Restarts `bookie_id` if its storage failed on the full disk: the real storage engine
+        answers INTERNAL from then on, until its process is restarted (what its operator does
+        once the disk has room again)."""
+        bookie = self.bookies[bookie_id]
+        if bookie.up and bookie.storage_failed:
+            self.trace.record("restart_failed", b=bookie_id)
+            self.crash(bookie_id, downtime_s=self.rng.uniform(0.01, 0.1))
 
     def _arm_flush(self, bookie_id: str) -> None:
         interval = self.config.flush_interval_s * self._flush_rng.uniform(0.5, 1.5)
@@ -366,6 +381,8 @@ class Simulation:
         bookie = self.bookies[bookie_id]
         if bookie.up:
             bookie.flush()
+            if bookie_id not in self.disk_faults:
+                self.restart_if_failed(bookie_id)  # it failed just before the disk healed
         if not self.finished:
             self._arm_flush(bookie_id)
 
@@ -652,6 +669,12 @@ class Simulation:
         bookie = self.bookies[bookie_id]
         if bookie.up:
             return
+        if bookie.disk.fault == "full":
+            # The real bookie cannot open its storage on a full disk: it starts once the disk
+            # has room again (`_heal_disk`).
+            self._blocked_restarts.add(bookie_id)
+            self.trace.record("restart_blocked", b=bookie_id)
+            return
         self._bookie_sessions[bookie_id].close()
         bookie.start()
         self._register(bookie_id)
@@ -756,6 +779,8 @@ class Simulation:
             client.lost_replies.clear()
         for bookie_id in sorted(self.disk_faults):
             self.set_disk_fault(bookie_id, None)
+        for bookie_id in sorted(self.bookies):
+            self.restart_if_failed(bookie_id)
         for bookie_id, bookie in self.bookies.items():
             if not bookie.up:
                 self.restart(bookie_id)

@@ -15,6 +15,7 @@ import gc
 import logging
 import math
 import multiprocessing
+import os
 import random
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -23,8 +24,9 @@ from typing import Any
 
 import structlog
 
-from stream.errors import InvalidArgumentError
-from stream.sim.buggify import Knobs, check_knobs, draw_knobs
+from stream.bookie.unsafe import UNSAFE_SWITCHES
+from stream.errors import InvalidArgumentError, StorageError
+from stream.sim.buggify import Knobs, check_knobs, draw_knobs, guarded_shapes
 from stream.sim.checker import Violation
 from stream.sim.cluster import CLIENT_ERROR, PROTECTIONS, SimConfig, Simulation
 from stream.sim.loop import VirtualTimeLoop
@@ -80,6 +82,19 @@ def check_disabled(disabled: Iterable[str]) -> frozenset[str]:
             f"unknown protection(s) {', '.join(unknown)}; choose from {', '.join(PROTECTIONS)}"
         )
     return names
+
+
+def check_bookie_switches(names: Iterable[str]) -> frozenset[str]:
+    """Returns `names` as a set of the bookie's test-only switches; raises
+    `InvalidArgumentError` for a name that is not one of `UNSAFE_SWITCHES`."""
+    switches = frozenset(names)
+    unknown = sorted(switches - UNSAFE_SWITCHES)
+    if unknown:
+        raise InvalidArgumentError(
+            f"unknown bookie switch(es) {', '.join(unknown)}; "
+            f"choose from {', '.join(sorted(UNSAFE_SWITCHES))}"
+        )
+    return switches
 
 
 def random_config(rng: random.Random, disabled: frozenset[str]) -> SimConfig:
@@ -426,9 +441,15 @@ class RandomWorkload:
 
     def disk_fault(self) -> None:
         """A bookie's disk turns read-only or full for a while: it refuses adds."""
-        bookie_id = self.rng.choice(sorted(self.sim.bookies))
+        sim = self.sim
+        bookie_id = self.rng.choice(sorted(sim.bookies))
         kind = self.rng.choice(("read_only", "full"))
-        self.sim.set_disk_fault(bookie_id, kind, self.rng.uniform(0.05, 1.0))
+        if not sim.bookies[bookie_id].journal_write_data:
+            # A full disk may fail its storage, and the restart that ends that loses what a
+            # journal-less bookie had not flushed, and puts its streams in limbo: lossy
+            # crashes are the crash faults' to draw, within the loss budget.
+            kind = "read_only"
+        sim.set_disk_fault(bookie_id, kind, self.rng.uniform(0.05, 1.0))
 
     def flip_read_only(self) -> None:
         """A bookie turns read-only, or writable again, keeping E writable ones."""
@@ -561,18 +582,24 @@ def run_seed(
     reengage: bool = False,
     buggify: bool = True,
     knobs: Iterable[str] = (),
+    bookie_switches: Iterable[str] = (),
 ) -> RunResult:
     """Returns the result of the random run of `seed`: `steps` random actions, then the final
     takeover, read and checks. Same seed, same result (and trace digest). With `reengage`
     the writers re-engage when superseded (another family of runs per seed). The run's
     BUGGIFY knobs are drawn from the seed (all off without `buggify`); those named in `knobs`
-    are on whatever the draw."""
-    off = check_disabled(disabled)
+    are on whatever the draw, and so are those that reach the shapes a protection in
+    `disabled` guards (`stream.sim.buggify.GUARDED_SHAPES`). `bookie_switches` are the
+    shipping bookie's own test-only switches (`stream.bookie.unsafe`) to turn on, for tests
+    that break a rule inside it (`streamctl sim` names only the protections)."""
+    off = check_disabled(disabled) | check_bookie_switches(bookie_switches)
     forced = check_knobs(knobs)
     master = random.Random(seed)
     config = random_config(random.Random(master.getrandbits(64)), off)
     workload_seed = master.getrandbits(64)
     drawn = draw_knobs(random.Random(master.getrandbits(64))) if buggify else Knobs()
+    if buggify:
+        forced |= guarded_shapes(off)
     run_knobs = replace(drawn, **dict.fromkeys(forced, True))
 
     async def script(sim: Simulation) -> None:
@@ -596,6 +623,7 @@ class _Job:
     reengage: bool
     buggify: bool
     knobs: frozenset[str]
+    bookie_switches: frozenset[str] = frozenset()
 
 
 def _run_one(job: _Job) -> RunResult:
@@ -606,6 +634,7 @@ def _run_one(job: _Job) -> RunResult:
         reengage=job.reengage,
         buggify=job.buggify,
         knobs=job.knobs,
+        bookie_switches=job.bookie_switches,
     )
 
 
@@ -619,13 +648,15 @@ def run_many(
     reengage: bool = False,
     buggify: bool = True,
     knobs: Iterable[str] = (),
+    bookie_switches: Iterable[str] = (),
 ) -> Iterator[RunResult]:
     """Yields the result of each seed in order (computed in `workers` processes when > 1);
-    with `stop_on_failure`, stops after the first failing seed. `buggify` and `knobs` as
-    `run_seed`."""
+    with `stop_on_failure`, stops after the first failing seed. `buggify`, `knobs` and
+    `bookie_switches` as `run_seed`."""
     off = check_disabled(disabled)
     forced = check_knobs(knobs)
-    jobs = (_Job(seed, steps, off, reengage, buggify, forced) for seed in seeds)
+    switches = check_bookie_switches(bookie_switches)
+    jobs = (_Job(seed, steps, off, reengage, buggify, forced, switches) for seed in seeds)
     if workers <= 1:
         for job in jobs:
             result = _run_one(job)
@@ -653,13 +684,27 @@ _current: Simulation | None = None
 _INJECTED_DISK_ERRORS = frozenset({errno.ENOSPC, errno.EROFS})
 
 
+def _injected_disk_error(error: BaseException | None) -> bool:
+    """Returns whether `error` is (or was caused by) a full or read-only simulated disk. The
+    journal hands its failure on in a `StorageError` that only names it."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in _INJECTED_DISK_ERRORS:
+            return True
+        if isinstance(error, StorageError) and any(
+            os.strerror(code) in str(error) for code in _INJECTED_DISK_ERRORS
+        ):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
 def _capture_errors(logger: object, method_name: str, event_dict: dict[str, Any]) -> Any:
     """A structlog processor: an error the client logs during a run (an unexpected exception
     in a writer task, say) becomes a `client-error` violation of that run."""
     sim = _current
     if sim is not None and method_name in ("error", "exception", "critical"):
         error = sys.exc_info()[1]
-        if isinstance(error, OSError) and error.errno in _INJECTED_DISK_ERRORS:
+        if _injected_disk_error(error):
             # The real bookie logs the full disk a run put on it, as it should.
             return event_dict
         detail = str(event_dict.get("event"))

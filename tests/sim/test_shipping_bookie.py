@@ -6,49 +6,29 @@ switch off."""
 
 from __future__ import annotations
 
-import random
-from dataclasses import replace
+import os
 
 import pytest
 
-from stream.sim.cluster import Simulation
-from stream.sim.runner import (
-    DEFAULT_STEPS,
-    RandomWorkload,
-    RunResult,
-    random_config,
-    run_simulation,
-)
+from stream.errors import InvalidArgumentError
+from stream.sim.runner import run_many, run_seed
 
 SEARCH_SEEDS = 400
 SWITCH = "limbo_unknown"
 
 
-def _random_run(seed: int, bookie_switches: frozenset[str]) -> RunResult:
-    """`run_seed`'s random run of `seed` (same config and workload), with the shipping
-    bookie's own test-only switches on (`streamctl sim` names only the protections)."""
-    master = random.Random(seed)
-    config = random_config(random.Random(master.getrandbits(64)), frozenset())
-    config = replace(config, disabled=bookie_switches)
-    workload_seed = master.getrandbits(64)
-
-    async def script(sim: Simulation) -> None:
-        await RandomWorkload(sim, random.Random(workload_seed)).run(DEFAULT_STEPS)
-        await sim.finish()
-
-    return run_simulation(seed, config, script, steps=DEFAULT_STEPS, scenario="random")
-
-
 @pytest.mark.timeout(900)
 def test_random_runs_find_a_rule_broken_inside_the_bookie() -> None:
-    found = None
-    for seed in range(SEARCH_SEEDS):
-        result = _random_run(seed, frozenset({SWITCH}))
-        if not result.ok:
-            found = result
-            break
+    workers = min(2, os.cpu_count() or 1)
+    results = run_many(range(SEARCH_SEEDS), bookie_switches={SWITCH}, workers=workers)
+    found = next((r for r in results if not r.ok), None)
     assert found is not None, f"{SWITCH}: nothing found in {SEARCH_SEEDS} seeds"
     print(f"\n{SWITCH}: seed {found.seed}: {found.violations[0]}")
-    for seed in range(found.seed + 1):
-        clean = _random_run(seed, frozenset())
-        assert clean.ok, f"seed {seed} fails with the switch off: {clean.violations[0]}"
+    clean = run_many(range(found.seed + 1), workers=workers)
+    failed = next((r for r in clean if not r.ok), None)
+    assert failed is None, f"seed {failed.seed} fails with the switch off: {failed.violations[0]}"
+
+
+def test_an_unknown_bookie_switch_is_refused() -> None:
+    with pytest.raises(InvalidArgumentError, match="unknown bookie switch"):
+        run_seed(0, bookie_switches={"no_such_switch"})
