@@ -32,3 +32,19 @@ def test_random_runs_find_a_rule_broken_inside_the_bookie() -> None:
 def test_an_unknown_bookie_switch_is_refused() -> None:
     with pytest.raises(InvalidArgumentError, match="unknown bookie switch"):
         run_seed(0, bookie_switches={"no_such_switch"})
+
+
+# Seeds where a writer's late new-member Truncate reached a bookie after a newer Truncate of the
+# same term and deleted what the term wrote since (found by random runs before the bookie's
+# truncate-order rule, stream/protocol/truncation.py; `truncate_order` switches it off).
+LATE_TRUNCATE_SEEDS = [(4032, False), (7293, False), (13232, False), (171, True)]
+
+
+@pytest.mark.parametrize(("seed", "reengage"), LATE_TRUNCATE_SEEDS)
+def test_a_late_truncate_loses_acknowledged_entries_only_without_the_order_rule(
+    seed: int, reengage: bool
+) -> None:
+    broken = run_seed(seed, reengage=reengage, bookie_switches={"truncate_order"})
+    assert "write-quorum" in {v.property for v in broken.violations}, broken.violations
+    fixed = run_seed(seed, reengage=reengage)
+    assert fixed.ok, fixed.violations
