@@ -114,10 +114,12 @@ def timed_query(spark: SparkSession, fmt: str, out: Path, **options: str) -> flo
         reader = reader.option(key, value)
     began = time.monotonic()
     query = (
-        reader.load().writeStream.format("parquet")
+        reader.load()
+        .writeStream.format("parquet")
         .option("path", str(out / "data"))
         .option("checkpointLocation", str(out / "checkpoint"))
-        .trigger(availableNow=True).start()
+        .trigger(availableNow=True)
+        .start()
     )
     query.awaitTermination()
     if query.exception() is not None:
@@ -127,13 +129,20 @@ def timed_query(spark: SparkSession, fmt: str, out: Path, **options: str) -> flo
     for progress in query.recentProgress:
         for phase, ms in progress["durationMs"].items():
             phases[phase] = phases.get(phase, 0) + ms
-    print(f"{fmt:>12}: {seconds:6.2f} s; Spark's phases (ms): "
-          + ", ".join(f"{k} {v}" for k, v in sorted(phases.items())), flush=True)
+    print(
+        f"{fmt:>12}: {seconds:6.2f} s; Spark's phases (ms): "
+        + ", ".join(f"{k} {v}" for k, v in sorted(phases.items())),
+        flush=True,
+    )
     return seconds
 
 
 def timed_copy(
-    spark: SparkSession, metadata: str, client: StreamClient, target: str, out: Path,
+    spark: SparkSession,
+    metadata: str,
+    client: StreamClient,
+    target: str,
+    out: Path,
     guarantee: str,
 ) -> float:
     """Copies stream `bench` into a new stream `target` with an availableNow query through the
@@ -141,13 +150,20 @@ def timed_copy(
     client.create_stream(target, fragment_max_entries=200_000, fragment_max_bytes=1 << 30)
     began = time.monotonic()
     query = (
-        spark.readStream.format("streamkeeper").option("metadata", metadata)
-        .option("streams", "bench").option("startingOffsets", "earliest")
-        .option("maxEntriesPerTrigger", "20000").load().select("payload")
-        .writeStream.format("streamkeeper").option("metadata", metadata)
-        .option("stream", target).option("deliveryGuarantee", guarantee)
+        spark.readStream.format("streamkeeper")
+        .option("metadata", metadata)
+        .option("streams", "bench")
+        .option("startingOffsets", "earliest")
+        .option("maxEntriesPerTrigger", "20000")
+        .load()
+        .select("payload")
+        .writeStream.format("streamkeeper")
+        .option("metadata", metadata)
+        .option("stream", target)
+        .option("deliveryGuarantee", guarantee)
         .option("checkpointLocation", str(out / "checkpoint"))
-        .trigger(availableNow=True).start()
+        .trigger(availableNow=True)
+        .start()
     )
     query.awaitTermination()
     if query.exception() is not None:
@@ -155,9 +171,7 @@ def timed_copy(
     return time.monotonic() - began
 
 
-def sink_rounds(
-    spark: SparkSession, metadata: str, work: Path, entries: int, rounds: int
-) -> None:
+def sink_rounds(spark: SparkSession, metadata: str, work: Path, entries: int, rounds: int) -> None:
     """Copies the stream `rounds` times with each sink, alternating; prints rows/s."""
     client = StreamClient.connect(metadata)
     figures: dict[str, list[float]] = {"exactly-once": [], "at-least-once": []}
@@ -167,15 +181,20 @@ def sink_rounds(
                 target = f"copy-{guarantee}-{r}"
                 took = timed_copy(spark, metadata, client, target, work / target, guarantee)
                 seconds.append(took)
-                print(f"sink {guarantee:>13} round {r + 1}: {entries} rows in {took:6.2f} s = "
-                      f"{entries / took:9.0f} rows/s", flush=True)
+                print(
+                    f"sink {guarantee:>13} round {r + 1}: {entries} rows in {took:6.2f} s = "
+                    f"{entries / took:9.0f} rows/s",
+                    flush=True,
+                )
     finally:
         client.close()
     if rounds:
         exactly = statistics.median(figures["exactly-once"])
         at_least = statistics.median(figures["at-least-once"])
-        print(f"sink median rows/s: exactly-once {entries / exactly:.0f}, at-least-once "
-              f"{entries / at_least:.0f}, ratio {at_least / exactly:.2f}")
+        print(
+            f"sink median rows/s: exactly-once {entries / exactly:.0f}, at-least-once "
+            f"{entries / at_least:.0f}, ratio {at_least / exactly:.2f}"
+        )
 
 
 def read_cpu(cluster: SandboxCluster, entries: int, rounds: int) -> None:
@@ -193,12 +212,17 @@ def read_cpu(cluster: SandboxCluster, entries: int, rounds: int) -> None:
         wall = time.perf_counter() - began
         reader_us.append((time.process_time() - cpu_before) / rows * 1e6)
         bookie_us.append((sum(map(cpu_seconds, bookie_pids)) - bookies_before) / rows * 1e6)
-        print(f"read {r + 1}: {rows} entries in {wall:.2f} s = {rows / wall:9.0f}/s outside "
-              f"Spark; CPU per entry: reader {reader_us[-1]:.2f} us, bookies "
-              f"{bookie_us[-1]:.2f} us", flush=True)
+        print(
+            f"read {r + 1}: {rows} entries in {wall:.2f} s = {rows / wall:9.0f}/s outside "
+            f"Spark; CPU per entry: reader {reader_us[-1]:.2f} us, bookies "
+            f"{bookie_us[-1]:.2f} us",
+            flush=True,
+        )
     if rounds:
-        print(f"median CPU per entry read: reader {statistics.median(reader_us):.2f} us, "
-              f"bookies {statistics.median(bookie_us):.2f} us")
+        print(
+            f"median CPU per entry read: reader {statistics.median(reader_us):.2f} us, "
+            f"bookies {statistics.median(bookie_us):.2f} us"
+        )
 
 
 def main() -> None:
@@ -235,20 +259,32 @@ def main() -> None:
             try:
                 spark_connector.register(spark)
                 spark.dataSource.register(SyntheticSource)
-                timed_query(spark, "synthetic", work / "warmup", entries="1000",
-                            size=str(args.size))
+                timed_query(
+                    spark, "synthetic", work / "warmup", entries="1000", size=str(args.size)
+                )
                 synthetic_s: list[float] = []
                 connector_s: list[float] = []
                 for r in range(args.rounds):
-                    synthetic_s.append(timed_query(
-                        spark, "synthetic", work / f"synthetic-{r}", entries=str(args.entries),
-                        size=str(args.size),
-                    ))
-                    connector_s.append(timed_query(
-                        spark, "streamkeeper", work / f"connector-{r}", metadata=cluster.metadata,
-                        streams="bench", startingOffsets="earliest",
-                        entriesPerPartition=str(PARTITION_ENTRIES),
-                    ))
+                    synthetic_s.append(
+                        timed_query(
+                            spark,
+                            "synthetic",
+                            work / f"synthetic-{r}",
+                            entries=str(args.entries),
+                            size=str(args.size),
+                        )
+                    )
+                    connector_s.append(
+                        timed_query(
+                            spark,
+                            "streamkeeper",
+                            work / f"connector-{r}",
+                            metadata=cluster.metadata,
+                            streams="bench",
+                            startingOffsets="earliest",
+                            entriesPerPartition=str(PARTITION_ENTRIES),
+                        )
+                    )
                     rows = spark.read.parquet(str(work / f"connector-{r}" / "data")).count()
                     if rows != args.entries:
                         raise SystemExit(f"round {r + 1}: {rows} rows, not {args.entries}")
@@ -260,12 +296,16 @@ def main() -> None:
     for r, (synthetic, connector) in enumerate(zip(synthetic_s, connector_s, strict=True)):
         print(f"round {r + 1}{' (cold connector)' if r == 0 else ''}:")
         for label, seconds in (("synthetic", synthetic), ("streamkeeper", connector)):
-            print(f"{label:>12}: {args.entries} rows in {seconds:6.2f} s = "
-                  f"{args.entries / seconds:9.0f} rows/s, {mb / seconds:7.1f} MB/s")
+            print(
+                f"{label:>12}: {args.entries} rows in {seconds:6.2f} s = "
+                f"{args.entries / seconds:9.0f} rows/s, {mb / seconds:7.1f} MB/s"
+            )
         print(f"ratio streamkeeper/synthetic rows/s: {synthetic / connector:.2f}")
     ratios = [s / c for s, c in zip(synthetic_s, connector_s, strict=True)]
-    print(f"median ratio over {args.rounds} round(s): {statistics.median(ratios):.2f} "
-          f"(load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after)")
+    print(
+        f"median ratio over {args.rounds} round(s): {statistics.median(ratios):.2f} "
+        f"(load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after)"
+    )
 
 
 if __name__ == "__main__":

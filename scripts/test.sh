@@ -13,6 +13,7 @@ if [ "${1:-}" = "--fast" ]; then
 fi
 bash scripts/setup.sh
 .venv/bin/ruff check .
+.venv/bin/ruff format --check .
 if [ -z "$fast" ]; then
   exec .venv/bin/python -m pytest -q "$@"
 fi

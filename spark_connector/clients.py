@@ -22,8 +22,6 @@ def client_for(
     with _lock:
         client = _clients.get(key)
         if client is None:
-            client = StreamClient.connect(
-                metadata, tls=tls, metadata_auth_file=metadata_auth_file
-            )
+            client = StreamClient.connect(metadata, tls=tls, metadata_auth_file=metadata_auth_file)
             _clients[key] = client
         return client

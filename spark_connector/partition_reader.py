@@ -46,8 +46,9 @@ def read_range(part: StreamRange) -> Iterator[pa.RecordBatch]:
                 yield columns_to_batch(part.stream, pending, headers)
                 position = ids[-1] + 1
             first_retained = int(trimmed.context.get("first_entry_id", position + 1))
-            position = handle_trimmed(part.stream, position, first_retained, part.last + 1,
-                                      part.fail_on_data_loss)
+            position = handle_trimmed(
+                part.stream, position, first_retained, part.last + 1, part.fail_on_data_loss
+            )
             continue
         if ids:
             yield columns_to_batch(part.stream, pending, headers)

@@ -20,11 +20,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--max-entries-per-trigger", type=int, default=10_000)
     args = parser.parse_args()
-    spark = local_session("streamkeeper-tail-driver", args.out / "spark-local",
-                          fast_start=True)
+    spark = local_session("streamkeeper-tail-driver", args.out / "spark-local", fast_start=True)
     query = start_query(
-        spark, args.metadata, args.out, {"processingTime": "200 milliseconds"},
-        streams=args.streams, startingOffsets="earliest",
+        spark,
+        args.metadata,
+        args.out,
+        {"processingTime": "200 milliseconds"},
+        streams=args.streams,
+        startingOffsets="earliest",
         maxEntriesPerTrigger=str(args.max_entries_per_trigger),
     )
     query.awaitTermination()  # runs until killed (or the query fails)

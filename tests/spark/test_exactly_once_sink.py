@@ -38,17 +38,27 @@ def start_sink_driver(
     out/driver-RUN.log."""
     env = dict(
         os.environ,
-        PYTHONPATH=os.pathsep.join(
-            p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p
-        ),
+        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
     )
     with open(out / f"driver-{run}.log", "wb") as log_file:
         return subprocess.Popen(
             [
-                sys.executable, "-m", "tests.spark.sink_query_driver", "--metadata", metadata,
-                "--source", source, "--target", target, "--out", str(out),
+                sys.executable,
+                "-m",
+                "tests.spark.sink_query_driver",
+                "--metadata",
+                metadata,
+                "--source",
+                source,
+                "--target",
+                target,
+                "--out",
+                str(out),
             ],
-            cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
 
@@ -114,10 +124,11 @@ def test_sink_query_killed_mid_commit_and_restarted_writes_every_record_once(
         drivers.append(
             start_sink_driver(spark_cluster.metadata, source, target, tmp_path, KILLS + 1)
         )
-        wait_for(tmp_path, source, drivers[-1], KILLS + 1, lambda offset: offset >= total,
-                 deadline)
-        print(f"\n{total} records, {KILLS} kills ({mid_commit} after appends and before the "
-              f"commit was recorded) in {time.monotonic() - began:.1f} s")
+        wait_for(tmp_path, source, drivers[-1], KILLS + 1, lambda offset: offset >= total, deadline)
+        print(
+            f"\n{total} records, {KILLS} kills ({mid_commit} after appends and before the "
+            f"commit was recorded) in {time.monotonic() - began:.1f} s"
+        )
     finally:
         done.set()
         for driver in drivers:

@@ -25,8 +25,7 @@ def test_a_range_reads_as_arrow_batches_of_the_schema(
 ) -> None:
     count = ROWS_PER_BATCH + 100
     append(client, stream_name, count)
-    batches = list(read_range(StreamRange(spark_cluster.metadata, stream_name, 5, count - 1,
-                                          True)))
+    batches = list(read_range(StreamRange(spark_cluster.metadata, stream_name, 5, count - 1, True)))
     assert [b.num_rows for b in batches] == [ROWS_PER_BATCH, count - 5 - ROWS_PER_BATCH]
     assert all(b.schema.equals(ARROW_SCHEMA) for b in batches)
     ids = [i for b in batches for i in b.column("entry_id").to_pylist()]

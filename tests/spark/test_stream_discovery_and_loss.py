@@ -27,9 +27,14 @@ def test_stream_pattern_picks_up_a_stream_created_after_the_query_started(
     first, second, unrelated = f"{prefix}-a", f"{prefix}-b", f"x{prefix}-c"
     append(client, first, 10)
     append(client, unrelated, 5)
-    query = start_query(spark, spark_cluster.metadata, tmp_path,
-                        {"processingTime": "100 milliseconds"},
-                        streamPattern=f"{prefix}-.*", startingOffsets="earliest")
+    query = start_query(
+        spark,
+        spark_cluster.metadata,
+        tmp_path,
+        {"processingTime": "100 milliseconds"},
+        streamPattern=f"{prefix}-.*",
+        startingOffsets="earliest",
+    )
     try:
         deadline = time.monotonic() + 90
         while len(output(spark, tmp_path)) < 10 and time.monotonic() < deadline:
@@ -51,22 +56,35 @@ def test_trimming_behind_a_stopped_query_fails_it_or_is_skipped(
     spark: Any, spark_cluster: Any, client: StreamClient, stream_name: str, tmp_path: Path
 ) -> None:
     append(client, stream_name, 300, fragment_max_entries=100)
-    run_available_now(spark, spark_cluster.metadata, tmp_path, streams=stream_name,
-                      startingOffsets="earliest")
+    run_available_now(
+        spark, spark_cluster.metadata, tmp_path, streams=stream_name, startingOffsets="earliest"
+    )
     assert len(output(spark, tmp_path)) == 300
     append(client, stream_name, 300, start=300, fragment_max_entries=100)
     first_retained = client.trim(stream_name, before_entry_id=450)
     assert 300 < first_retained <= 450
 
-    query = start_query(spark, spark_cluster.metadata, tmp_path, {"availableNow": True},
-                        streams=stream_name, startingOffsets="earliest")
+    query = start_query(
+        spark,
+        spark_cluster.metadata,
+        tmp_path,
+        {"availableNow": True},
+        streams=stream_name,
+        startingOffsets="earliest",
+    )
     with pytest.raises(Exception, match="failOnDataLoss=false") as failed:
         query.awaitTermination(120)
     assert f"of stream '{stream_name}' were trimmed" in str(failed.value)
     assert len(output(spark, tmp_path)) == 300
 
-    run_available_now(spark, spark_cluster.metadata, tmp_path, streams=stream_name,
-                      startingOffsets="earliest", failOnDataLoss="false")
+    run_available_now(
+        spark,
+        spark_cluster.metadata,
+        tmp_path,
+        streams=stream_name,
+        startingOffsets="earliest",
+        failOnDataLoss="false",
+    )
     kept = [r[1] for r in output(spark, tmp_path)]
     assert len(kept) == len(set(kept))
     reader = client.open_reader(stream_name)
@@ -78,9 +96,13 @@ def test_stream_pattern_matching_nothing_yet_waits_for_the_first_stream(
     spark: Any, spark_cluster: Any, client: StreamClient, tmp_path: Path
 ) -> None:
     name = f"q{uuid.uuid4().hex[:8]}-late"
-    query = start_query(spark, spark_cluster.metadata, tmp_path,
-                        {"processingTime": "100 milliseconds"},
-                        streamPattern=name.replace("-late", "-.*"))
+    query = start_query(
+        spark,
+        spark_cluster.metadata,
+        tmp_path,
+        {"processingTime": "100 milliseconds"},
+        streamPattern=name.replace("-late", "-.*"),
+    )
     try:
         deadline = time.monotonic() + 60
         while not query.recentProgress and time.monotonic() < deadline:

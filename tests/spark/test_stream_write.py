@@ -61,7 +61,9 @@ def test_write_stream_takes_string_payloads(
 ) -> None:
     client.create_stream(stream_name)
     query = (
-        spark.readStream.format("rate").option("rowsPerSecond", "50").load()
+        spark.readStream.format("rate")
+        .option("rowsPerSecond", "50")
+        .load()
         .selectExpr("CAST(value AS STRING) AS payload")
         .writeStream.format("streamkeeper")
         .option("metadata", spark_cluster.metadata)
@@ -85,10 +87,12 @@ def test_write_stream_needs_a_payload_column_and_a_stream(
 ) -> None:
     frame = spark.readStream.format("rate").load()
     with pytest.raises(Exception, match="needs a column 'payload'"):
-        frame.writeStream.format("streamkeeper").option("metadata", spark_cluster.metadata) \
-            .option("stream", "x").option("checkpointLocation", str(tmp_path / "a")) \
-            .start().awaitTermination(60)
+        frame.writeStream.format("streamkeeper").option("metadata", spark_cluster.metadata).option(
+            "stream", "x"
+        ).option("checkpointLocation", str(tmp_path / "a")).start().awaitTermination(60)
     with pytest.raises(Exception, match="option 'stream' is required"):
-        frame.selectExpr("CAST(CAST(value AS STRING) AS BINARY) AS payload").writeStream \
-            .format("streamkeeper").option("metadata", spark_cluster.metadata) \
-            .option("checkpointLocation", str(tmp_path / "b")).start().awaitTermination(60)
+        frame.selectExpr("CAST(CAST(value AS STRING) AS BINARY) AS payload").writeStream.format(
+            "streamkeeper"
+        ).option("metadata", spark_cluster.metadata).option(
+            "checkpointLocation", str(tmp_path / "b")
+        ).start().awaitTermination(60)

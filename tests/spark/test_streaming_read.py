@@ -64,8 +64,11 @@ def test_tailing_query_killed_and_restarted_writes_every_entry_once(
             writer.flush()
         produced.set()
 
-    options = {"streams": stream_name, "startingOffsets": "earliest",
-               "maxEntriesPerTrigger": str(max(1000, total // 10))}
+    options = {
+        "streams": stream_name,
+        "startingOffsets": "earliest",
+        "maxEntriesPerTrigger": str(max(1000, total // 10)),
+    }
     trigger = {"processingTime": "100 milliseconds"}
     producer = threading.Thread(target=produce, name="producer")
     producer.start()
@@ -172,19 +175,41 @@ def kill_9(process: subprocess.Popen[bytes]) -> None:
 def start_driver(metadata: str, stream: str, out: Path, run: int) -> subprocess.Popen[bytes]:
     """Starts tail_query_driver in a new session (its own process group), logging to
     out/driver-RUN.log."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+    )
     with open(out / f"driver-{run}.log", "wb") as log_file:
         return subprocess.Popen(
-            [sys.executable, "-m", "tests.spark.tail_query_driver", "--metadata", metadata,
-             "--streams", stream, "--out", str(out), "--max-entries-per-trigger", "10000"],
-            cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "tests.spark.tail_query_driver",
+                "--metadata",
+                metadata,
+                "--streams",
+                stream,
+                "--out",
+                str(out),
+                "--max-entries-per-trigger",
+                "10000",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
 
 
-def wait_for(out: Path, stream: str, driver: subprocess.Popen[bytes], run: int,
-             reached: Callable[[int], bool], deadline: float) -> int:
+def wait_for(
+    out: Path,
+    stream: str,
+    driver: subprocess.Popen[bytes],
+    run: int,
+    reached: Callable[[int], bool],
+    deadline: float,
+) -> int:
     """Returns the stream's committed offset once `reached(offset)` holds; fails when the
     driver exits or the deadline passes (with the driver's log tail)."""
     while True:
@@ -231,8 +256,14 @@ def test_query_process_killed_with_sigkill_mid_stream_and_restarted_writes_every
         began = time.monotonic()
         drivers.append(start_driver(spark_cluster.metadata, stream_name, tmp_path, 1))
         # Mid-stream and mid-batch: a batch committed, the next one planned and running.
-        at_kill = wait_for(tmp_path, stream_name, drivers[0], 1,
-                           lambda offset: offset > 0 and in_flight(tmp_path), deadline)
+        at_kill = wait_for(
+            tmp_path,
+            stream_name,
+            drivers[0],
+            1,
+            lambda offset: offset > 0 and in_flight(tmp_path),
+            deadline,
+        )
         kill_9(drivers[0])
         appended_at_kill = appended
         killed.set()
@@ -240,12 +271,13 @@ def test_query_process_killed_with_sigkill_mid_stream_and_restarted_writes_every
         assert at_kill <= committed < total and appended_at_kill < total
         killed_at = time.monotonic()
         drivers.append(start_driver(spark_cluster.metadata, stream_name, tmp_path, 2))
-        wait_for(tmp_path, stream_name, drivers[1], 2, lambda offset: offset >= total,
-                 deadline)
+        wait_for(tmp_path, stream_name, drivers[1], 2, lambda offset: offset >= total, deadline)
         # Figures for the log (pytest -s), no assertion on time.
-        print(f"killed at entry {at_kill} ({appended_at_kill} appended) after "
-              f"{killed_at - began:.1f} s; restarted run done in "
-              f"{time.monotonic() - killed_at:.1f} s")
+        print(
+            f"killed at entry {at_kill} ({appended_at_kill} appended) after "
+            f"{killed_at - began:.1f} s; restarted run done in "
+            f"{time.monotonic() - killed_at:.1f} s"
+        )
     finally:
         killed.set()
         for driver in drivers:
@@ -265,16 +297,28 @@ def test_available_now_with_max_entries_per_trigger_reads_in_bounded_batches(
     spark: Any, spark_cluster: Any, client: StreamClient, stream_name: str, tmp_path: Path
 ) -> None:
     append(client, stream_name, 1000)
-    query = run_available_now(spark, spark_cluster.metadata, tmp_path, streams=stream_name,
-                              startingOffsets="earliest", maxEntriesPerTrigger="300")
+    query = run_available_now(
+        spark,
+        spark_cluster.metadata,
+        tmp_path,
+        streams=stream_name,
+        startingOffsets="earliest",
+        maxEntriesPerTrigger="300",
+    )
     sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
     assert sizes == [300, 300, 300, 100]
     rows = output(spark, tmp_path)
     assert sorted(r[1] for r in rows) == list(range(1000))
     # Nothing new: a rerun from the checkpoint adds nothing.
     append(client, stream_name, 0)
-    run_available_now(spark, spark_cluster.metadata, tmp_path, streams=stream_name,
-                      startingOffsets="earliest", maxEntriesPerTrigger="300")
+    run_available_now(
+        spark,
+        spark_cluster.metadata,
+        tmp_path,
+        streams=stream_name,
+        startingOffsets="earliest",
+        maxEntriesPerTrigger="300",
+    )
     assert len(output(spark, tmp_path)) == 1000
 
 
@@ -284,9 +328,14 @@ def test_starting_offsets_json_over_two_streams(
     other = stream_name + "-b"
     append(client, stream_name, 100)
     append(client, other, 100)
-    run_available_now(spark, spark_cluster.metadata, tmp_path, streams=f"{stream_name},{other}",
-                      startingOffsets=json.dumps({stream_name: 90, other: -2}),
-                      maxEntriesPerTrigger="70")
+    run_available_now(
+        spark,
+        spark_cluster.metadata,
+        tmp_path,
+        streams=f"{stream_name},{other}",
+        startingOffsets=json.dumps({stream_name: 90, other: -2}),
+        maxEntriesPerTrigger="70",
+    )
     rows = output(spark, tmp_path)
     assert sorted((r[0], r[1]) for r in rows) == sorted(
         [(stream_name, i) for i in range(90, 100)] + [(other, i) for i in range(100)]
@@ -310,8 +359,7 @@ def test_a_batch_replayed_after_a_crash_reads_the_same_rows(
     spark: Any, spark_cluster: Any, client: StreamClient, stream_name: str, tmp_path: Path
 ) -> None:
     append(client, stream_name, 1000)
-    options = {"streams": stream_name, "startingOffsets": "earliest",
-               "maxEntriesPerTrigger": "300"}
+    options = {"streams": stream_name, "startingOffsets": "earliest", "maxEntriesPerTrigger": "300"}
     run_available_now(spark, spark_cluster.metadata, tmp_path, **options)
     # A crash after batch 3 was planned (its offsets logged) and before it was committed:
     # neither the checkpoint nor the file sink knows it happened.
