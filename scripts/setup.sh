@@ -45,6 +45,11 @@ stamp=$(cat pyproject.toml setup.py proto/streamkeeper/v1/*.proto | sha256sum | 
 if [ "$(cat .venv/.setup-stamp 2>/dev/null)" != "$stamp" ] || [ ! -f stream/wire/bookie_pb2.py ]; then
   echo "setup: installing the package into .venv" >&2
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+  # grpc-stubs, replaced by types-grpcio, installs the same grpc-stubs/ folder: remove both
+  # before installing, or removing one later would take files of the other.
+  if .venv/bin/python -m pip show grpc-stubs >/dev/null 2>&1; then
+    .venv/bin/python -m pip uninstall -q -y grpc-stubs types-grpcio
+  fi
   .venv/bin/python -m pip install -q -e '.[dev,spark]'
   echo "$stamp" > .venv/.setup-stamp
 fi

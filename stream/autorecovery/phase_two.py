@@ -87,7 +87,8 @@ REPAIR_STREAM_SECONDS = Histogram(
 
 
 class LimboState(Protocol):
-    limbo: bool
+    @property  # read-only: the storage's view is frozen
+    def limbo(self) -> bool: ...
 
 
 class LocalCopies(Protocol):

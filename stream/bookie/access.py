@@ -16,7 +16,7 @@ import ipaddress
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias, TypeVar
 
 import grpc
 import structlog
@@ -28,6 +28,12 @@ from stream.security.identity import identity_of
 from stream.security.roles import Role, required_role
 
 log = structlog.get_logger(__name__)
+
+# The bookie's handlers take requests of several types: the context is typed for none of them.
+# A string: grpc's runtime classes are not subscriptable (only its stubs are generic).
+Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
+_Req = TypeVar("_Req")
+_Resp = TypeVar("_Resp")
 
 # The principal of a caller without a certificate (plaintext, or TLS without client auth).
 ANONYMOUS = "anonymous"
@@ -89,17 +95,18 @@ class AccessControl(grpc.aio.ServerInterceptor):
         self.enforce = config.tls and config.tls_client_auth == "require"
         self._roles = {principal: Role.parse(role) for principal, role in config.roles.items()}
 
-    def caller(self, context: grpc.aio.ServicerContext) -> Caller:
+    def caller(self, context: Context) -> Caller:
         """Returns who makes the call of `context`."""
         peer = context.peer()
-        pems = (context.auth_context() or {}).get("x509_pem_cert") if self.enforce else None
-        if not pems:
+        pems = (context.auth_context() or {}).get("x509_pem_cert", ()) if self.enforce else ()
+        pem = next(iter(pems), None)
+        if pem is None:
             return Caller(ANONYMOUS, peer, None)
-        identity = identity_of(pems[0])
+        identity = identity_of(pem)
         role = self._roles.get(identity.principal, identity.role)
         return Caller(identity.principal, peer, role)
 
-    async def _admit(self, rpc: str, request: Any, context: grpc.aio.ServicerContext) -> Caller:
+    async def _admit(self, rpc: str, request: Any, context: Context) -> Caller:
         """Returns the caller when it may make `request`; otherwise audits the refusal and
         aborts the call with PERMISSION_DENIED."""
         caller = self.caller(context)
@@ -120,7 +127,7 @@ class AccessControl(grpc.aio.ServerInterceptor):
         return caller
 
     def _unary(self, rpc: str, behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
-        async def guarded(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def guarded(request: Any, context: Context) -> Any:
             await self._admit(rpc, request, context)
             return await behavior(request, context)
 
@@ -132,7 +139,7 @@ class AccessControl(grpc.aio.ServerInterceptor):
         # With a request stream (Add), the role needed does not depend on its messages
         # (recovery adds included, see stream.security.roles): the call is admitted or refused
         # as a whole, before any message is read.
-        async def guarded(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async def guarded(request: Any, context: Context) -> AsyncIterator[Any]:
             await self._admit(rpc, None if request_stream else request, context)
             async for response in behavior(request, context):
                 yield response
@@ -141,9 +148,11 @@ class AccessControl(grpc.aio.ServerInterceptor):
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[_Req, _Resp] | None]
+        ],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> grpc.RpcMethodHandler[_Req, _Resp] | None:
         handler = await continuation(handler_call_details)
         if handler is None:
             return handler
@@ -180,8 +189,9 @@ def _is_loopback(host: str) -> bool:
         infos = socket.getaddrinfo(host, None)
     except OSError:
         return False
+    # An address family beyond IPv4 and IPv6 types its host as an int; str() covers the type.
     return bool(infos) and all(
-        ipaddress.ip_address(info[4][0].split("%", 1)[0]).is_loopback for info in infos
+        ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]).is_loopback for info in infos
     )
 
 

@@ -359,7 +359,7 @@ class BookieConfig(Settings):
                 raise ConfigError(f"missing required key {key!r}", key=key)
         # TOML has no float for a whole number: a float key takes an integer.
         floats = {f.name for f in dataclasses.fields(cls) if f.type in ("float", float)}
-        values = {
+        values: dict[str, Any] = {
             key: float(value)
             if key in floats and isinstance(value, int) and not isinstance(value, bool)
             else value
@@ -403,8 +403,13 @@ def _toml_string(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def _default(f: dataclasses.Field[Any]) -> Any:
+    factory = f.default_factory
+    return f.default if factory is dataclasses.MISSING else factory()
+
+
 DEFAULTS = {
-    f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    f.name: _default(f)
     for f in dataclasses.fields(BookieConfig)
     if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
 }

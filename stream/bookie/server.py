@@ -10,16 +10,16 @@ storage engine.
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 import grpc
 import structlog
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
 
 from stream.bookie import metrics
+from stream.bookie.access import Context
 from stream.bookie.config import BookieConfig
 from stream.bookie.core import (
     BAD_REQUEST,
@@ -36,13 +36,16 @@ from stream.bookie.terms import MetadataTerms
 from stream.framing.encoding import varint
 from stream.protocol.invariant import invariant
 from stream.wire import bookie_pb2 as pb
-from stream.wire import bookie_pb2_grpc
 
 SERVICE_NAME = "streamkeeper.v1.Bookie"
 
 log = structlog.get_logger(__name__)
 
 _Resp = TypeVar("_Resp")
+# The RPCs of the proto, by name.
+_METHODS = pb.DESCRIPTOR.services_by_name["Bookie"].methods_by_name
+# A unary RPC's handler in the core: (request, context) -> response.
+_Handle: TypeAlias = Callable[[Any, Context], Awaitable[Message]]
 
 
 @dataclass(frozen=True)
@@ -67,47 +70,39 @@ def _lenient(request_type: Any) -> Callable[[bytes], Any]:
 
 
 def _guarded(
-    rpc: str, response_type: Callable[..., _Resp]
-) -> Callable[
-    [Callable[[BookieService, Any, Any], Awaitable[_Resp]]],
-    Callable[[BookieService, Any, Any], Awaitable[_Resp]],
-]:
-    """Wraps a unary handler: a request that did not parse answers BAD_REQUEST, an unexpected
-    exception answers INTERNAL (and is logged) instead of failing the call, and every answer is
-    counted by RPC and code."""
+    rpc: str,
+    response_type: Callable[..., _Resp],
+    handle: Callable[[Any, Context], Awaitable[_Resp]],
+    count: Callable[[str, int], None],
+) -> Callable[[Any, Context], Awaitable[_Resp]]:
+    """Wraps the unary handler `handle` of `rpc`: a request that did not parse answers
+    BAD_REQUEST, an unexpected exception answers INTERNAL (and is logged) instead of failing
+    the call, and every answer is counted (`count`) by RPC and code."""
+    has_code = "code" in _METHODS[rpc].output_type.fields_by_name
 
-    has_code = "code" in response_type.DESCRIPTOR.fields_by_name  # type: ignore[attr-defined]
+    async def handler(request: Any, context: Context) -> _Resp:
+        if isinstance(request, Malformed):
+            count(rpc, BAD_REQUEST)
+            if not has_code:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.error)
+            return response_type(code=BAD_REQUEST, message=request.error)
+        try:
+            response = await handle(request, context)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            log.exception("rpc.internal_error", rpc=rpc)
+            if not has_code:  # Info: no code field; fail the call, keep the server
+                count(rpc, INTERNAL)
+                await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {e!r}")
+            response = response_type(code=INTERNAL, message=f"internal error: {e!r}")
+        count(rpc, getattr(response, "code", pb.OK))  # Info has no code: it answered
+        return response
 
-    def wrap(
-        fn: Callable[[BookieService, Any, Any], Awaitable[_Resp]],
-    ) -> Callable[[BookieService, Any, Any], Awaitable[_Resp]]:
-        @functools.wraps(fn)
-        async def handler(self: BookieService, request: Any, context: Any) -> _Resp:
-            count = self.core.count
-            if isinstance(request, Malformed):
-                count(rpc, BAD_REQUEST)
-                if not has_code:
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.error)
-                return response_type(code=BAD_REQUEST, message=request.error)
-            try:
-                response = await fn(self, request, context)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                log.exception("rpc.internal_error", rpc=rpc)
-                if not has_code:  # Info: no code field; fail the call, keep the server
-                    count(rpc, INTERNAL)
-                    await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {e!r}")
-                response = response_type(code=INTERNAL, message=f"internal error: {e!r}")
-            count(rpc, response.code if has_code else pb.OK)  # type: ignore[attr-defined]
-            return response
-
-        return handler
-
-    return wrap
+    return handler
 
 
-class BookieService(bookie_pb2_grpc.BookieServicer):
+class BookieService:
     """The Bookie gRPC service over one `BookieCore` (`core`). `set_disk_status` switches
     read-only mode; `start_report` is what Info tells about the start."""
 
@@ -168,7 +163,7 @@ class BookieService(bookie_pb2_grpc.BookieServicer):
         self,
         requests: AsyncIterator[bytes],
         pending: asyncio.Queue[_PendingAdd | None],
-        context: grpc.aio.ServicerContext,
+        context: Context,
     ) -> None:
         """Reads batches and hands each to the core at once (many batches in flight), queueing
         its response; stops reading while the queue is full (backpressure to the writer)."""
@@ -198,7 +193,7 @@ class BookieService(bookie_pb2_grpc.BookieServicer):
             raise ended_by
 
     async def Add(  # noqa: N802 - gRPC method name
-        self, request_iterator: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+        self, request_iterator: AsyncIterator[bytes], context: Context
     ) -> AsyncIterator[pb.AddResponse]:
         """Streams one AddResponse per AddRequest (received serialized, see `add_to_server`),
         in request order, each once durable."""
@@ -219,64 +214,20 @@ class BookieService(bookie_pb2_grpc.BookieServicer):
             if not reader.done():
                 reader.cancel()
 
-    # -- unary requests ---------------------------------------------------------------------
-
-    @_guarded("Fence", pb.FenceResponse)
-    async def Fence(  # noqa: N802
-        self, request: pb.FenceRequest, context: grpc.aio.ServicerContext
-    ) -> pb.FenceResponse:
-        return await self.core.fence(request, context)
-
-    @_guarded("Read", pb.ReadResponse)
-    async def Read(  # noqa: N802
-        self, request: pb.ReadRequest, context: grpc.aio.ServicerContext
-    ) -> pb.ReadResponse:
-        return await self.core.read(request, context)
-
-    @_guarded("ReadLac", pb.ReadLacResponse)
-    async def ReadLac(  # noqa: N802
-        self, request: pb.ReadLacRequest, context: grpc.aio.ServicerContext
-    ) -> pb.ReadLacResponse:
-        return await self.core.read_lac(request, context)
-
-    @_guarded("Truncate", pb.TruncateResponse)
-    async def Truncate(  # noqa: N802
-        self, request: pb.TruncateRequest, context: grpc.aio.ServicerContext
-    ) -> pb.TruncateResponse:
-        return await self.core.truncate(request, context)
-
-    @_guarded("Trim", pb.TrimResponse)
-    async def Trim(  # noqa: N802
-        self, request: pb.TrimRequest, context: grpc.aio.ServicerContext
-    ) -> pb.TrimResponse:
-        return await self.core.trim(request, context)
-
-    @_guarded("StreamState", pb.StreamStateResponse)
-    async def StreamState(  # noqa: N802
-        self, request: pb.StreamStateRequest, context: grpc.aio.ServicerContext
-    ) -> pb.StreamStateResponse:
-        return await self.core.stream_state(request, context)
-
-    @_guarded("Info", pb.InfoResponse)
-    async def Info(  # noqa: N802
-        self, request: pb.InfoRequest, context: grpc.aio.ServicerContext
-    ) -> pb.InfoResponse:
-        return await self.core.info(request, context)
-
     # -- ReadRange --------------------------------------------------------------------------
 
     async def ReadRange(  # noqa: N802
-        self, request: pb.ReadRangeRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.ReadRangeResponse]:
+        self, request: pb.ReadRangeRequest | Malformed, context: Context
+    ) -> AsyncIterator[pb.ReadRangeResponse | bytes]:
         """Streams the entries of [first_entry_id, last_entry_id] in batches of at most
         `max_batch_bytes`, framed here from the serialized entries the storage reads; the
         last response carries the code that ended the range."""
+        if isinstance(request, Malformed):
+            self.core.count("ReadRange", BAD_REQUEST)
+            yield pb.ReadRangeResponse(code=BAD_REQUEST, message=request.error)
+            return
         code = pb.OK
         try:
-            if isinstance(request, Malformed):
-                code = BAD_REQUEST
-                yield pb.ReadRangeResponse(code=code, message=request.error)
-                return
             for head, records in self.core.read_range(request, raw=True):
                 code = head.code
                 yield _with_entries(head, records)
@@ -358,22 +309,23 @@ def add_to_server(service: BookieService, server: grpc.aio.Server) -> None:
             response_serializer=_serialized,
         ),
     }
-    for name, request_type, response_type in (
-        ("Fence", pb.FenceRequest, pb.FenceResponse),
-        ("Read", pb.ReadRequest, pb.ReadResponse),
-        ("ReadLac", pb.ReadLacRequest, pb.ReadLacResponse),
-        ("Truncate", pb.TruncateRequest, pb.TruncateResponse),
-        ("Trim", pb.TrimRequest, pb.TrimResponse),
-        ("StreamState", pb.StreamStateRequest, pb.StreamStateResponse),
-        ("Info", pb.InfoRequest, pb.InfoResponse),
-    ):
+    core = service.core
+    unary_rpcs: list[tuple[str, type[Message], type[Message], _Handle]] = [
+        ("Fence", pb.FenceRequest, pb.FenceResponse, core.fence),
+        ("Read", pb.ReadRequest, pb.ReadResponse, core.read),
+        ("ReadLac", pb.ReadLacRequest, pb.ReadLacResponse, core.read_lac),
+        ("Truncate", pb.TruncateRequest, pb.TruncateResponse, core.truncate),
+        ("Trim", pb.TrimRequest, pb.TrimResponse, core.trim),
+        ("StreamState", pb.StreamStateRequest, pb.StreamStateResponse, core.stream_state),
+        ("Info", pb.InfoRequest, pb.InfoResponse, core.info),
+    ]
+    for name, request_type, response_type, handle in unary_rpcs:
         handlers[name] = unary(
-            getattr(service, name),
+            _guarded(name, response_type, handle, core.count),
             request_deserializer=_lenient(request_type),
             response_serializer=response_type.SerializeToString,
         )
-    methods = pb.DESCRIPTOR.services_by_name["Bookie"].methods_by_name
-    invariant(set(handlers) == set(methods), "every RPC of the proto has a handler")
+    invariant(set(handlers) == set(_METHODS), "every RPC of the proto has a handler")
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
 

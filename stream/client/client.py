@@ -16,7 +16,7 @@ import random
 import socket
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -80,6 +80,7 @@ Chunk = TypeVar("Chunk")
 
 # Chunks of entries a reader fetches ahead of the application.
 _READ_PREFETCH_CHUNKS = 4
+_OK = int(Code.OK)  # an int: the answers carry the wire's own Code type
 _TRIM_ALL = (1 << 63) - 1
 _BOOKIE_CALL_TIMEOUT_S = 5.0
 _CAS_ATTEMPTS = 16
@@ -420,7 +421,7 @@ class StreamClient:
             )
             if answer is None:
                 return None  # registered, not answering (killed, its session not gone yet)
-            return bool(answer.limbo) if answer.code == Code.OK else False
+            return bool(answer.limbo) if answer.code == _OK else False
 
         limbos = await asyncio.gather(*(limbo(b) for b in ensemble))
         return [
@@ -843,7 +844,9 @@ class StreamReader:
         finally:
             lists.close()  # stops the producer on the loop now, not when collected
 
-    def _iterate_lists(self, make: Callable[[], AsyncIterator[Chunk]]) -> Iterator[Chunk]:
+    def _iterate_lists(
+        self, make: Callable[[], AsyncIterator[Chunk]]
+    ) -> Generator[Chunk, None, None]:
         loop = self._client._loop
         chunks: asyncio.Queue[Chunk | BaseException | None] | None = None
         producer: asyncio.Task[None] | None = None
@@ -872,7 +875,7 @@ class StreamReader:
                 producer.cancel()
                 await asyncio.gather(producer, return_exceptions=True)
 
-        def generate() -> Iterator[Chunk]:
+        def generate() -> Generator[Chunk, None, None]:
             loop.run(start())
             try:
                 while True:

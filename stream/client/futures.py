@@ -41,8 +41,10 @@ class AppendFuture(concurrent.futures.Future[T]):
         self._result: Any = None
         self._exception: BaseException | None = None
 
-    @property  # type: ignore[override]
-    def _condition(self) -> threading.Condition:
+    # The base class's attribute becomes a lazy read-only property: nothing assigns it, since
+    # the base __init__ (the only writer) is not called.
+    @property
+    def _condition(self) -> threading.Condition:  # type: ignore[override]
         cond = self._cond
         if cond is None:
             with _LAZY:

@@ -139,7 +139,9 @@ class _AddStream:
 class GrpcTransport:
     """Bookie requests over gRPC; `resolve(bookie_id)` gives a bookie's address (from the
     registry). Create and use it on one event loop; `close()` closes every channel. With
-    `tls`, every channel is TLS with those files (mutual, when it holds a certificate)."""
+    `tls`, every channel is TLS with those files (mutual, when it holds a certificate). The
+    generated `BookieStub` is untyped: each answer is annotated with the type its RPC's
+    deserializer gives."""
 
     def __init__(
         self,
@@ -184,14 +186,16 @@ class GrpcTransport:
     ) -> pb.FenceResponse:
         stub = await self._stub(bookie_id)
         request = pb.FenceRequest(stream_id=stream_id, term=term)
-        return await stub.Fence(request, timeout=timeout_s)
+        response: pb.FenceResponse = await stub.Fence(request, timeout=timeout_s)
+        return response
 
     async def read(
         self, bookie_id: str, stream_id: int, entry_id: int, *, term: int = 0, timeout_s: float
     ) -> pb.ReadResponse:
         stub = await self._stub(bookie_id)
         request = pb.ReadRequest(stream_id=stream_id, entry_id=entry_id, term=term)
-        return await stub.Read(request, timeout=timeout_s)
+        response: pb.ReadResponse = await stub.Read(request, timeout=timeout_s)
+        return response
 
     async def read_range(
         self,
@@ -222,27 +226,32 @@ class GrpcTransport:
     ) -> pb.ReadLacResponse:
         stub = await self._stub(bookie_id)
         request = pb.ReadLacRequest(stream_id=stream_id, known_lac=known_lac, timeout_ms=wait_ms)
-        return await stub.ReadLac(request, timeout=timeout_s)
+        response: pb.ReadLacResponse = await stub.ReadLac(request, timeout=timeout_s)
+        return response
 
     async def truncate(
         self, bookie_id: str, stream_id: int, term: int, after_entry_id: int, *, timeout_s: float
     ) -> pb.TruncateResponse:
         stub = await self._stub(bookie_id)
         request = pb.TruncateRequest(stream_id=stream_id, term=term, after_entry_id=after_entry_id)
-        return await stub.Truncate(request, timeout=timeout_s)
+        response: pb.TruncateResponse = await stub.Truncate(request, timeout=timeout_s)
+        return response
 
     async def trim(
         self, bookie_id: str, stream_id: int, before_entry_id: int, *, timeout_s: float
     ) -> pb.TrimResponse:
         stub = await self._stub(bookie_id)
         request = pb.TrimRequest(stream_id=stream_id, before_entry_id=before_entry_id)
-        return await stub.Trim(request, timeout=timeout_s)
+        response: pb.TrimResponse = await stub.Trim(request, timeout=timeout_s)
+        return response
 
     async def stream_state(
         self, bookie_id: str, stream_id: int, *, timeout_s: float
     ) -> pb.StreamStateResponse:
         stub = await self._stub(bookie_id)
-        return await stub.StreamState(pb.StreamStateRequest(stream_id=stream_id), timeout=timeout_s)
+        request = pb.StreamStateRequest(stream_id=stream_id)
+        response: pb.StreamStateResponse = await stub.StreamState(request, timeout=timeout_s)
+        return response
 
     async def close(self) -> None:
         """Closes every channel (calls in flight are cancelled)."""

@@ -278,7 +278,8 @@ class AddPipeline:
                 size = sum(map(len, map(_framed, entries)))
                 if size > max_bytes and len(entries) > 1:
                     # Rare: keep the tail for the next batch.
-                    kept, size = [], 0
+                    kept: list[PreparedEntry] = []
+                    size = 0
                     for e in entries:
                         if kept and size + len(e.framed) > max_bytes:
                             break
@@ -345,7 +346,7 @@ class AddPipeline:
             self._owner.on_error(e)
 
     def _on_answer(self, link: _Link, response: pb.AddResponse) -> None:
-        codes = list(response.codes)
+        codes: list[int] = list(response.codes)
         entry_ids = response.entry_ids
         bookie_id = link.bookie_id
         pending = self.pending

@@ -14,10 +14,12 @@ from stream.framing.verify import checksum_ok
 from stream.metadata.model import ProducerChange, ProducerTerm, StreamMeta
 from stream.protocol import Code, EntryFlag, ensemble_for
 from stream.protocol.producers import DEFAULT_PRODUCER_EXPIRY_MS, ProducerPosition, TailAnchor
+from stream.wire import bookie_pb2 as pb
 
 log = structlog.get_logger(__name__)
 
 _NOOP = int(EntryFlag.NOOP)
+_OK = int(Code.OK)  # an int: the answers carry the wire's own Code type
 
 
 async def last_sequenced_entry(
@@ -50,7 +52,7 @@ async def _read_entry(
     fragments: Sequence[tuple[int, Sequence[str]]],
     entry_id: int,
     timeout_s: float,
-) -> object:
+) -> pb.Entry:
     ensemble = ensemble_for(fragments, entry_id)
     for bookie_id in meta.quorum.write_set_bookies(ensemble, entry_id):
         try:
@@ -61,7 +63,7 @@ async def _read_entry(
             log.debug("producers.tail_read_failed", bookie=bookie_id, error=str(e))
             continue
         if (
-            response.code == Code.OK
+            response.code == _OK
             and response.entry.entry_id == entry_id
             and checksum_ok(meta.id, response.entry)
         ):

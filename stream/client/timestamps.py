@@ -15,6 +15,8 @@ from stream.protocol import Code, QuorumConfig
 
 log = structlog.get_logger(__name__)
 
+_OK = int(Code.OK)  # an int: the answers carry the wire's own Code type
+
 
 def stamp(clock: WallClock, floor_ms: int | None) -> int:
     """Returns the timestamp for the next entry: the clock, or `floor_ms` (the stream's last
@@ -39,7 +41,7 @@ async def read_timestamp(
         log.debug("timestamps.read_failed", bookie=bookie_id, entry_id=entry_id, error=repr(e))
         return None
     entry = response.entry
-    if response.code != Code.OK or entry.entry_id != entry_id:
+    if response.code != _OK or entry.entry_id != entry_id:
         return None
     if not checksum_ok(stream_id, entry):
         log.warning("timestamps.bad_checksum", bookie=bookie_id, entry_id=entry_id)
