@@ -9,14 +9,12 @@ the violations (if any) and each fault's effect on availability."""
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-from stream.bookie.unsafe import UNSAFE_SKIP_ENV
 from stream.logs import configure_logging
 from stream.sandbox.chaos.checker import Availability, Verdict
 from stream.sandbox.chaos.nemesis import FAULTS
@@ -47,10 +45,6 @@ def main() -> int:
     if reason:
         print(f"chaos: cannot run: {reason}", file=sys.stderr)
         return 2
-    if args.unsafe_add_term_check_off:
-        os.environ[UNSAFE_SKIP_ENV] = (
-            "add_term_check,overwrite_check"  # the bookie processes inherit it
-        )
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
     print(f"chaos: seed {seed}, {args.minutes} minutes of faults (replay: --seed {seed})")
     with tempfile.TemporaryDirectory(prefix="streamkeeper-chaos-") as tmp:
@@ -63,6 +57,9 @@ def main() -> int:
             without_protections=tuple(args.without_protection),
             on_step=lambda line: print(f"  {line}", flush=True),
             bookies=args.bookies,
+            unsafe_skips=("add_term_check", "overwrite_check")
+            if args.unsafe_add_term_check_off
+            else (),
         )
     verdict = result.verdict
     print(f"chaos: seed {seed}, {result.duration_s:.0f}s: {verdict.summary()}")

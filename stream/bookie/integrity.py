@@ -53,7 +53,7 @@ from stream.bookie.cookie import (
     inspect_cookies,
 )
 from stream.bookie.storage.fsutil import fsync_dir
-from stream.bookie.unsafe import SAFE, UNSAFE_SKIP_ENV, UnsafeSkips
+from stream.bookie.unsafe import SAFE, UnsafeSkips
 from stream.errors import (
     ConfigError,
 )
@@ -191,7 +191,7 @@ async def run_phase_one(
     the storage's thread, before serving. `unsafe` turns parts off, in tests only."""
     started = time.monotonic()
     if "phase_one" in unsafe:
-        log.warning("integrity.phase_one_skipped_unsafe", env=UNSAFE_SKIP_ENV, reason=reason)
+        log.warning("integrity.phase_one_skipped_unsafe", reason=reason)
         return PhaseOneReport(reason, (), False, 0.0)
     futures, ids, limbo = begin_phase_one(storage, streams, unsafe=unsafe)
     for future in futures:
@@ -366,7 +366,6 @@ def fix_cookie(config: BookieConfig) -> FixCookieReport:
 
 __all__ = [
     "JOURNAL_BYPASS_MARKER",
-    "UNSAFE_SKIP_ENV",
     "BootPreparation",
     "FixCookieReport",
     "PhaseOneReport",

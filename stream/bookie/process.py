@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import os
 import signal
 import sys
 import threading
@@ -36,7 +35,7 @@ from stream.bookie.config import BookieConfig
 from stream.bookie.cookie import check_cookies
 from stream.bookie.disk import DiskStatus, check_disks
 from stream.bookie.server import BookieService, StartReport, add_to_server, server_options
-from stream.bookie.unsafe import UNSAFE_SKIP_ENV, parse_unsafe_skips
+from stream.bookie.unsafe import SAFE, UnsafeSkips
 from stream.errors import ConfigError, StreamError
 from stream.logs import configure_logging
 from stream.security.tls import ServerCredentials
@@ -82,10 +81,11 @@ class Bookie:
     """A running bookie: `start()` brings every part up in order, `stop()` takes it down in
     reverse; `serve()` runs until SIGTERM/SIGINT."""
 
-    def __init__(self, config: BookieConfig) -> None:
+    def __init__(self, config: BookieConfig, *, unsafe: UnsafeSkips = SAFE) -> None:
+        """`unsafe`: the test-only switches (`stream.bookie.unsafe`), passed to what they
+        switch; never set in production."""
         self.config = config
-        # The test-only switches, read once here and passed to what they switch.
-        self._unsafe = parse_unsafe_skips(os.environ.get(UNSAFE_SKIP_ENV, ""))
+        self._unsafe = unsafe
         self._session: Any = None
         self._registry: Any = None
         self._storage: Any = None
@@ -122,6 +122,13 @@ class Bookie:
 
         config = self.config
         started = time.monotonic()
+        if self._unsafe.names:
+            # Loud at every start: such a bookie may lose or corrupt data (tests only).
+            log.warning(
+                "bookie.unsafe_switches_on",
+                switches=sorted(self._unsafe.names),
+                warning="TEST-ONLY protections are OFF: this bookie may lose or corrupt data",
+            )
         # Refused before anything connects: plaintext beyond loopback, unreadable or loose
         # TLS files.
         refuse_insecure_listen(config)
@@ -504,17 +511,20 @@ async def _bounded(step: Callable[[], object], timeout_s: float, name: str) -> N
         log.warning("bookie.stop_step_abandoned", step=name, after_s=round(timeout_s, 3))
 
 
-def run_bookie(config: BookieConfig, *, log_json: bool | None = None) -> int:
+def run_bookie(
+    config: BookieConfig, *, log_json: bool | None = None, unsafe: UnsafeSkips = SAFE
+) -> int:
     """Runs one bookie in the foreground until SIGTERM/SIGINT; returns the exit code (0 after a
     clean shutdown). ConfigError and CookieMismatchError propagate for the CLI to report.
-    `log_json`: as `configure_logging`'s `json` (None: JSON unless stderr is a terminal)."""
+    `log_json`: as `configure_logging`'s `json` (None: JSON unless stderr is a terminal);
+    `unsafe`: as `Bookie`'s."""
     configure_logging(json=log_json, level=config.log_level)
     # The journal and flusher threads hand the GIL back and forth with the event loop; at the
     # default 5 ms switch interval a group commit waits up to 5 ms per hand-over (measured:
     # mean commit 16 ms -> 6 ms at 1 ms, same throughput).
     sys.setswitchinterval(0.001)
     try:
-        asyncio.run(Bookie(config).serve())
+        asyncio.run(Bookie(config, unsafe=unsafe).serve())
     except StreamError as e:
         log.error("bookie.failed", error=str(e), kind=type(e).__name__)
         raise

@@ -2,9 +2,11 @@
 fail without them. Never set in production.
 
 They are parameters (`UnsafeSkips`) of the parts they switch: the storage engine, the metadata
-checks, phase one. Only the bookie process reads them from the environment, once at start-up
-(`STREAMKEEPER_UNSAFE_BP46_SKIP`, a comma-separated list of the names below); the simulator
-passes them directly.
+checks, phase one. A bookie process takes them only from its command line, the hidden
+`streamctl bookie start --unsafe-test-only-skip NAME,...` (absent from `--help`, from bookie.toml
+and from the environment, so that no copied config file or inherited variable can turn them
+on), and logs `bookie.unsafe_switches_on` as a warning at every start that has any; the
+simulator passes them directly.
 
 - "phase_one" skips BP-46 phase one, "limbo" runs it without setting limbo (terms only),
   "phase_one_term" runs it without raising terms (limbo only),
@@ -28,7 +30,8 @@ from dataclasses import dataclass
 
 from stream.errors import ConfigError
 
-UNSAFE_SKIP_ENV = "STREAMKEEPER_UNSAFE_BP46_SKIP"
+# The hidden option of `streamctl bookie start` that names the switches (comma-separated).
+UNSAFE_SKIP_OPTION = "--unsafe-test-only-skip"
 
 UNSAFE_SWITCHES = frozenset(
     {
@@ -69,6 +72,6 @@ SAFE = UnsafeSkips()
 
 
 def parse_unsafe_skips(text: str) -> UnsafeSkips:
-    """Returns the switches named in `text` (the environment variable's comma-separated
-    form); raises `ConfigError` for a name that is not a switch."""
+    """Returns the switches named in `text` (the command-line option's comma-separated form);
+    raises `ConfigError` for a name that is not a switch."""
     return UnsafeSkips(frozenset(p.strip() for p in text.split(",") if p.strip()))

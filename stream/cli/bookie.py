@@ -10,6 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from stream.bookie.unsafe import UNSAFE_SKIP_OPTION
 from stream.cli.connect import open_session, tls_config
 from stream.cli.output import console as output_console
 from stream.cli.output import (
@@ -29,6 +30,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     start = sub.add_parser("start", help="run one bookie in the foreground")
     start.add_argument("--config", required=True, help="path of bookie.toml")
+    # Test-only protections off (stream.bookie.unsafe): hidden from --help, on no other path.
+    start.add_argument(UNSAFE_SKIP_OPTION, dest="unsafe_skip", default="", help=argparse.SUPPRESS)
     runs_until_stopped(start)
     start.set_defaults(handler=_start)
 
@@ -72,8 +75,13 @@ def _start(args: argparse.Namespace) -> int:
     # Loaded here: the other subcommands must not pay for the storage engine's imports.
     from stream.bookie.config import BookieConfig
     from stream.bookie.process import run_bookie
+    from stream.bookie.unsafe import parse_unsafe_skips
 
-    return run_bookie(BookieConfig.load(args.config), log_json=args.log_json or None)
+    return run_bookie(
+        BookieConfig.load(args.config),
+        log_json=args.log_json or None,
+        unsafe=parse_unsafe_skips(args.unsafe_skip),
+    )
 
 
 def _fix_cookie(args: argparse.Namespace) -> int:

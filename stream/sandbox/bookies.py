@@ -7,12 +7,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import grpc
 import structlog
 
+from stream.bookie.unsafe import UNSAFE_SKIP_OPTION
 from stream.errors import StreamError
 from stream.sandbox.ports import free_port
 from stream.sandbox.processes import terminate
@@ -46,7 +48,9 @@ class BookieProcess:
     restarts (the address is part of the bookie's cookie). `settings` override or add keys of
     the config file verbatim, unchecked, so a test can also write an invalid one. `host` is the
     address it listens on; `command_prefix` goes before its command (e.g. `ip netns exec NS` to
-    run it on a host of its own)."""
+    run it on a host of its own). `unsafe_skips` names the test-only switches
+    (`stream.bookie.unsafe`) it starts with (none by default; a change applies at the next
+    start)."""
 
     def __init__(
         self,
@@ -60,9 +64,11 @@ class BookieProcess:
         tls: TLSConfig | None = None,
         host: str = "127.0.0.1",
         command_prefix: list[str] | None = None,
+        unsafe_skips: Sequence[str] = (),
     ) -> None:
         """`tls`: the client files `stub()` reaches a TLS bookie with."""
         self.tls = tls
+        self.unsafe_skips = tuple(unsafe_skips)
         self.bookie_id = bookie_id
         self.host = host
         self.command_prefix = list(command_prefix or [])
@@ -130,6 +136,7 @@ class BookieProcess:
         if self.running:
             raise StreamError("bookie already running", bookie=self.bookie_id, pid=self.pid)
         self.write_config()
+        unsafe = [UNSAFE_SKIP_OPTION, ",".join(self.unsafe_skips)] if self.unsafe_skips else []
         with open(self.log_path, "ab") as logfile:
             logfile.write(f"--- start {time.strftime('%H:%M:%S')} ---\n".encode())
             logfile.flush()
@@ -144,6 +151,7 @@ class BookieProcess:
                     "start",
                     "--config",
                     str(self.config_path),
+                    *unsafe,
                 ],
                 stdout=logfile,
                 stderr=subprocess.STDOUT,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,8 +61,10 @@ class SandboxCluster:
         secure: bool = False,
         metadata_auth_file: Path | None = None,
         zookeepers: int = 1,
+        unsafe_skips: Sequence[str] = (),
     ) -> None:
-        """`secure`: bookies serve mutual TLS with roles; the CA and the certificates (one per
+        """`unsafe_skips`: the test-only switches every bookie starts with (`BookieProcess`).
+        `secure`: bookies serve mutual TLS with roles; the CA and the certificates (one per
         bookie, one per client role) go to `<data_dir>/tls` (`self.tls`), and unless
         `metadata_auth_file` is given, a new cluster identity goes to
         `<data_dir>/metadata-auth.toml` so that every znode carries ACLs."""
@@ -93,6 +96,7 @@ class SandboxCluster:
         if metadata_auth_file is not None:
             self.bookie_settings.setdefault("metadata_auth_file", str(metadata_auth_file))
         self.bookies: list[BookieProcess] = []
+        self.unsafe_skips = tuple(unsafe_skips)
         self._bookie_count = bookies
         self.retention_interval_s = retention_interval_s
         self.retention: RetentionProcess | None = None
@@ -149,6 +153,7 @@ class SandboxCluster:
             self.metadata,
             settings={**tls_settings, **self.bookie_settings, **(settings or {})},
             tls=self.tls.client(Role.ADMIN) if self.tls is not None else None,
+            unsafe_skips=self.unsafe_skips,
         )
         self.bookies.append(bookie)
         bookie.start()

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from stream.bookie.unsafe import UNSAFE_SKIP_ENV
 from stream.sandbox.chaos.nemesis import Step
 from stream.sandbox.chaos.run import ChaosResult, run_chaos
 from stream.sandbox.netns import unavailable_reason
@@ -47,15 +46,17 @@ def test_a_short_chaos_run_breaks_no_property(tmp_path: Path) -> None:
 
 
 def test_without_the_bookies_term_check_the_checker_finds_the_superseded_writer(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
-    # The bookie processes inherit the test-only switch: adds of a lower term are served, and
+    # The bookies start with the test-only switches: adds of a lower term are served, and
     # may replace entries at or below the LAC (else that second protection refuses the
     # superseded writer's adds: its ids are below the new term's LAC by the time it wakes).
-    monkeypatch.setenv(UNSAFE_SKIP_ENV, "add_term_check,overwrite_check")
+    unsafe = ("add_term_check", "overwrite_check")
     # One pause, longer than the other writer's takeover (its retake waits 1-4 s).
     steps = [Step(3.0, "pause-writer", "writer-2", 9.5)]
-    result = run_chaos(tmp_path, seed=SEED, duration_s=0, steps=steps, progress_bound_s=8.0)
+    result = run_chaos(
+        tmp_path, seed=SEED, duration_s=0, steps=steps, progress_bound_s=8.0, unsafe_skips=unsafe
+    )
     print(_report(result))
     found = {violation.property for violation in result.verdict.violations}
     assert SUPERSEDED_WRITER in found, _report(result)

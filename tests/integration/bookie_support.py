@@ -6,7 +6,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -147,29 +147,33 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float = 20.0, what: str 
         time.sleep(0.02)
 
 
-def without_metadata_streams(monkeypatch: Any) -> None:
-    """For tests of a bookie alone, whose streams exist in no metadata: the bookies started from
-    now on do not check terms and trims against metadata (test-only switch; the checks have
-    their own tests in test_bookie_refusals.py and tests/unit/bookie/test_metadata_checks.py)."""
-    from stream.bookie.unsafe import UNSAFE_SKIP_ENV
-
-    monkeypatch.setenv(UNSAFE_SKIP_ENV, "metadata_term_check,trim_check")
+# For tests of a bookie alone, whose streams exist in no metadata: the bookies do not check
+# terms and trims against metadata (test-only switches; the checks have their own tests in
+# test_bookie_refusals.py and tests/unit/bookie/test_metadata_checks.py).
+METADATA_UNCHECKED = ("metadata_term_check", "trim_check")
 
 
 class BookieFactory:
     """Starts bookie processes in a test's temporary directory against one metadata root, and
-    stops every one of them at the end."""
+    stops every one of them at the end. Each starts with the test-only switches
+    `unsafe_skips` holds when it is created (`stream.bookie.unsafe`)."""
 
-    def __init__(self, base: Path, metadata: str) -> None:
+    def __init__(self, base: Path, metadata: str, *, unsafe_skips: Sequence[str] = ()) -> None:
         self.base = base
         self.metadata = metadata
+        self.unsafe_skips = tuple(unsafe_skips)
         self.bookies: list[BookieProcess] = []
 
     def create(self, bookie_id: str = "bookie-1", **settings: Any) -> BookieProcess:
         """Returns a configured bookie process, not started."""
         settings.setdefault("flush_interval_ms", 200)
         bookie = BookieProcess(
-            bookie_id, self.base / bookie_id, self.metadata, metrics_port=0, settings=settings
+            bookie_id,
+            self.base / bookie_id,
+            self.metadata,
+            metrics_port=0,
+            settings=settings,
+            unsafe_skips=self.unsafe_skips,
         )
         self.bookies.append(bookie)
         return bookie

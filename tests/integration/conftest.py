@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +31,13 @@ def running_cluster(
     bookies: int = 3,
     *,
     secure: bool = False,
+    unsafe_skips: Sequence[str] = (),
     **bookie_settings: Any,
 ) -> Iterator[SandboxCluster]:
     """A started cluster of `bookies` bookie processes under a metadata root of its own,
     stopped on exit (for fixtures shared by a module or the session). `secure`: mutual TLS
-    and roles, certificates in `cluster.tls`."""
+    and roles, certificates in `cluster.tls`; `unsafe_skips`: the bookies' test-only
+    switches (`stream.bookie.unsafe`)."""
     cluster = SandboxCluster(
         path,
         bookies=bookies,
@@ -43,6 +45,7 @@ def running_cluster(
         zookeeper=zookeeper,
         bookie_settings=_settings(bookie_settings),
         secure=secure,
+        unsafe_skips=unsafe_skips,
     )
     cluster.start()
     try:
@@ -53,17 +56,21 @@ def running_cluster(
 
 @pytest.fixture
 def cluster_factory(zookeeper: ZooKeeperServer, tmp_path: Path) -> Iterator[ClusterFactory]:
-    """Returns `make(bookies=3, **bookie_settings) -> SandboxCluster` (started); every cluster
-    made is stopped at the end of the test."""
+    """Returns `make(bookies=3, *, unsafe_skips=(), **bookie_settings) -> SandboxCluster`
+    (started; `unsafe_skips` as `running_cluster`'s); every cluster made is stopped at the end
+    of the test."""
     made: list[SandboxCluster] = []
 
-    def make(bookies: int = 3, **bookie_settings: Any) -> SandboxCluster:
+    def make(
+        bookies: int = 3, *, unsafe_skips: Sequence[str] = (), **bookie_settings: Any
+    ) -> SandboxCluster:
         cluster = SandboxCluster(
             tmp_path / f"cluster-{len(made)}",
             bookies=bookies,
             root=f"/streamkeeper-{uuid.uuid4().hex[:12]}",
             zookeeper=zookeeper,
             bookie_settings=_settings(bookie_settings),
+            unsafe_skips=unsafe_skips,
         )
         made.append(cluster)
         return cluster.start()

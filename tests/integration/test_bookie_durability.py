@@ -16,6 +16,7 @@ from stream.metadata import paths
 from stream.sandbox.ports import free_port
 from stream.wire import bookie_pb2 as pb
 from tests.integration.bookie_support import (
+    METADATA_UNCHECKED,
     AddPipeline,
     BookieFactory,
     add_all,
@@ -23,7 +24,6 @@ from tests.integration.bookie_support import (
     make_entry,
     payload_of,
     wait_until,
-    without_metadata_streams,
 )
 
 pytestmark = pytest.mark.integration
@@ -32,11 +32,8 @@ STREAM = 7
 
 
 @pytest.fixture
-def bookies(
-    tmp_path: Path, metadata_root: str, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[BookieFactory]:
-    without_metadata_streams(monkeypatch)
-    factory = BookieFactory(tmp_path, metadata_root)
+def bookies(tmp_path: Path, metadata_root: str) -> Iterator[BookieFactory]:
+    factory = BookieFactory(tmp_path, metadata_root, unsafe_skips=METADATA_UNCHECKED)
     try:
         yield factory
     finally:

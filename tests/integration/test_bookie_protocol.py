@@ -17,13 +17,13 @@ from stream.protocol.checksum import entry_checksum
 from stream.sandbox.bookies import BookieProcess
 from stream.wire import bookie_pb2 as pb
 from tests.integration.bookie_support import (
+    METADATA_UNCHECKED,
     BookieFactory,
     add_all,
     add_request,
     make_entry,
     payload_of,
     wait_until,
-    without_metadata_streams,
 )
 
 pytestmark = pytest.mark.integration
@@ -32,11 +32,8 @@ STREAM = 11
 
 
 @pytest.fixture
-def bookies(
-    tmp_path: Path, metadata_root: str, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[BookieFactory]:
-    without_metadata_streams(monkeypatch)
-    factory = BookieFactory(tmp_path, metadata_root)
+def bookies(tmp_path: Path, metadata_root: str) -> Iterator[BookieFactory]:
+    factory = BookieFactory(tmp_path, metadata_root, unsafe_skips=METADATA_UNCHECKED)
     try:
         yield factory
     finally:

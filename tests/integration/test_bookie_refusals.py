@@ -10,7 +10,7 @@ nothing but the generated stubs (as an adversarial local user, or a buggy client
 
 Each refusal is one `bookie.request_refused` log event naming the RPC, the stream, the reason
 and the caller's address, and is counted. With the protections switched off (the test-only
-`STREAMKEEPER_UNSAFE_BP46_SKIP=metadata_term_check,overwrite_check,trim_check`) the same
+`bookie start --unsafe-test-only-skip metadata_term_check,overwrite_check,trim_check`) the same
 requests succeed: the forged entry is read, the trim deletes entries metadata still promises,
 and the poisoned term fences the stream for good.
 """
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import pytest
 
-from stream.bookie.unsafe import UNSAFE_SKIP_ENV
 from stream.client import StreamClient
 from stream.errors import InvalidTermError
 from stream.sandbox.bookies import BookieProcess
@@ -62,19 +61,16 @@ def refusals(bookie: BookieProcess, rpc: str) -> list[dict[str, object]]:
     return [e for e in logged_events(bookie.log_path, "bookie.request_refused") if e["rpc"] == rpc]
 
 
-def start(
-    cluster_factory: ClusterFactory, monkeypatch: pytest.MonkeyPatch, checks: str
-) -> SandboxCluster:
-    if checks == "off":  # inherited by the bookie processes
-        monkeypatch.setenv(UNSAFE_SKIP_ENV, "metadata_term_check,overwrite_check,trim_check")
-    return cluster_factory(3)
+def start(cluster_factory: ClusterFactory, checks: str) -> SandboxCluster:
+    off = ("metadata_term_check", "overwrite_check", "trim_check") if checks == "off" else ()
+    return cluster_factory(3, unsafe_skips=off)
 
 
 @pytest.mark.parametrize("checks", ["on", "off"])
 def test_the_three_attacks_are_refused_and_the_stream_keeps_working(
-    cluster_factory: ClusterFactory, monkeypatch: pytest.MonkeyPatch, checks: str
+    cluster_factory: ClusterFactory, checks: str
 ) -> None:
-    cluster = start(cluster_factory, monkeypatch, checks)
+    cluster = start(cluster_factory, checks)
     bookies = cluster.bookies
     with StreamClient.connect(cluster.metadata) as client:
         client.create_stream("victim", ensemble=3, write_quorum=3, ack_quorum=2)

@@ -17,21 +17,18 @@ from stream.sandbox.ports import free_port
 from stream.sandbox.zookeeper import ZooKeeperServer
 from stream.wire import bookie_pb2 as pb
 from tests.integration.bookie_support import (
+    METADATA_UNCHECKED,
     BookieFactory,
     add_all,
     add_request,
-    without_metadata_streams,
 )
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def bookies(
-    tmp_path: Path, metadata_root: str, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[BookieFactory]:
-    without_metadata_streams(monkeypatch)
-    factory = BookieFactory(tmp_path, metadata_root)
+def bookies(tmp_path: Path, metadata_root: str) -> Iterator[BookieFactory]:
+    factory = BookieFactory(tmp_path, metadata_root, unsafe_skips=METADATA_UNCHECKED)
     try:
         yield factory
     finally:

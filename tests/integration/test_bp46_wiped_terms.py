@@ -7,8 +7,9 @@ of the old (pre-seal) writer's term for the entry after the sealed end gets INVA
 every bookie, the sealed stream's LAC does not move, the unnamed stream's old term is refused by
 the wiped bookie its fragments never named, and the deleted stream is refused as deleted.
 
-With the check switched off (the test-only `STREAMKEEPER_UNSAFE_BP46_SKIP=wiped_term_check`),
-the same raw adds are acknowledged by the wiped bookies: the data loss of issue 14, item 1a.
+With the check switched off (the test-only `bookie start --unsafe-test-only-skip
+wiped_term_check`), the same raw adds are acknowledged by the wiped bookies: the data loss of
+issue 14, item 1a.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import shutil
 
 import pytest
 
-from stream.bookie.integrity import UNSAFE_SKIP_ENV
 from stream.client import StreamClient
 from stream.sandbox.bookies import BookieProcess
 from stream.wire import bookie_pb2 as pb
@@ -53,7 +53,7 @@ def bookie_lac(bookie: BookieProcess, stream_id: int) -> int:
 
 @pytest.mark.parametrize("check", ["on", "off"])
 def test_wiped_bookies_refuse_superseded_writers_of_every_stream(
-    cluster_factory: ClusterFactory, monkeypatch: pytest.MonkeyPatch, check: str
+    cluster_factory: ClusterFactory, check: str
 ) -> None:
     cluster = cluster_factory(
         3, journal_write_data=False, flush_interval_ms=100, auto_fix_cookie=True
@@ -85,10 +85,10 @@ def test_wiped_bookies_refuse_superseded_writers_of_every_stream(
         gone_id = client.stream_info("gone").stream_id
         client.delete_stream("gone")
 
-        if check == "off":
-            monkeypatch.setenv(UNSAFE_SKIP_ENV, "wiped_term_check")
         wiped = [outside, next(b for b in BOOKIES if b != outside)]
         for bookie_id in wiped:
+            if check == "off":  # from its restart on
+                cluster.bookie(bookie_id).unsafe_skips = ("wiped_term_check",)
             wipe_and_restart(cluster.bookie(bookie_id))
 
         after_end = sealed.lac + 1

@@ -10,7 +10,6 @@ import time
 
 import pytest
 
-from stream.bookie.unsafe import UNSAFE_SKIP_ENV
 from stream.client import StreamClient, WriterOptions
 from stream.errors import (
     AppendTimeoutError,
@@ -104,12 +103,11 @@ def test_writer_of_a_stream_deleted_under_it_gets_stream_not_found(
 
 
 def test_writer_whose_entries_were_trimmed_under_it_gets_entry_trimmed(
-    cluster_factory: ClusterFactory, monkeypatch: pytest.MonkeyPatch
+    cluster_factory: ClusterFactory,
 ) -> None:
     # Bookies refuse a trim beyond metadata's first retained entry: only with that check
     # switched off (test-only) can something trim them under a writer.
-    monkeypatch.setenv(UNSAFE_SKIP_ENV, "trim_check")
-    cluster = cluster_factory(3)
+    cluster = cluster_factory(3, unsafe_skips=("trim_check",))
     with StreamClient.connect(cluster.metadata) as client:
         client.create_stream("cut", ensemble=3, write_quorum=3, ack_quorum=2)
         with client.open_writer("cut") as writer:

@@ -10,10 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from stream.bookie.unsafe import UNSAFE_SKIP_ENV
 from stream.sandbox.bookies import BookieProcess
 from stream.wire import bookie_pb2 as pb
-from tests.integration.bookie_support import BookieFactory, add_all, add_request
+from tests.integration.bookie_support import (
+    METADATA_UNCHECKED,
+    BookieFactory,
+    add_all,
+    add_request,
+)
+from tests.integration.retention_support import logged_events
 
 pytestmark = pytest.mark.integration
 
@@ -23,13 +28,12 @@ TERM = 3
 HELD = 60
 NEWER_AFTER = 53
 LATE_AFTER = 47
-# Skipped for every bookie here: these streams exist in no metadata.
-METADATA_SKIPS = "metadata_term_check,trim_check"
 
 
 @pytest.fixture
 def bookies(tmp_path: Path, metadata_root: str) -> Iterator[BookieFactory]:
-    factory = BookieFactory(tmp_path, metadata_root)
+    # Skipped for every bookie here: these streams exist in no metadata.
+    factory = BookieFactory(tmp_path, metadata_root, unsafe_skips=METADATA_UNCHECKED)
     try:
         yield factory
     finally:
@@ -57,10 +61,7 @@ def _newer_truncate_then_writes(bookie: BookieProcess) -> None:
     assert _held(bookie) == list(range(HELD))
 
 
-def test_a_late_truncate_of_the_same_term_is_refused(
-    bookies: BookieFactory, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv(UNSAFE_SKIP_ENV, METADATA_SKIPS)
+def test_a_late_truncate_of_the_same_term_is_refused(bookies: BookieFactory) -> None:
     bookie = bookies.start("bookie-1")
     _newer_truncate_then_writes(bookie)
 
@@ -76,10 +77,14 @@ def test_a_late_truncate_of_the_same_term_is_refused(
 
 
 def test_without_the_order_check_the_late_truncate_deletes_the_terms_entries(
-    bookies: BookieFactory, monkeypatch: pytest.MonkeyPatch
+    bookies: BookieFactory,
 ) -> None:
-    monkeypatch.setenv(UNSAFE_SKIP_ENV, f"{METADATA_SKIPS},truncate_order")
+    bookies.unsafe_skips += ("truncate_order",)
     bookie = bookies.start("bookie-1")
+    # The bookie says loudly which protections are off.
+    (warning,) = logged_events(bookie.log_path, "bookie.unsafe_switches_on")
+    assert warning["level"] == "warning"
+    assert warning["switches"] == sorted([*METADATA_UNCHECKED, "truncate_order"])
     _newer_truncate_then_writes(bookie)
 
     assert _truncate(bookie, LATE_AFTER).code == pb.OK

@@ -32,11 +32,11 @@ from stream.security.tls import InsecureFileError, TLSConfig, sync_channel
 from stream.wire import bookie_pb2 as pb
 from stream.wire import bookie_pb2_grpc
 from tests.integration.bookie_support import (
+    METADATA_UNCHECKED,
     add_all,
     add_request,
     make_entry,
     wait_until,
-    without_metadata_streams,
 )
 from tests.integration.conftest import running_cluster
 
@@ -53,20 +53,17 @@ def secure(
     requests for stream STREAM_ID, which no metadata holds: these bookies do not check terms
     and trims against metadata (test_the_attacks_with_a_writer_certificate_are_refused
     does)."""
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        without_metadata_streams(monkeypatch)
-        cluster = running_cluster(zookeeper, tmp_path_factory.mktemp("secure"), secure=True)
-        started = cluster.__enter__()
+    cluster = running_cluster(
+        zookeeper,
+        tmp_path_factory.mktemp("secure"),
+        secure=True,
+        unsafe_skips=METADATA_UNCHECKED,
+    )
+    started = cluster.__enter__()
     try:
         yield started
     finally:
         cluster.__exit__(None, None, None)
-
-
-@pytest.fixture
-def unchecked(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Bookies started by the test do not check raw requests against metadata."""
-    without_metadata_streams(monkeypatch)
 
 
 def stub_as(cluster: SandboxCluster, role: Role | None, bookie: int = 0) -> Any:
@@ -268,7 +265,7 @@ def test_loose_key_permissions_are_refused(secure: SandboxCluster, tmp_path: Pat
 
 
 def test_an_insecure_bookie_beyond_loopback_refuses_to_start(
-    secure: SandboxCluster, tmp_path: Path, unchecked: None
+    secure: SandboxCluster, tmp_path: Path
 ) -> None:
     """On loopback it starts; without TLS no role applies, and a Fence is still audited."""
     bookie = BookieProcess(
@@ -277,6 +274,7 @@ def test_an_insecure_bookie_beyond_loopback_refuses_to_start(
         secure.metadata,
         metrics_port=0,
         settings={"autorecovery": False, "metadata_auth_file": str(secure.metadata_auth_file)},
+        unsafe_skips=METADATA_UNCHECKED,  # its raw requests name no stream of metadata
     )
     bookie.settings["listen"] = f"0.0.0.0:{bookie.port}"
     try:
@@ -438,7 +436,7 @@ def test_streamctl_reaches_a_tls_bookie_with_the_tls_options(
 
 
 def test_tls_without_client_auth_encrypts_and_applies_no_role(
-    secure: SandboxCluster, tmp_path: Path, unchecked: None
+    secure: SandboxCluster, tmp_path: Path
 ) -> None:
     assert secure.tls is not None
     bookie = BookieProcess(
@@ -453,6 +451,7 @@ def test_tls_without_client_auth_encrypts_and_applies_no_role(
             "metadata_auth_file": str(secure.metadata_auth_file),
         },
         tls=TLSConfig(str(secure.tls.ca_file)),
+        unsafe_skips=METADATA_UNCHECKED,  # its raw requests name no stream of metadata
     )
     try:
         bookie.start().wait_ready()

@@ -91,13 +91,16 @@ class ChaosCluster:
         bookie_settings: dict[str, Any] | None = None,
         delay_relays: bool = False,
         session_timeout_s: float = 10.0,
+        unsafe_skips: tuple[str, ...] = (),
     ) -> None:
+        """`unsafe_skips`: the test-only switches every bookie starts with (`BookieProcess`)."""
         self.data_dir = Path(data_dir)
         self.network = Network()
         self._bookie_count, self._writers, self._readers = bookies, writers, readers
         self.seed = seed
         self.without_protections = without_protections
         self.bookie_settings = dict(bookie_settings or {})
+        self.unsafe_skips = unsafe_skips
         # The workers' ZooKeeper session timeout: how long a writer cut from ZooKeeper lives on.
         self.session_timeout_s = session_timeout_s
         self.zookeeper: ZooKeeperEnsemble | None = None
@@ -198,6 +201,7 @@ class ChaosCluster:
             settings=settings,
             host=host.address,
             command_prefix=host.command_prefix,
+            unsafe_skips=self.unsafe_skips,
         )
         self.bookies.append(bookie)
         self.bookie_hosts[bookie_id] = host
