@@ -510,31 +510,23 @@ class _CopySink:
         self._stream.close()
 
 
+@dataclass
 class _LockReporter:
-    """Writes the copy's progress into the marker's lock, at most once a second."""
+    """Writes the copy's progress into the lock of the marker `name`, at most once a second."""
 
-    def __init__(
-        self,
-        store: UnderreplicationStore,
-        name: str,
-        owner: str,
-        target: str,
-        progress: Progress,
-        clock: Clock,
-    ) -> None:
-        self._clock = clock
-        self._store = store
-        self._name = name
-        self._owner = owner
-        self._target = target
-        self._progress = progress
-        self._last = 0.0
+    store: UnderreplicationStore
+    name: str
+    owner: str
+    target: str
+    progress: Progress
+    clock: Clock
+    last: float = 0.0  # when it last wrote
 
     async def maybe_report(self, force: bool = False) -> None:
-        now = self._clock.monotonic()
-        if not force and now - self._last < _PROGRESS_EVERY_S:
+        now = self.clock.monotonic()
+        if not force and now - self.last < _PROGRESS_EVERY_S:
             return
-        self._last = now
-        info = LockInfo(self._owner, self._progress.entries, self._progress.bytes, self._target)
+        self.last = now
+        info = LockInfo(self.owner, self.progress.entries, self.progress.bytes, self.target)
         with contextlib.suppress(StreamError):
-            await asyncio.to_thread(self._store.update_lock, self._name, info)
+            await asyncio.to_thread(self.store.update_lock, self.name, info)
