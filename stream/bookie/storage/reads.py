@@ -161,7 +161,7 @@ class ReadPath:
 
     def read_range(
         self, stream_id: int, first: int, last: int, max_batch_bytes: int = 0, *, raw: bool = False
-    ) -> Iterator[tuple[int, list[Any]]]:
+    ) -> Iterator[tuple[pb.Code, list[Any]]]:
         """Yields (code, entries) batches of [first, last] of at most about
         `max_batch_bytes` of payload (0: read_range_batch_bytes). Stops at the first entry
         not held: the last batch carries the code of the stop (OK when the whole range was
@@ -173,7 +173,7 @@ class ReadPath:
 
     def _read_range(
         self, stream_id: int, first: int, last: int, max_bytes: int, raw: bool
-    ) -> Iterator[tuple[int, list[Any]]]:
+    ) -> Iterator[tuple[pb.Code, list[Any]]]:
         store = self._store
         unusable = store.usable()
         if unusable is not None:

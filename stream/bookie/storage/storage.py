@@ -237,7 +237,7 @@ class StreamStorage:
 
     def read_range(
         self, stream_id: int, first: int, last: int, max_batch_bytes: int = 0, *, raw: bool = False
-    ) -> Iterator[tuple[int, list[Any]]]:
+    ) -> Iterator[tuple[pb.Code, list[Any]]]:
         """Yields (code, entries) batches of [first, last] (`ReadPath.read_range`)."""
         return self._reads.read_range(stream_id, first, last, max_batch_bytes, raw=raw)
 
