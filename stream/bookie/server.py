@@ -20,10 +20,9 @@ from google.protobuf.message import DecodeError, Message
 
 from stream.bookie import metrics
 from stream.bookie.access import Context
+from stream.bookie.codes import BAD_REQUEST, INTERNAL
 from stream.bookie.config import BookieConfig
 from stream.bookie.core import (
-    BAD_REQUEST,
-    INTERNAL,
     MAX_LAC_WAITERS,
     VERSION,
     BookieCore,

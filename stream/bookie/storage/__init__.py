@@ -3,16 +3,16 @@ group commit, double-buffered write cache, entry logs, LMDB index, GC and compac
 `StreamStorage` is the facade the gRPC service uses."""
 
 from stream.bookie.storage.gc import CompactionReport, GcReport
-from stream.bookie.storage.state import StreamStateView
-from stream.bookie.storage.storage import (
+from stream.bookie.storage.outcomes import (
     AddOutcome,
     FenceResult,
     ReadResult,
     ReplayReport,
-    StreamStorage,
     TrimOutcome,
     TruncateOutcome,
 )
+from stream.bookie.storage.state import StreamStateView
+from stream.bookie.storage.storage import StreamStorage
 
 __all__ = [
     "AddOutcome",

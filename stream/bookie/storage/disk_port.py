@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import mmap
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, Protocol
@@ -28,18 +28,20 @@ class DiskPort(Protocol):
     """The file and key-value operations the storage engine uses. Errors are `OSError`s as
     the `os` module raises them (FileNotFoundError, FileExistsError, ENOSPC...)."""
 
-    open: Callable[..., int]  # (path, flags, mode=0o777) -> fd
-    close: Callable[[int], None]
-    write: Callable[[int, bytes], int]
-    pwrite: Callable[[int, bytes, int], int]
-    pwritev: Callable[[int, Sequence[bytes], int], int]
-    pread: Callable[[int, int, int], bytes]
-    fdatasync: Callable[[int], None]
-    fsync: Callable[[int], None]
-    ftruncate: Callable[[int, int], None]
-    listdir: Callable[[PathLike], list[str]]
-    rename: Callable[[PathLike, PathLike], None]
-    unlink: Callable[[PathLike], None]
+    # Positional-only methods, not Callable attributes: a protocol's attribute is settable,
+    # hence invariant, and `os.close(fd)` would not match `Callable[[int], None]` then.
+    def open(self, path: PathLike, flags: int, mode: int = 0o777, /) -> int: ...
+    def close(self, fd: int, /) -> None: ...
+    def write(self, fd: int, data: bytes, /) -> int: ...
+    def pwrite(self, fd: int, data: bytes, offset: int, /) -> int: ...
+    def pwritev(self, fd: int, buffers: Sequence[bytes], offset: int, /) -> int: ...
+    def pread(self, fd: int, length: int, offset: int, /) -> bytes: ...
+    def fdatasync(self, fd: int, /) -> None: ...
+    def fsync(self, fd: int, /) -> None: ...
+    def ftruncate(self, fd: int, size: int, /) -> None: ...
+    def listdir(self, path: PathLike, /) -> list[str]: ...
+    def rename(self, src: PathLike, dst: PathLike, /) -> None: ...
+    def unlink(self, path: PathLike, /) -> None: ...
 
     def fsize(self, fd: int) -> int:
         """Returns the size in bytes of the open file `fd`."""
@@ -68,9 +70,20 @@ class DiskPort(Protocol):
         only: a buffer that supports slicing and `struct.unpack_from`."""
         ...
 
-    def open_index_env(self, path: str, **options: Any) -> Any:
+    def open_index_env(
+        self,
+        path: str,
+        *,
+        map_size: int,
+        max_dbs: int,
+        writemap: bool,
+        metasync: bool,
+        sync: bool,
+        readahead: bool,
+        max_spare_txns: int,
+    ) -> Any:
         """Opens the index's key-value store at `path`: an `lmdb.Environment` (or the same
-        API) with `lmdb.open`'s options."""
+        API) with those of `lmdb.open`'s options that the index sets."""
         ...
 
 

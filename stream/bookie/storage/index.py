@@ -177,7 +177,8 @@ class Index:
             key = cursor.key()
             if key[:8] != prefix:
                 return -1
-            return ENTRY_KEY.unpack(key)[1]
+            entry_id: int = ENTRY_KEY.unpack(key)[1]
+            return entry_id
 
     def delete_range(self, stream_id: int, first: int, last: int, *, limit: int = 0) -> int:
         """Deletes the stored entries of the stream in [first, last] (at most `limit` when
@@ -208,7 +209,8 @@ class Index:
             key = cursor.key()
             if key[:8] != prefix:
                 return -1
-            return ENTRY_KEY.unpack(key)[1]
+            entry_id: int = ENTRY_KEY.unpack(key)[1]
+            return entry_id
 
     def commit_flush(
         self,

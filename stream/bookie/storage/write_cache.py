@@ -14,6 +14,8 @@ from collections.abc import Callable
 from stream.wire import bookie_pb2 as pb
 
 Entry = pb.Entry
+# Memory counted per cached entry beyond its payload (wrapper object, dict slot, arena).
+ENTRY_OVERHEAD_BYTES = 128
 
 
 class WriteCache:

@@ -250,7 +250,7 @@ def test_read_lac_long_poll_wakes_on_lac_advance(tmp_path: Path) -> None:
         response = await poll
         assert (response.code, response.lac, response.lafr) == (pb.OK, 4, 2)
         assert time.monotonic() - started < 10
-        assert not h.service.core._lac_waiters
+        assert not h.service.core._lac_polls.waiters
 
     run(tmp_path, body)
 
@@ -266,7 +266,7 @@ def test_read_lac_times_out_capped_and_unknown_stream(tmp_path: Path) -> None:
         assert time.monotonic() - started < 10  # capped by read_lac_max_wait_ms
         r = await h.stub.ReadLac(pb.ReadLacRequest(stream_id=1, known_lac=-1, timeout_ms=60_000))
         assert (r.code, r.lac) == (pb.OK, 0)
-        assert not h.service.core._lac_waiters
+        assert not h.service.core._lac_polls.waiters
 
     run(tmp_path, body, read_lac_max_wait_ms=300)
 

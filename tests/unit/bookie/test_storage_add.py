@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from stream.bookie.storage import StreamStorage
-from stream.bookie.storage.storage import _entry_is_valid, _scan_entries
+from stream.bookie.storage.adds import _entry_is_valid, _scan_entries
 from stream.framing.prepare import prepare_entry
 from stream.protocol.checksum import entry_checksum
 from stream.wire import bookie_pb2 as pb
@@ -204,7 +204,7 @@ def test_too_busy_when_both_caches_are_full(tmp_path: Path) -> None:
     try:
         codes: list[int] = []
         # Hold the entry logs: the flusher takes a snapshot and then cannot write it.
-        with storage._logs.lock:
+        with storage._store.logs.lock:
             for batch in range(40):
                 entries = [entry(7, batch * 10 + i, b"x" * 1000) for i in range(10)]
                 outcome = storage.add_batch(add_request(7, 1, entries))

@@ -169,13 +169,13 @@ def test_gc_never_deletes_logs_of_a_flush_not_yet_in_the_index(tmp_path: Path) -
         entries = [entry(7, i, os.urandom(ENTRY_BYTES)) for i in range(100)]
         wait(storage.add_batch(add_request(7, 1, entries)).durable)
         # The flush writes several logs, then waits for the index lock we hold.
-        with storage._index_lock:
+        with storage._store.index_lock:
             done = storage.request_flush()
             # Written (several logs) and the entry logs released: now waiting for the index.
             wait_until(
                 lambda: (
                     len(files(config.ledger_path, "entrylog-")) >= 3
-                    and not storage._logs.lock.locked()
+                    and not storage._store.logs.lock.locked()
                 )
             )
             logs = files(config.ledger_path, "entrylog-")

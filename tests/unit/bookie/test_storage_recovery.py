@@ -233,13 +233,13 @@ def test_journal_io_error_fails_waiters_and_later_requests(tmp_path: Path) -> No
     storage, _ = open_storage(config)
     wait(storage.add_batch(add_request(7, 1, [entry(7, 0)])).durable)
     # Inject an I/O error: the journal's file descriptor goes away under it.
-    os.close(storage._journal._fd)
+    os.close(storage._store.journal._fd)
     outcome = storage.add_batch(add_request(7, 1, [entry(7, 1)]))
     with pytest.raises(StorageError):
         wait(outcome.durable)
     assert storage.add_batch(add_request(7, 1, [entry(7, 2)])).codes == [pb.INTERNAL]
     assert storage.fence(7, 2).code == pb.INTERNAL
-    storage._journal._fd = -1  # already closed above
+    storage._store.journal._fd = -1  # already closed above
     storage.abandon()
     storage, report = open_storage(config)
     try:

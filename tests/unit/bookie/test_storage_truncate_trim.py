@@ -119,19 +119,19 @@ def test_truncate_during_a_flush_wins(config) -> None:
     try:
         wait(storage.add_batch(add_request(7, 1, [entry(7, i) for i in range(20)])).durable)
         # Hold the entry logs so the flush stops after taking its snapshot.
-        storage._logs.lock.acquire()
+        storage._store.logs.lock.acquire()
         done = storage.request_flush()
-        wait_until(lambda: storage._snapshot is not None)
+        wait_until(lambda: storage._store.snapshot is not None)
         wait(storage.truncate(7, 1, 9).durable)
         wait(storage.trim(7, 3).durable)
         assert _held(storage, 7, 20) == list(range(3, 10))
-        storage._logs.lock.release()
+        storage._store.logs.lock.release()
         wait(done)
         assert _held(storage, 7, 20) == list(range(3, 10))
         assert storage.stats()["index_entries"] == 7
     finally:
-        if storage._logs.lock.locked():
-            storage._logs.lock.release()
+        if storage._store.logs.lock.locked():
+            storage._store.logs.lock.release()
         storage.close()
 
 

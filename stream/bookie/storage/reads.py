@@ -1,0 +1,316 @@
+"""The read path: one entry (a recovery read applies the term rule first), ranges of entries
+in batches (adjacent entry-log records read with one pread, optionally never parsed), and which
+entries a BP-46 repair must copy."""
+
+from __future__ import annotations
+
+import struct
+from bisect import bisect_left
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import lru_cache
+from itertools import accumulate, repeat
+from operator import add, eq, sub
+from typing import Any
+
+import structlog
+
+from stream.bookie.codes import (
+    BAD_REQUEST,
+    INTERNAL,
+    NO_SUCH_STREAM,
+    OK,
+    TRIMMED,
+    wire_code,
+)
+from stream.bookie.storage import codec
+from stream.bookie.storage.entry_log import EntryLogGone
+from stream.bookie.storage.outcomes import ReadResult
+from stream.bookie.storage.rules import RequestRules, term_message
+from stream.bookie.storage.state import LocalStreamState
+from stream.bookie.storage.store import Store
+from stream.bookie.unsafe import UnsafeSkips
+from stream.errors import StorageError
+from stream.protocol.codes import Code, limbo_code
+from stream.protocol.terms import TermDecision
+from stream.wire import bookie_pb2 as pb
+
+log = structlog.get_logger(__name__)
+
+Entry = pb.Entry
+# Bytes counted per entry beyond its payload (envelope estimate).
+_ENTRY_OVERHEAD_BYTES = 32
+_serialize_entry = Entry.SerializeToString
+# Index locations fetched per LMDB transaction.
+_RANGE_PREFETCH = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class Locations:
+    """Index locations of consecutive entries, as columns (three tuples of ints, not a tuple
+    per entry: a range read makes thousands of them per answer, and ints are no work for the
+    cyclic GC)."""
+
+    logs: tuple[int, ...]
+    offsets: tuple[int, ...]
+    lengths: tuple[int, ...]
+
+    def __len__(self) -> int:
+        return len(self.logs)
+
+    def cut(self, n: int) -> Locations:
+        return Locations(self.logs[:n], self.offsets[:n], self.lengths[:n])
+
+
+@lru_cache(maxsize=64)
+def _locations_struct(n: int) -> struct.Struct:
+    return struct.Struct("<" + codec.LOCATION.format.lstrip("<") * n)
+
+
+def _parse_locations(located: list[bytes]) -> Locations:
+    flat = _locations_struct(len(located)).unpack(b"".join(located))
+    return Locations(flat[0::3], flat[1::3], flat[2::3])
+
+
+def _index_run(
+    located: list[bytes],
+    active: dict[int, Entry],
+    snap: dict[int, Entry],
+    entry_id: int,
+    budget: int,
+) -> Locations:
+    """Returns, parsed, the first of `located` (the index locations of `entry_id`,
+    `entry_id + 1`...): up to the first id the write caches hold (newer than its index
+    location), within `budget` bytes (at least one)."""
+    n = len(located)
+    for cache in (active, snap):
+        if cache and n > 1:
+            held = next(filter(cache.__contains__, range(entry_id + 1, entry_id + n)), None)
+            if held is not None:
+                n = held - entry_id
+    run = _parse_locations(located[:n])
+    within = bisect_left(list(accumulate(run.lengths)), budget) + 1
+    return run.cut(within) if within < n else run
+
+
+class ReadPath:
+    """Reads from one `Store`. `unsafe` turns the limbo rule off, in tests only
+    (`stream.bookie.unsafe`)."""
+
+    def __init__(self, store: Store, rules: RequestRules, unsafe: UnsafeSkips) -> None:
+        self._store = store
+        self._rules = rules
+        self._batch_bytes = store.config.read_range_batch_bytes
+        # Off only in the simulator's test that shows its checker catches a limbo bookie's
+        # explicit negative (the lost entry a recovery would then truncate).
+        self._limbo_unknown = "limbo_unknown" not in unsafe
+
+    def read(self, stream_id: int, entry_id: int, term: int = 0) -> ReadResult:
+        """Returns one entry. With `term` > 0 (a recovery read) the term rule applies first,
+        and a new term is recorded durably, even for a stream never seen (the TLA+ spec fences
+        on recovery reads). TRIMMED below the first retained entry, NO_SUCH_ENTRY when not
+        held, NO_SUCH_STREAM for an unknown stream; in limbo an explicit negative becomes
+        UNKNOWN."""
+        store = self._store
+        unusable = store.usable()
+        if unusable is not None:
+            return ReadResult(INTERNAL, None, -1, 0, 0, None, unusable)
+        state = store.states.get(stream_id)
+        durable = None
+        if term:
+            local_term = state.term if state is not None else 0
+            decision = self._rules.decide(local_term, term)
+            if not decision.serves:
+                message = term_message(decision, term, local_term)
+                code = wire_code(decision.code)
+                if state is None:
+                    return ReadResult(code, None, -1, 0, 0, None, message)
+                return ReadResult(
+                    code, None, state.lac, state.term, state.first_entry_id, None, message
+                )
+            if decision is TermDecision.ACCEPT_NEW:
+                with store.lock:
+                    state = store.apply_term(stream_id, term)
+                    durable = store.journal.append(
+                        codec.REC_TERM, codec.TERM_BODY.pack(stream_id, term)
+                    )
+        if state is None:
+            return ReadResult(NO_SUCH_STREAM, None, -1, 0, 0, None, "unknown stream")
+        if entry_id < 0:
+            return ReadResult(
+                BAD_REQUEST, None, state.lac, state.term, state.first_entry_id, durable, "id < 0"
+            )
+        if entry_id < state.first_entry_id:
+            return ReadResult(
+                TRIMMED, None, state.lac, state.term, state.first_entry_id, durable, "trimmed"
+            )
+        try:
+            entry = store.lookup(stream_id, entry_id)
+        except StorageError as e:
+            log.error("storage.read_failed", stream_id=stream_id, entry_id=entry_id, error=str(e))
+            return ReadResult(
+                INTERNAL, None, state.lac, state.term, state.first_entry_id, durable, str(e)
+            )
+        code = OK if entry is not None else self._negative(state)
+        return ReadResult(code, entry, state.lac, state.term, state.first_entry_id, durable, "")
+
+    def _negative(self, state: LocalStreamState) -> pb.Code:
+        """Returns the answer for an entry the stream lacks: NO_SUCH_ENTRY, or UNKNOWN in
+        limbo (the entry may be one the bookie lost)."""
+        return wire_code(limbo_code(Code.NO_SUCH_ENTRY, state.limbo and self._limbo_unknown))
+
+    def read_range(
+        self, stream_id: int, first: int, last: int, max_batch_bytes: int = 0, *, raw: bool = False
+    ) -> Iterator[tuple[pb.Code, list[Any]]]:
+        """Yields (code, entries) batches of [first, last] of at most about
+        `max_batch_bytes` of payload (0: read_range_batch_bytes). Stops at the first entry
+        not held: the last batch carries the code of the stop (OK when the whole range was
+        returned; NO_SUCH_ENTRY, UNKNOWN in limbo, TRIMMED, NO_SUCH_STREAM...). With `raw`,
+        the entries come serialized (bytes-like: the entry log's records as stored, never
+        parsed), for a server that frames them into its answer as they are."""
+        max_bytes = max_batch_bytes if max_batch_bytes > 0 else self._batch_bytes
+        return self._read_range(stream_id, first, last, max_bytes, raw)
+
+    def _read_range(
+        self, stream_id: int, first: int, last: int, max_bytes: int, raw: bool
+    ) -> Iterator[tuple[pb.Code, list[Any]]]:
+        store = self._store
+        unusable = store.usable()
+        if unusable is not None:
+            yield INTERNAL, []
+            return
+        if store.states.get(stream_id) is None:
+            yield NO_SUCH_STREAM, []
+            return
+        if first < 0 or last < first:
+            yield BAD_REQUEST, []
+            return
+        entry_id = first
+        while True:
+            state = store.states[stream_id]
+            if entry_id < state.first_entry_id:
+                yield TRIMMED, []
+                return
+            try:
+                batch, entry_id, found_all = self._read_batch(
+                    stream_id, entry_id, last, max_bytes, raw
+                )
+            except StorageError as e:
+                log.error("storage.read_range_failed", stream_id=stream_id, error=str(e))
+                yield INTERNAL, []
+                return
+            if not found_all:
+                yield self._negative(state), batch
+                return
+            if entry_id > last:
+                yield OK, batch
+                return
+            yield OK, batch
+
+    def _read_batch(
+        self, stream_id: int, entry_id: int, last: int, max_bytes: int, raw: bool = False
+    ) -> tuple[list[Any], int, bool]:
+        """Returns (entries from `entry_id` on, next entry id, whether no entry was missing)
+        for one batch of at most `max_bytes` (at least one entry); serialized with `raw`."""
+        active, snap = self._store.cached(stream_id)
+        index = self._store.index
+        batch: list[Any] = []
+        size = 0
+        located: list[bytes] = []  # index locations of ids located_first, located_first + 1...
+        located_first = entry_id
+        while entry_id <= last and (size < max_bytes or not batch):
+            entry = active.get(entry_id)
+            if entry is None:
+                entry = snap.get(entry_id)
+            if entry is not None:
+                batch.append(_serialize_entry(entry) if raw else entry)
+                size += len(entry.payload) + _ENTRY_OVERHEAD_BYTES
+                entry_id += 1
+                continue
+            if entry_id - located_first >= len(located):
+                count = min(last - entry_id + 1, _RANGE_PREFETCH)
+                located = index.consecutive(stream_id, entry_id, count)
+                located_first = entry_id
+                if not located:
+                    return batch, entry_id, False
+            run = _index_run(
+                located[entry_id - located_first :], active, snap, entry_id, max_bytes - size
+            )
+            entries = self._read_located(stream_id, entry_id, run, raw)
+            batch.extend(entries)
+            size += sum(map(len, entries)) if raw else sum(len(e.payload) for e in entries)
+            size += _ENTRY_OVERHEAD_BYTES * len(entries)
+            entry_id += len(entries)
+            if len(entries) < len(run):
+                return batch, entry_id, False
+        return batch, entry_id, True
+
+    def _read_located(
+        self, stream_id: int, first_id: int, run: Locations, raw: bool = False
+    ) -> list[Any]:
+        """Returns the entries first_id, first_id + 1... at the locations `run` (serialized,
+        as stored, with `raw`), reading adjacent records with one pread."""
+        header = codec.ENTRY_RECORD_HEADER_BYTES
+        logs, offsets, lengths = run.logs, run.offsets, run.lengths
+        ends = list(map(add, offsets, lengths))
+        if logs.count(logs[0]) == len(logs) and all(
+            map(eq, map(sub, offsets[1:], ends), repeat(header))
+        ):
+            groups = [(0, len(logs))]  # the usual case, one span, told without a Python loop
+        else:
+            groups = []
+            i = 0
+            while i < len(logs):
+                j = i + 1
+                while j < len(logs) and logs[j] == logs[i] and offsets[j] == ends[j - 1] + header:
+                    j += 1
+                groups.append((i, j))
+                i = j
+        entries: list[Any] = []
+        for i, j in groups:
+            base = offsets[i]
+            try:
+                span = self._store.logs.read_span(logs[i], base, ends[j - 1] - base)
+            except EntryLogGone:
+                # Compaction moved these entries meanwhile: look each one up again.
+                for entry_id in range(first_id + i, first_id + j):
+                    entry = self._store.lookup(stream_id, entry_id)
+                    if entry is None:
+                        return entries  # deleted meanwhile: the range stops here
+                    entries.append(_serialize_entry(entry) if raw else entry)
+                continue
+            # Bytes slices (copies), not memoryviews: bytes are no work for the cyclic GC, which
+            # a memoryview per entry kept busy.
+            starts = map(sub, offsets[i:j], repeat(base))
+            stops = map(sub, ends[i:j], repeat(base))
+            records = map(span.__getitem__, map(slice, starts, stops))
+            entries.extend(records if raw else map(Entry.FromString, records))
+        return entries
+
+    def missing_entry_ids(self, stream_id: int, entry_ids: list[int]) -> list[int]:
+        """Returns those of `entry_ids` (ascending) that the bookie does not hold, looking at
+        the write caches and the index only (no entry data is read): what a repair must copy.
+        An id below the stream's first retained entry is never missing."""
+        if not entry_ids:
+            return []
+        store = self._store
+        state = store.states.get(stream_id)
+        first_retained = state.first_entry_id if state is not None else 0
+        # Same order as `Store.lookup`: active cache, snapshot, then index (the flusher moves
+        # entries active -> snapshot -> index, and drops the snapshot only after the index
+        # commit).
+        active, snap = store.cached(stream_id)
+        missing: list[int] = []
+        for start in range(0, len(entry_ids), _RANGE_PREFETCH):
+            chunk = entry_ids[start : start + _RANGE_PREFETCH]
+            span = chunk[-1] - chunk[0] + 1
+            located = store.index.locations(stream_id, chunk[0], chunk[-1], span)
+            for entry_id in chunk:
+                if (
+                    entry_id >= first_retained
+                    and entry_id not in active
+                    and entry_id not in snap
+                    and entry_id not in located
+                ):
+                    missing.append(entry_id)
+        return missing

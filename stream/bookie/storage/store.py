@@ -1,0 +1,242 @@
+"""What the storage engine's jobs share: the stream states, the two write caches, the journal,
+entry logs and index with their locks, and whether the storage can serve; with the lookups and
+the state changes that both requests and journal replay make.
+
+Threads (see `stream.bookie.storage.storage`): the state changes run on the event-loop thread
+(or replay) holding `lock`, which makes them atomic with respect to the flusher's snapshot swap;
+`index_lock` serialises LMDB write transactions, so that a truncation that happens during a
+flush wins over the flush's index commit.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+
+import structlog
+
+from stream.bookie import metrics
+from stream.bookie.codes import FLAG_TRUNCATE
+from stream.bookie.config import BookieConfig
+from stream.bookie.storage.disk_port import DiskPort
+from stream.bookie.storage.entry_log import EntryLogGone, EntryLogs
+from stream.bookie.storage.index import Index
+from stream.bookie.storage.journal import Journal
+from stream.bookie.storage.state import LocalStreamState
+from stream.bookie.storage.write_cache import WriteCache
+from stream.errors import StorageError
+from stream.wire import bookie_pb2 as pb
+
+log = structlog.get_logger(__name__)
+
+_MAX_ENTRY_ID = (1 << 63) - 1
+
+
+def failed_future(message: str, **context: object) -> Future[None]:
+    """Returns a future already failed with `StorageError(message, **context)`."""
+    fut: Future[None] = Future()
+    fut.set_running_or_notify_cancel()
+    fut.set_exception(StorageError(message, **context))
+    return fut
+
+
+class Store:
+    """The storage's shared state (attributes read and replaced by every job) and the state
+    changes on it. `on_work`, without threads, is called when a background job has work (a
+    journal group pending, a flush asked for), so that the caller schedules it."""
+
+    def __init__(
+        self,
+        config: BookieConfig,
+        *,
+        disk: DiskPort,
+        clock: Callable[[], float],
+        threaded: bool,
+    ) -> None:
+        self.config = config
+        self.disk = disk
+        self.clock = clock
+        self.threaded = threaded
+        self.on_work: Callable[[], None] | None = None
+        self.journal = Journal(
+            config.journal_path,
+            max_file_bytes=config.journal_max_file_bytes,
+            max_group_wait_ms=config.journal_max_group_wait_ms,
+            disk=disk,
+            clock=clock,
+            on_group=self.note_work,
+        )
+        self.logs = EntryLogs(
+            config.ledger_path, size_limit_bytes=config.entry_log_size_limit_bytes, disk=disk
+        )
+        self.index = Index(config.index_path, disk=disk)
+        self.index_lock = threading.Lock()
+        self.lock = threading.Lock()
+        self.states: dict[int, LocalStreamState] = {}
+        # Streams whose state changed since the last flush's snapshot.
+        self.dirty: set[int] = set()
+        self.limbo_count = 0
+        self.active = WriteCache()
+        self.snapshot: WriteCache | None = None
+        self.snapshot_bytes = 0
+        self.opened = False
+        self.closed = False
+        self.failure: BaseException | None = None
+
+    def note_work(self) -> None:
+        """Tells the caller that a background job has work (without threads)."""
+        if self.on_work is not None:
+            self.on_work()
+
+    def usable(self) -> str | None:
+        """Returns why requests cannot be served now, or None."""
+        if not self.opened or self.closed:
+            return "storage is not open"
+        if self.failure is not None:
+            return f"storage failed: {self.failure!r}"
+        if self.journal.failure is not None:
+            return f"journal failed: {self.journal.failure!r}"
+        return None
+
+    def fail(self, error: BaseException) -> None:
+        """Marks the storage failed: every request is refused from now on."""
+        if self.failure is None:
+            self.failure = error
+            log.error("storage.failed", error=repr(error))
+
+    # -- state changes shared by requests and replay (call holding `lock`) ----------------
+
+    def state_for(self, stream_id: int) -> LocalStreamState:
+        """Returns the stream's state, created when missing."""
+        state = self.states.get(stream_id)
+        if state is None:
+            state = self.states[stream_id] = LocalStreamState()
+        return state
+
+    def apply_term(self, stream_id: int, term: int) -> LocalStreamState:
+        state = self.state_for(stream_id)
+        if term > state.term:
+            state.term = term
+        self.dirty.add(stream_id)
+        return state
+
+    def apply_truncate(self, stream_id: int, term: int, after_entry_id: int) -> LocalStreamState:
+        state = self.apply_term(stream_id, term)
+        self.delete_above(stream_id, state, after_entry_id)
+        state.truncate_term = term
+        state.truncate_after = after_entry_id
+        return state
+
+    def apply_trim(self, stream_id: int, before_entry_id: int) -> None:
+        state = self.state_for(stream_id)
+        if before_entry_id <= state.first_entry_id:
+            return
+        state.first_entry_id = before_entry_id
+        self.active.drop_below(stream_id, before_entry_id)
+        snapshot = self.snapshot
+        if snapshot is not None:
+            # Under the index lock so that the flusher's commit sees either the old
+            # snapshot dict or the filtered one, never a half state.
+            with self.index_lock:
+                snapshot.drop_below(stream_id, before_entry_id)
+        self.dirty.add(stream_id)
+
+    def apply_limbo(self, stream_id: int, limbo: bool, term: int) -> None:
+        state = self.state_for(stream_id)
+        if term > state.term:
+            state.term = term
+        if state.limbo != limbo:
+            state.limbo = limbo
+            self.limbo_count += 1 if limbo else -1
+            metrics.LIMBO_STREAMS.set(self.limbo_count)
+        self.dirty.add(stream_id)
+
+    def delete_above(self, stream_id: int, state: LocalStreamState, after_entry_id: int) -> None:
+        """Deletes the stream's entries above `after_entry_id` from the active cache, the
+        snapshot and the index, and lowers last_entry_id to what remains."""
+        self.active.drop_above(stream_id, after_entry_id)
+        snapshot = self.snapshot
+        with self.index_lock:
+            if snapshot is not None:
+                snapshot.drop_above(stream_id, after_entry_id)
+            self.index.delete_range(stream_id, after_entry_id + 1, _MAX_ENTRY_ID)
+        if state.last_entry_id > after_entry_id:
+            held = [
+                self.active.max_entry_id(stream_id, after_entry_id),
+                self.index.max_entry_id(stream_id, after_entry_id),
+            ]
+            if snapshot is not None:
+                held.append(snapshot.max_entry_id(stream_id, after_entry_id))
+            state.last_entry_id = max(held)
+        self.dirty.add(stream_id)
+
+    def put_entries(
+        self,
+        stream_id: int,
+        state: LocalStreamState,
+        ids: list[int],
+        entries: list[pb.Entry],
+        truncates: bool,
+    ) -> None:
+        """Puts entries into the active cache in order; a TRUNCATE entry deletes every higher
+        entry (cache, snapshot, index) before the entries after it are stored."""
+        cached = self.active.streams.get(stream_id)
+        if cached is None:
+            cached = self.active.streams[stream_id] = {}
+        if not truncates:
+            cached.update(zip(ids, entries, strict=True))
+            top = max(ids)
+            if top > state.last_entry_id:
+                state.last_entry_id = top
+            return
+        start = 0
+        for position, e in enumerate(entries):
+            if e.flags & FLAG_TRUNCATE:
+                cached.update(
+                    zip(ids[start : position + 1], entries[start : position + 1], strict=True)
+                )
+                state.last_entry_id = max(state.last_entry_id, ids[position])
+                self.delete_above(stream_id, state, ids[position])
+                start = position + 1
+        if start < len(entries):
+            cached.update(zip(ids[start:], entries[start:], strict=True))
+            state.last_entry_id = max(state.last_entry_id, max(ids[start:]))
+
+    # -- lookups --------------------------------------------------------------------------
+
+    def cached(self, stream_id: int) -> tuple[dict[int, pb.Entry], dict[int, pb.Entry]]:
+        """Returns the stream's entries in the active cache and in the snapshot (empty dicts
+        when none), in the order lookups go: active, snapshot, then the index."""
+        active = self.active.streams.get(stream_id) or {}
+        snapshot = self.snapshot
+        snap = (snapshot.streams.get(stream_id) if snapshot is not None else None) or {}
+        return active, snap
+
+    def lookup(self, stream_id: int, entry_id: int) -> pb.Entry | None:
+        """Returns the entry held (None: not held); raises `StorageError` when its entry log
+        keeps vanishing under the read."""
+        # Order matters: active cache, then snapshot, then index. The flusher swaps
+        # active -> snapshot and drops the snapshot only after the index commit, so an entry
+        # is always in one of the places looked at later.
+        cached = self.active.streams.get(stream_id)
+        if cached is not None:
+            entry = cached.get(entry_id)
+            if entry is not None:
+                return entry
+        snapshot = self.snapshot
+        if snapshot is not None:
+            cached = snapshot.streams.get(stream_id)
+            if cached is not None:
+                entry = cached.get(entry_id)
+                if entry is not None:
+                    return entry
+        for _ in range(3):
+            location = self.index.get(stream_id, entry_id)
+            if location is None:
+                return None
+            try:
+                return self.logs.read_entry(location)
+            except EntryLogGone:
+                continue  # compaction moved it and deleted the old log: look again
+        raise StorageError("entry log vanished under a read", stream_id=stream_id)
