@@ -31,6 +31,7 @@ from stream.sim.checker import Violation
 from stream.sim.cluster import CLIENT_ERROR, PROTECTIONS, SimConfig, Simulation
 from stream.sim.loop import VirtualTimeLoop
 from stream.sim.network import NetworkFaults
+from stream.sim.shapes import Shapes
 
 DEFAULT_STEPS = 40
 
@@ -177,6 +178,9 @@ class RandomWorkload:
             self._actions.append((3, self.disk_fault))
         if knobs.slow_bookie:
             self._actions.append((4, self.slow_bookie))
+        shapes = Shapes(self)
+        if knobs.dirty_tail:
+            self._actions.append((6, shapes.dirty_tail))
         self._weights = [w for w, _ in self._actions]
 
     async def run(self, steps: int) -> None:
@@ -278,13 +282,13 @@ class RandomWorkload:
         if await self.sim.seal(name):
             self._wipe_soon(wipe)
 
-    def _take_from_dirty(self, dirty: str) -> None:
-        """BUGGIFY: another writer takes over while `dirty` alone holds the dead writer's
-        tail (the unbounded-ledgers blog's divergence): its fence misses `dirty`, and its
-        first adds to it are held, so that its first entries are acknowledged by the others
-        beside `dirty`'s dirty ones, unless the truncate no-op (or, when `dirty` comes back in
-        a later fragment, the new-member truncation) clears them."""
-        name = self.rng.choice(self.writers)
+    def _take_from_dirty(self, dirty: str, writers: Sequence[str] = ()) -> None:
+        """BUGGIFY: another writer (one of `writers`, default any) takes over while `dirty`
+        alone holds the dead writer's tail (the unbounded-ledgers blog's divergence): its
+        fence misses `dirty`, and its first adds to it are held, so that its first entries are
+        acknowledged by the others beside `dirty`'s dirty ones, unless the truncate no-op (or,
+        when `dirty` comes back in a later fragment, the new-member truncation) clears them."""
+        name = self.rng.choice(writers or self.writers)
         client = self.sim.client(name)
         if client.opening is not None and not client.opening.done():
             return

@@ -1,0 +1,125 @@
+"""BUGGIFY fault shapes that span several steps of a random run: each starts from whatever the
+run is doing now, chains a few faults whose order matters, and draws every duration and choice
+from the run's generator. They are faults of the model like any other (a writer dying right
+after a batch left, a replacement failing right after it joined), so a run with every
+protection on must stay clean under them; with a protection off they reach the shape its
+directed scenario (`stream.sim.scenarios`) shows it guards.
+
+`RandomWorkload` (`stream.sim.runner`) adds them to its actions when their knob is on
+(`stream.sim.buggify`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from stream.sim.runner import RandomWorkload
+
+
+class Shapes:
+    """The multi-step faults of one random run."""
+
+    def __init__(self, workload: RandomWorkload) -> None:
+        self.workload = workload
+        # A `dirty_tail` waits for a calm stretch (one at a time).
+        self._waiting = False
+
+    def dirty_tail(self) -> None:
+        """BUGGIFY (`dirty_tail`): the unbounded-ledgers blog's divergence and docs/design.md
+        §5's new-member example start alike. A writer sends a batch that reaches one bookie of
+        its ensemble only (its Add streams to the others are held) and dies right after (a
+        long pause): that bookie holds a dirty tail no other has. Another writer takes over,
+        its fence and reads missing that bookie and its first adds to it held, and appends a
+        burst at once, so that its own entries at those ids are acknowledged by the others
+        first. The truncate no-op (or the ensemble change replacing that bookie, then the
+        new-member truncation when a later fragment takes it back) is what keeps the dirty
+        tail out of the log. Only from a calm stretch (a writer open, no takeover running):
+        amid other takeovers the batch would reach no one."""
+        if not self._waiting:
+            self._waiting = True
+            self.workload.sim.spawn(self._dirty_tail())
+
+    def _calm_writers(self) -> list[str]:
+        """Returns the writers open and awake while no takeover or seal runs (none when one
+        does, or when there is no other writer to take over)."""
+        wl = self.workload
+        sim = wl.sim
+        now = sim.loop.time()
+        if len(wl.writers) < 2 or wl._opening() or wl._sealed:
+            return []
+        return [
+            w
+            for w in wl.writers
+            if sim.client(w).writer is not None
+            and wl._frozen.get(w, 0.0) <= now
+            and not sim.network.paused(w)
+        ]
+
+    def _settled(self) -> bool:
+        """Returns whether every bookie of the last ensemble knows that the whole log is
+        fully replicated (its LAFR is the last entry any of them holds): a takeover then
+        recovers nothing and writes nothing back, which would replace a bookie it missed."""
+        sim = self.workload.sim
+        states = [sim.bookies[b].streams.get(sim.stream_id) for b in self.workload._ensemble()]
+        if any(state is None for state in states):
+            return False
+        last = max(state.last_entry_id for state in states if state is not None)
+        return all(state.lafr == last for state in states if state is not None)
+
+    async def _dirty_tail(self) -> None:
+        wl = self.workload
+        sim, rng = wl.sim, wl.rng
+        calm = await sim.until(
+            lambda: self._calm_writers() and self._settled(), timeout_s=0.5, step_s=0.005
+        )
+        self._waiting = False
+        active = self._calm_writers()
+        if not calm or not active or wl._done:
+            return
+        name = rng.choice(active)
+        ensemble = wl._ensemble()
+        # A bookie the writer reaches now, and another writer awake to take over.
+        reached = [
+            b
+            for b in ensemble
+            if sim.bookies[b].up and sim.network.flows(name, b) and sim.network.flows(b, name)
+        ]
+        takers = [w for w in wl.writers if w != name and not sim.network.paused(w)]
+        if not reached or not takers:
+            return
+        keep = rng.choice(reached)
+        sim.faults += 1
+        sim.trace.record("dirty_tail", c=name, keep=keep)
+        held_s = rng.uniform(0.3, 1.5)
+        for bookie_id in ensemble:
+            if bookie_id != keep:
+                sim.network.hold_adds(name, bookie_id, held_s)
+        # A long tail reaches past the next capacity roll (the new-member case).
+        sim.append(name, rng.randint(1, 3 * sim.config.fragment_max_entries))
+        sim.spawn(self._die_then_take_over(name, rng.choice(takers), keep, held_s))
+
+    async def _die_then_take_over(self, dead: str, name: str, keep: str, held_s: float) -> None:
+        wl = self.workload
+        sim, rng = wl.sim, wl.rng
+        await asyncio.sleep(rng.uniform(0.002, 0.02))  # the batch reaches `keep`
+        sim.pause(dead, held_s + rng.uniform(0.2, 1.5))
+        await asyncio.sleep(rng.uniform(0.0, 0.02))
+        if wl._done:
+            return
+        wl._take_from_dirty(keep, [name])
+        opening = sim.client(name).opening
+        if opening is None:
+            return
+        try:
+            writer = await asyncio.shield(opening)
+        except Exception:
+            return
+        if writer is None or wl._done:
+            return
+        # The new writer appends at once, past its next capacity roll at times: a fragment
+        # that may take `keep` back, its adds to `keep` late.
+        if rng.random() < 0.5:
+            sim.network.slow(name, keep, rng.uniform(0.01, 0.08), rng.uniform(0.2, 1.0))
+        sim.append(name, rng.randint(1, 2 * sim.config.fragment_max_entries + 2))
