@@ -180,7 +180,7 @@ class RandomWorkload:
             self._actions.append((4, self.slow_bookie))
         shapes = Shapes(self)
         if knobs.dirty_tail:
-            self._actions.append((6, shapes.dirty_tail))
+            self._actions.append((15, shapes.dirty_tail))
         self._weights = [w for w, _ in self._actions]
 
     async def run(self, steps: int) -> None:

@@ -97,18 +97,32 @@ class Shapes:
             if bookie_id != keep:
                 sim.network.hold_adds(name, bookie_id, held_s)
         # A long tail reaches past the next capacity roll (the new-member case).
-        sim.append(name, rng.randint(1, 3 * sim.config.fragment_max_entries))
-        sim.spawn(self._die_then_take_over(name, rng.choice(takers), keep, held_s))
+        first = self._last_held(keep) + 1
+        count = sim.append(name, rng.randint(1, 3 * sim.config.fragment_max_entries))
+        # The writer dies once its tail reached `keep` (or a little later anyway).
+        await sim.until(
+            lambda: self._last_held(keep) >= first + count - 1, timeout_s=0.05, step_s=0.001
+        )
+        await self._die_then_take_over(name, rng.choice(takers), keep, held_s)
+
+    def _last_held(self, bookie_id: str) -> int:
+        """Returns the last entry id `bookie_id` holds for the stream (-1: none)."""
+        sim = self.workload.sim
+        state = sim.bookies[bookie_id].streams.get(sim.stream_id)
+        return -1 if state is None else state.last_entry_id
 
     async def _die_then_take_over(self, dead: str, name: str, keep: str, held_s: float) -> None:
         wl = self.workload
         sim, rng = wl.sim, wl.rng
-        await asyncio.sleep(rng.uniform(0.002, 0.02))  # the batch reaches `keep`
         sim.pause(dead, held_s + rng.uniform(0.2, 1.5))
         await asyncio.sleep(rng.uniform(0.0, 0.02))
         if wl._done:
             return
         wl._take_from_dirty(keep, [name])
+        if rng.random() < 0.5:
+            # Cut for longer: the recovery's no-op fails on `keep` at once (no add timeout),
+            # which leaves the run time to take `keep` back.
+            sim.network.cut(name, keep, rng.uniform(0.1, 0.4))
         opening = sim.client(name).opening
         if opening is None:
             return
@@ -118,8 +132,13 @@ class Shapes:
             return
         if writer is None or wl._done:
             return
-        # The new writer appends at once, past its next capacity roll at times: a fragment
-        # that may take `keep` back, its adds to `keep` late.
+        # The new writer appends a burst at once, its adds to `keep` late; one of its members
+        # may fail meanwhile: the ensemble change may take `keep` back, from the first entry
+        # not yet fully replicated, which its dirty tail may reach.
         if rng.random() < 0.5:
             sim.network.slow(name, keep, rng.uniform(0.01, 0.08), rng.uniform(0.2, 1.0))
         sim.append(name, rng.randint(1, 2 * sim.config.fragment_max_entries + 2))
+        members = [b for b in wl._ensemble() if b != keep]
+        if members and rng.random() < 0.5:
+            await asyncio.sleep(rng.uniform(0.0, 0.005))
+            sim.network.cut(name, rng.choice(members), rng.uniform(0.05, 0.5))
