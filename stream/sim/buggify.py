@@ -45,6 +45,8 @@ class Knobs:
     - `slow_bookie`: one bookie (most often the longest log) answers writers late for a while.
     - `dirty_tail`: a writer dies right after a batch that reached one bookie only, and
       another takes over missing that bookie (`stream.sim.shapes`).
+    - `spare_churn`: a takeover's write-backs to one member are held, and the bookie that
+      replaces it fails right after it joined (`stream.sim.shapes`).
     """
 
     hold_adds: bool = False
@@ -59,6 +61,7 @@ class Knobs:
     disk_faults: bool = False
     slow_bookie: bool = False
     dirty_tail: bool = False
+    spare_churn: bool = False
 
     def names(self) -> list[str]:
         """Returns the names of the knobs that are on (for the trace and reports)."""
@@ -80,6 +83,7 @@ _ODDS = {
     "disk_faults": 0.2,
     "slow_bookie": 0.4,
     "dirty_tail": 0.3,
+    "spare_churn": 0.3,
 }
 
 
@@ -102,7 +106,7 @@ GUARDED_SHAPES: dict[str, frozenset[str]] = {
     # bp46-lost-fence: a writer frozen right after its takeover, before its first add.
     PHASE_ONE_FENCE: frozenset({"zombie"}),
     # replaced-member-returns: write-backs held, the replacement failing, placement moving.
-    SPARE_HOLDERS: frozenset({"hold_adds", "placement"}),
+    SPARE_HOLDERS: frozenset({"spare_churn"}),
     # pinned-first: a member held (it acks committed entries late) while another fails.
     UNPINNED_FIRST: frozenset({"hold_adds", "slow_bookie"}),
 }

@@ -180,7 +180,9 @@ class RandomWorkload:
             self._actions.append((4, self.slow_bookie))
         shapes = Shapes(self)
         if knobs.dirty_tail:
-            self._actions.append((15, shapes.dirty_tail))
+            self._actions.append((30, shapes.dirty_tail))
+        if knobs.spare_churn:
+            self._actions.append((30, shapes.spare_churn))
         self._weights = [w for w, _ in self._actions]
 
     async def run(self, steps: int) -> None:

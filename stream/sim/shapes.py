@@ -12,6 +12,7 @@ directed scenario (`stream.sim.scenarios`) shows it guards.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -23,8 +24,8 @@ class Shapes:
 
     def __init__(self, workload: RandomWorkload) -> None:
         self.workload = workload
-        # A `dirty_tail` waits for a calm stretch (one at a time).
-        self._waiting = False
+        # One shape at a time: a second one would break the first's chain.
+        self._busy = False
 
     def dirty_tail(self) -> None:
         """BUGGIFY (`dirty_tail`): the unbounded-ledgers blog's divergence and docs/design.md
@@ -37,9 +38,19 @@ class Shapes:
         new-member truncation when a later fragment takes it back) is what keeps the dirty
         tail out of the log. Only from a calm stretch (a writer open, no takeover running):
         amid other takeovers the batch would reach no one."""
-        if not self._waiting:
-            self._waiting = True
-            self.workload.sim.spawn(self._dirty_tail())
+        self._start(self._dirty_tail)
+
+    def _start(self, shape: Callable[[], Awaitable[None]]) -> None:
+        """Runs `shape` unless another one is running."""
+        if not self._busy:
+            self._busy = True
+            self.workload.sim.spawn(self._run(shape))
+
+    async def _run(self, shape: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await shape()
+        finally:
+            self._busy = False
 
     def _calm_writers(self) -> list[str]:
         """Returns the writers open and awake while no takeover or seal runs (none when one
@@ -74,7 +85,6 @@ class Shapes:
         calm = await sim.until(
             lambda: self._calm_writers() and self._settled(), timeout_s=0.5, step_s=0.005
         )
-        self._waiting = False
         active = self._calm_writers()
         if not calm or not active or wl._done:
             return
@@ -142,3 +152,91 @@ class Shapes:
         if members and rng.random() < 0.5:
             await asyncio.sleep(rng.uniform(0.0, 0.005))
             sim.network.cut(name, rng.choice(members), rng.uniform(0.05, 0.5))
+
+    def spare_churn(self) -> None:
+        """BUGGIFY (`spare_churn`): a writer dies right after its last entries were
+        acknowledged (before its LAC went out), so the next takeover writes them back; its
+        write-backs to one member are held, so that member is replaced locally, and the
+        replacement fails right after it joined (its new-member truncation landed): the member
+        replaced away is a spare again, and with few bookies the only one. That takeover then
+        dies too, and another recovers with that member answering first. The spare-holders
+        rule (never pick a member replaced away by a change the metadata does not hold yet)
+        is what keeps its new-member truncation from stripping entries the stored fragment
+        still counts on it."""
+        self._start(self._spare_churn)
+
+    async def _spare_churn(self) -> None:
+        wl = self.workload
+        sim, rng = wl.sim, wl.rng
+        calm = await sim.until(self._calm_writers, timeout_s=0.5, step_s=0.005)
+        active = self._calm_writers()
+        if not calm or not active or wl._done:
+            return
+        dead = rng.choice(active)
+        writer = sim.client(dead).writer
+        takers = [w for w in wl.writers if w != dead and not sim.network.paused(w)]
+        if writer is None or not takers:
+            return
+        sim.faults += 1
+        sim.trace.record("spare_churn", c=dead)
+        acks = sim.checker.ack_count + sim.append(dead, rng.randint(1, 4))
+        await sim.until(lambda: sim.checker.ack_count >= acks, timeout_s=0.2, step_s=0.0005)
+        last = writer.last_add_confirmed
+        sim.pause(dead, rng.uniform(1.0, 2.0))  # before its LAC leaves
+        if wl._done:
+            return
+        name = rng.choice(takers)
+        stored = wl._ensemble()
+        # A member up that holds the last entry, reached by the takeover but for its adds.
+        holders = [
+            b
+            for b in stored
+            if sim.holds(b, last) is not None
+            and sim.network.flows(name, b)
+            and sim.network.flows(b, name)
+        ]
+        # Every other member is up and reached: the one replacement is `member`'s.
+        if not holders or len(holders) < len(stored) - 1:
+            return
+        member = rng.choice(holders)
+        if any(not sim.bookies[b].up for b in stored if b != member):
+            return
+        # Its adds to `member` and to the spares are held: the replacement joins (the
+        # new-member truncation is not an add) and takes nothing before it fails.
+        held_s = rng.uniform(0.4, 1.0)
+        for bookie_id in sim.bookies:
+            if bookie_id == member or bookie_id not in stored:
+                sim.network.hold_adds(name, bookie_id, held_s)
+        sim.start_takeover(name)
+        term = sim.snapshot()[0].term + 1
+
+        def joined() -> list[str]:
+            return [
+                b
+                for b, bookie in sim.bookies.items()
+                if b not in stored
+                and (state := bookie.streams.get(sim.stream_id)) is not None
+                and state.term >= term
+            ]
+
+        if not await sim.until(joined, timeout_s=0.6, step_s=0.001) or wl._done:
+            return
+        replacement = rng.choice(joined())
+        await asyncio.sleep(rng.uniform(0.003, 0.01))  # its answer is back: it joined
+        sim.trace.record("spare_churn_joined", c=name, b=replacement, member=member)
+        sim.network.cut(name, replacement, rng.uniform(0.2, 0.6))
+        # The takeover dies once `member` lost an entry it held (or a little later anyway).
+        held = [e for e in range(last + 1) if sim.holds(member, e) is not None]
+        if await sim.until(
+            lambda: any(sim.holds(member, e) is None for e in held), timeout_s=0.1, step_s=0.001
+        ):
+            sim.trace.record("spare_churn_lost", b=member)
+        sim.pause(name, rng.uniform(0.5, 1.5))
+        others = [w for w in wl.writers if w not in (dead, name)]
+        if others and not wl._done:
+            # The next takeover hears `member` first.
+            taker = rng.choice(others)
+            for bookie_id in sim.bookies:
+                if bookie_id != member:
+                    sim.network.slow(taker, bookie_id, 0.02, rng.uniform(0.1, 0.5))
+            sim.start_takeover(taker)
