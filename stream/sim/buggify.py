@@ -93,6 +93,9 @@ def draw_knobs(rng: random.Random) -> Knobs:
 
 
 KNOBS = tuple(_ODDS)
+# The knobs of `stream.sim.shapes`, added after the regression seeds of the late Truncate were
+# found (drawn last: a run with them off is the run it was before they existed).
+SHAPE_KNOBS = frozenset({"dirty_tail", "spare_churn"})
 
 # The knobs a run switches on whatever its draw while a protection is off: the shapes that
 # protection's directed scenario (`stream.sim.scenarios`) shows it guards, so that a search

@@ -589,6 +589,7 @@ def run_seed(
     buggify: bool = True,
     knobs: Iterable[str] = (),
     bookie_switches: Iterable[str] = (),
+    knobs_off: Iterable[str] = (),
 ) -> RunResult:
     """Returns the result of the random run of `seed`: `steps` random actions, then the final
     takeover, read and checks. Same seed, same result (and trace digest). With `reengage`
@@ -597,7 +598,8 @@ def run_seed(
     are on whatever the draw, and so are those that reach the shapes a protection in
     `disabled` guards (`stream.sim.buggify.GUARDED_SHAPES`). `bookie_switches` are the
     shipping bookie's own test-only switches (`stream.bookie.unsafe`) to turn on, for tests
-    that break a rule inside it (`streamctl sim` names only the protections)."""
+    that break a rule inside it (`streamctl sim` names only the protections). `knobs_off` are
+    off whatever the draw: a seed found before a knob existed replays as it was found."""
     off = check_disabled(disabled) | check_bookie_switches(bookie_switches)
     forced = check_knobs(knobs)
     master = random.Random(seed)
@@ -606,7 +608,8 @@ def run_seed(
     drawn = draw_knobs(random.Random(master.getrandbits(64))) if buggify else Knobs()
     if buggify:
         forced |= guarded_shapes(off)
-    run_knobs = replace(drawn, **dict.fromkeys(forced, True))
+    settings = {**dict.fromkeys(check_knobs(knobs_off), False), **dict.fromkeys(forced, True)}
+    run_knobs = replace(drawn, **settings)
 
     async def script(sim: Simulation) -> None:
         workload = RandomWorkload(
