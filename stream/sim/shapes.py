@@ -106,7 +106,8 @@ class Shapes:
         for bookie_id in ensemble:
             if bookie_id != keep:
                 sim.network.hold_adds(name, bookie_id, held_s)
-        # A long tail reaches past the next capacity roll (the new-member case).
+        # As long a tail as the writer's fragment takes: it cannot roll before its entries
+        # are fully replicated, so the tail ends with its fragment.
         first = self._last_held(keep) + 1
         count = sim.append(name, rng.randint(1, 3 * sim.config.fragment_max_entries))
         # The writer dies once its tail reached `keep` (or a little later anyway).
