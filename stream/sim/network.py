@@ -201,6 +201,17 @@ class SimNetwork:
     def is_cut(self, src: str, dst: str) -> bool:
         return self._cut.get((src, dst), 0.0) > self.now()
 
+    def flows(self, src: str, dst: str) -> bool:
+        """Returns whether messages from `src` to `dst` go through now: no cut, clog, pause
+        or hold on that link."""
+        link = (src, dst)
+        return (
+            not self.is_cut(src, dst)
+            and self.clogged_until(src, dst) <= self.now()
+            and link not in self._held_adds
+            and link not in self._held_unary
+        )
+
     def clogged_until(self, src: str, dst: str) -> float:
         """Returns until when messages from `src` to `dst` are held (<= now: not held)."""
         return max(

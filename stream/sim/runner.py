@@ -31,6 +31,7 @@ from stream.sim.checker import Violation
 from stream.sim.cluster import CLIENT_ERROR, PROTECTIONS, SimConfig, Simulation
 from stream.sim.loop import VirtualTimeLoop
 from stream.sim.network import NetworkFaults
+from stream.sim.shapes import Shapes
 
 DEFAULT_STEPS = 40
 
@@ -177,6 +178,11 @@ class RandomWorkload:
             self._actions.append((3, self.disk_fault))
         if knobs.slow_bookie:
             self._actions.append((4, self.slow_bookie))
+        shapes = Shapes(self)
+        if knobs.dirty_tail:
+            self._actions.append((30, shapes.dirty_tail))
+        if knobs.spare_churn:
+            self._actions.append((30, shapes.spare_churn))
         self._weights = [w for w, _ in self._actions]
 
     async def run(self, steps: int) -> None:
@@ -278,13 +284,13 @@ class RandomWorkload:
         if await self.sim.seal(name):
             self._wipe_soon(wipe)
 
-    def _take_from_dirty(self, dirty: str) -> None:
-        """BUGGIFY: another writer takes over while `dirty` alone holds the dead writer's
-        tail (the unbounded-ledgers blog's divergence): its fence misses `dirty`, and its
-        first adds to it are held, so that its first entries are acknowledged by the others
-        beside `dirty`'s dirty ones, unless the truncate no-op (or, when `dirty` comes back in
-        a later fragment, the new-member truncation) clears them."""
-        name = self.rng.choice(self.writers)
+    def _take_from_dirty(self, dirty: str, writers: Sequence[str] = ()) -> None:
+        """BUGGIFY: another writer (one of `writers`, default any) takes over while `dirty`
+        alone holds the dead writer's tail (the unbounded-ledgers blog's divergence): its
+        fence misses `dirty`, and its first adds to it are held, so that its first entries are
+        acknowledged by the others beside `dirty`'s dirty ones, unless the truncate no-op (or,
+        when `dirty` comes back in a later fragment, the new-member truncation) clears them."""
+        name = self.rng.choice(writers or self.writers)
         client = self.sim.client(name)
         if client.opening is not None and not client.opening.done():
             return
@@ -583,6 +589,7 @@ def run_seed(
     buggify: bool = True,
     knobs: Iterable[str] = (),
     bookie_switches: Iterable[str] = (),
+    knobs_off: Iterable[str] = (),
 ) -> RunResult:
     """Returns the result of the random run of `seed`: `steps` random actions, then the final
     takeover, read and checks. Same seed, same result (and trace digest). With `reengage`
@@ -591,7 +598,8 @@ def run_seed(
     are on whatever the draw, and so are those that reach the shapes a protection in
     `disabled` guards (`stream.sim.buggify.GUARDED_SHAPES`). `bookie_switches` are the
     shipping bookie's own test-only switches (`stream.bookie.unsafe`) to turn on, for tests
-    that break a rule inside it (`streamctl sim` names only the protections)."""
+    that break a rule inside it (`streamctl sim` names only the protections). `knobs_off` are
+    off whatever the draw: a seed found before a knob existed replays as it was found."""
     off = check_disabled(disabled) | check_bookie_switches(bookie_switches)
     forced = check_knobs(knobs)
     master = random.Random(seed)
@@ -600,7 +608,8 @@ def run_seed(
     drawn = draw_knobs(random.Random(master.getrandbits(64))) if buggify else Knobs()
     if buggify:
         forced |= guarded_shapes(off)
-    run_knobs = replace(drawn, **dict.fromkeys(forced, True))
+    settings = {**dict.fromkeys(check_knobs(knobs_off), False), **dict.fromkeys(forced, True)}
+    run_knobs = replace(drawn, **settings)
 
     async def script(sim: Simulation) -> None:
         workload = RandomWorkload(
