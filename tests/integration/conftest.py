@@ -14,6 +14,7 @@ import pytest
 from stream.client import StreamClient
 from stream.sandbox.cluster import SandboxCluster
 from stream.sandbox.zookeeper import ZooKeeperServer
+from tests.integration.bookie_support import stop_cluster
 
 ClusterFactory = Callable[..., SandboxCluster]
 
@@ -48,7 +49,7 @@ def running_cluster(
     try:
         yield cluster
     finally:
-        cluster.stop()
+        stop_cluster(cluster)
 
 
 @pytest.fixture
@@ -72,7 +73,7 @@ def cluster_factory(zookeeper: ZooKeeperServer, tmp_path: Path) -> Iterator[Clus
         yield make
     finally:
         for cluster in made:
-            cluster.stop()
+            stop_cluster(cluster)
 
 
 @pytest.fixture(scope="module")
