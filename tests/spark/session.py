@@ -1,5 +1,6 @@
 """The local[2] SparkSession of the Spark tests, shared by the session fixture (conftest) and
-the driver scripts that run a query in a process of their own (tail_query_driver)."""
+the driver scripts that run a query in a process of their own (tail_query_driver,
+sink_query_driver), and what a held driver does before its release (`hold`)."""
 
 from __future__ import annotations
 
