@@ -87,9 +87,10 @@ def module_cluster(
 
 @pytest.fixture
 def cluster(request: pytest.FixtureRequest, cluster_factory: ClusterFactory) -> SandboxCluster:
-    """Three bookies with default settings: in a module marked `shared_cluster` (its tests
-    kill no bookie, change no setting and use streams of their own) one cluster for all its
-    tests, since starting three bookies costs seconds per test; elsewhere one per test."""
+    """Three bookies with default settings: for tests marked `shared_cluster` (a module's or
+    single ones that kill no bookie, change no setting and use streams of their own) one
+    cluster per module, since starting three bookies costs seconds per test; elsewhere one per
+    test."""
     if request.node.get_closest_marker("shared_cluster"):
         shared: SandboxCluster = request.getfixturevalue("module_cluster")
         return shared
