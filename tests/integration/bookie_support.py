@@ -4,9 +4,10 @@ the synchronous gRPC client, and a factory of bookie processes that stops them a
 from __future__ import annotations
 
 import queue
+import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import grpc
 
 from stream.protocol.checksum import entry_checksum
 from stream.sandbox.bookies import BookieProcess
+from stream.sandbox.cluster import SandboxCluster
 from stream.wire import bookie_pb2 as pb
 from stream.wire import bookie_pb2_grpc
 
@@ -153,6 +155,22 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float = 20.0, what: str 
 METADATA_UNCHECKED = ("metadata_term_check", "trim_check")
 
 
+def sigterm_all(bookies: Iterable[BookieProcess]) -> None:
+    """Sends SIGTERM to every running bookie at once. A stop one after the other
+    (SandboxCluster.stop, BookieProcess.close) waits out each clean shutdown in turn; signalled
+    together they shut down side by side, and those waits find them gone (a second SIGTERM
+    changes nothing). About 1-3 s less per three-bookie cluster on the 2-core machine."""
+    for bookie in bookies:
+        if bookie.process is not None and bookie.process.poll() is None:
+            bookie.process.send_signal(signal.SIGTERM)
+
+
+def stop_cluster(cluster: SandboxCluster) -> None:
+    """Stops `cluster` (see sigterm_all)."""
+    sigterm_all(cluster.bookies)
+    cluster.stop()
+
+
 class BookieFactory:
     """Starts bookie processes in a test's temporary directory against one metadata root, and
     stops every one of them at the end. Each starts with the test-only switches
@@ -185,6 +203,7 @@ class BookieFactory:
         return bookie
 
     def stop_all(self) -> None:
+        sigterm_all(self.bookies)
         for bookie in self.bookies:
             try:
                 bookie.close()

@@ -14,6 +14,7 @@ import pytest
 from stream.client import StreamClient
 from stream.sandbox.cluster import SandboxCluster
 from stream.sandbox.zookeeper import ZooKeeperServer
+from tests.integration.bookie_support import stop_cluster
 
 ClusterFactory = Callable[..., SandboxCluster]
 
@@ -51,7 +52,7 @@ def running_cluster(
     try:
         yield cluster
     finally:
-        cluster.stop()
+        stop_cluster(cluster)
 
 
 @pytest.fixture
@@ -79,7 +80,7 @@ def cluster_factory(zookeeper: ZooKeeperServer, tmp_path: Path) -> Iterator[Clus
         yield make
     finally:
         for cluster in made:
-            cluster.stop()
+            stop_cluster(cluster)
 
 
 @pytest.fixture(scope="module")
@@ -93,9 +94,10 @@ def module_cluster(
 
 @pytest.fixture
 def cluster(request: pytest.FixtureRequest, cluster_factory: ClusterFactory) -> SandboxCluster:
-    """Three bookies with default settings: in a module marked `shared_cluster` (its tests
-    kill no bookie, change no setting and use streams of their own) one cluster for all its
-    tests, since starting three bookies costs seconds per test; elsewhere one per test."""
+    """Three bookies with default settings: for tests marked `shared_cluster` (a module's or
+    single ones that kill no bookie, change no setting and use streams of their own) one
+    cluster per module, since starting three bookies costs seconds per test; elsewhere one per
+    test."""
     if request.node.get_closest_marker("shared_cluster"):
         shared: SandboxCluster = request.getfixturevalue("module_cluster")
         return shared

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from stream.sandbox.cluster import SandboxCluster
 from stream.sandbox.zookeeper import ZooKeeperServer
+from tests.integration.bookie_support import stop_cluster
 
 T = TypeVar("T")
 MIB = 1 << 20
@@ -112,4 +113,4 @@ def cluster_maker(
         yield make
     finally:
         for cluster in made:
-            cluster.stop()
+            stop_cluster(cluster)

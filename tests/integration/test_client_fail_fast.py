@@ -19,12 +19,15 @@ from stream.errors import (
     StreamInUseError,
     StreamNotFoundError,
 )
+from stream.sandbox.cluster import SandboxCluster
 from stream.wire import bookie_pb2 as pb
 from tests.integration.cli_support import streamctl
 from tests.integration.conftest import ClusterFactory
 
 pytestmark = pytest.mark.integration
 
+# Tests marked shared_cluster share one cluster of default bookies (see tests/integration/
+# conftest.py): they kill no bookie and use streams of their own.
 _LIMIT = 64 << 10
 
 
@@ -49,10 +52,10 @@ def test_oversized_entry_is_refused_before_sending_and_the_writer_stays_usable(
         assert got == [b"before", b"y" * _LIMIT, b"after"]
 
 
+@pytest.mark.shared_cluster
 def test_create_stream_with_more_bookies_than_registered_fails_at_once(
-    cluster_factory: ClusterFactory,
+    cluster: SandboxCluster,
 ) -> None:
-    cluster = cluster_factory(3)
     with StreamClient.connect(cluster.metadata) as client:
         with pytest.raises(NotEnoughBookiesError, match="allow_fewer_bookies") as raised:
             client.create_stream("wide", ensemble=5, write_quorum=3, ack_quorum=2)
@@ -67,26 +70,26 @@ def test_create_stream_with_more_bookies_than_registered_fails_at_once(
         assert client.create_stream("narrow", ensemble=3).ensemble == 3
 
 
+@pytest.mark.shared_cluster
 def test_streamctl_create_with_more_bookies_than_registered_fails_at_once(
-    cluster_factory: ClusterFactory,
+    cluster: SandboxCluster,
 ) -> None:
-    cluster = cluster_factory(3)
-    refused = streamctl(cluster.metadata, "create", "wide", "--ensemble", "5")
+    refused = streamctl(cluster.metadata, "create", "wide-cli", "--ensemble", "5")
     assert refused.returncode == 4  # unavailable: more bookies may come
     assert "not enough writable bookies" in refused.stderr
     assert "--allow-fewer-bookies" in refused.stderr
     created = streamctl(
-        cluster.metadata, "create", "wide", "--ensemble", "5", "--allow-fewer-bookies"
+        cluster.metadata, "create", "wide-cli", "--ensemble", "5", "--allow-fewer-bookies"
     )
     assert created.returncode == 0, created.stderr
     with StreamClient.connect(cluster.metadata) as client:
-        assert client.stream_info("wide").fragments == []
+        assert client.stream_info("wide-cli").fragments == []
 
 
+@pytest.mark.shared_cluster
 def test_writer_of_a_stream_deleted_under_it_gets_stream_not_found(
-    cluster_factory: ClusterFactory,
+    cluster: SandboxCluster,
 ) -> None:
-    cluster = cluster_factory(3)
     with StreamClient.connect(cluster.metadata) as client:
         client.create_stream("doomed", ensemble=3, write_quorum=3, ack_quorum=2)
         with client.open_writer("doomed") as writer:
@@ -126,10 +129,10 @@ def test_writer_whose_entries_were_trimmed_under_it_gets_entry_trimmed(
             assert "replace" not in str(raised.value)
 
 
+@pytest.mark.shared_cluster
 def test_delete_of_a_stream_with_a_live_writer_needs_force(
-    cluster_factory: ClusterFactory,
+    cluster: SandboxCluster,
 ) -> None:
-    cluster = cluster_factory(3)
     with StreamClient.connect(cluster.metadata) as client:
         client.create_stream("busy", ensemble=3, write_quorum=3, ack_quorum=2)
         with client.open_writer("busy") as writer:

@@ -14,7 +14,8 @@ from kazoo.exceptions import ConnectionLoss
 from stream.client import StreamClient
 from stream.sandbox.cluster import SandboxCluster
 
-pytestmark = pytest.mark.integration
+# Its tests kill no bookie and use streams of their own: one cluster for the module.
+pytestmark = [pytest.mark.integration, pytest.mark.shared_cluster]
 
 FRAGMENT_ENTRIES = 50
 
@@ -91,8 +92,8 @@ def test_takeover_goes_on_after_a_lost_finish_recovery_reply_and_a_trim(
     clients: tuple[StreamClient, StreamClient], cluster: SandboxCluster
 ) -> None:
     writing, trimming = clients
-    writing.create_stream("lossy", fragment_max_entries=FRAGMENT_ENTRIES)
-    first = writing.open_writer("lossy")
+    writing.create_stream("lossy-takeover", fragment_max_entries=FRAGMENT_ENTRIES)
+    first = writing.open_writer("lossy-takeover")
     for i in range(2 * FRAGMENT_ENTRIES + 10):
         first.append_async(payload(i))
     first.flush()
@@ -104,18 +105,18 @@ def test_takeover_goes_on_after_a_lost_finish_recovery_reply_and_a_trim(
         lost = lose_reply(
             taking,
             lambda ops, index: index == 1,
-            lambda: trimming.trim("lossy", 2 * FRAGMENT_ENTRIES),
+            lambda: trimming.trim("lossy-takeover", 2 * FRAGMENT_ENTRIES),
         )
-        second = taking.open_writer("lossy")
+        second = taking.open_writer("lossy-takeover")
         assert lost == [1]
         assert second.term == 2
         after = second.append(b"after the takeover", timeout_s=30)
         second.close()
     finally:
         taking.close()
-    info = trimming.stream_info("lossy")
+    info = trimming.stream_info("lossy-takeover")
     assert info.term == 2 and info.first_entry_id == 2 * FRAGMENT_ENTRIES
-    got = list(trimming.open_reader("lossy").read(2 * FRAGMENT_ENTRIES, after))
+    got = list(trimming.open_reader("lossy-takeover").read(2 * FRAGMENT_ENTRIES, after))
     assert [e.payload for e in got] == [
         *(payload(i) for i in range(2 * FRAGMENT_ENTRIES, 2 * FRAGMENT_ENTRIES + 10)),
         b"after the takeover",

@@ -13,7 +13,8 @@ import pytest
 from stream.sandbox.cluster import SandboxCluster
 from tests.integration.cli_support import streamctl
 
-pytestmark = pytest.mark.integration
+# Its tests kill no bookie and use streams of their own: one cluster for the module.
+pytestmark = [pytest.mark.integration, pytest.mark.shared_cluster]
 
 _PROGRAM = r"""
 import logging

@@ -1,8 +1,10 @@
 """The local[2] SparkSession of the Spark tests, shared by the session fixture (conftest) and
-the driver scripts that run a query in a process of their own (tail_query_driver)."""
+the driver scripts that run a query in a process of their own (tail_query_driver,
+sink_query_driver), and what a held driver does before its release (`hold`)."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Callable
@@ -49,8 +51,20 @@ def local_session(app_name: str, local_dir: Path, *, fast_start: bool = False) -
     return session
 
 
-def _reader(spark: Any, metadata: str, options: dict[str, str]) -> Any:
-    frame = spark.readStream.format("streamkeeper").option("metadata", metadata)
+def hold(spark: Any, metadata: str, stream: str) -> None:
+    """For a driver started held (tests.spark.drivers): reads `stream`'s first entry (it must
+    have one) through the connector, the work a fresh JVM is slowest at in its first batch
+    (Python workers, the connector's planning), then blocks until the test writes a line on
+    stdin (its release)."""
+    first = json.dumps({stream: 1})
+    frame = _loaded(spark.read, metadata, {"streams": stream, "endingOffsets": first})
+    frame.collect()
+    sys.stdin.readline()
+
+
+def _loaded(reader: Any, metadata: str, options: dict[str, str]) -> Any:
+    """Returns the frame of a `streamkeeper` read (`spark.read` or `spark.readStream`)."""
+    frame = reader.format("streamkeeper").option("metadata", metadata)
     for key, value in options.items():
         frame = frame.option(key, value)
     return frame.load()
@@ -62,7 +76,7 @@ def start_query(
     """Starts a `streamkeeper` read with `options` into a parquet file sink at `out/data`
     (checkpoint `out/checkpoint`) and returns the StreamingQuery."""
     return (
-        _reader(spark, metadata, options)
+        _loaded(spark.readStream, metadata, options)
         .writeStream.format("parquet")
         .option("path", str(out / "data"))
         .option("checkpointLocation", str(out / "checkpoint"))
@@ -82,7 +96,7 @@ def start_batch_query(
     """Starts a `streamkeeper` read with `options` whose micro-batches go to
     `on_batch(frame, batch_id)` (foreachBatch; checkpoint `out/checkpoint`)."""
     return (
-        _reader(spark, metadata, options)
+        _loaded(spark.readStream, metadata, options)
         .writeStream.foreachBatch(on_batch)
         .option("checkpointLocation", str(out / "checkpoint"))
         .trigger(**trigger)

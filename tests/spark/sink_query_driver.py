@@ -4,7 +4,9 @@ streamkeeper sink (`--guarantee`), checkpoint under `--out`, 200 ms processing-t
 until the process is killed.
 
     python -m tests.spark.sink_query_driver --metadata HOST:PORT/ROOT --source s --target t \
-        --out DIR [--guarantee exactly-once]
+        --out DIR [--guarantee exactly-once] [--held]
+
+`--held` (tests.spark.drivers): Spark starts, then the query waits for a line on stdin.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tests.spark.session import local_session
+from tests.spark.session import hold, local_session
 
 
 def main() -> None:
@@ -23,8 +25,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--guarantee", default="exactly-once")
     parser.add_argument("--max-entries-per-trigger", type=int, default=2000)
+    parser.add_argument("--held", action="store_true", help="start the query once released")
     args = parser.parse_args()
     spark = local_session("streamkeeper-sink-driver", args.out / "spark-local", fast_start=True)
+    if args.held:
+        hold(spark, args.metadata, args.source)
     query = (
         spark.readStream.format("streamkeeper")
         .option("metadata", args.metadata)

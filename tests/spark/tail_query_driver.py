@@ -2,7 +2,9 @@
 earliest entry into a parquet file sink under `--out` (checkpoint included) with a 200 ms
 processing-time trigger, until the process is killed.
 
-    python -m tests.spark.tail_query_driver --metadata HOST:PORT/ROOT --streams s --out DIR
+    python -m tests.spark.tail_query_driver --metadata HOST:PORT/ROOT --streams s --out DIR [--held]
+
+`--held` (tests.spark.drivers): Spark starts, then the query waits for a line on stdin.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tests.spark.session import local_session, start_query
+from tests.spark.session import hold, local_session, start_query
 
 
 def main() -> None:
@@ -19,8 +21,11 @@ def main() -> None:
     parser.add_argument("--streams", required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--max-entries-per-trigger", type=int, default=10_000)
+    parser.add_argument("--held", action="store_true", help="start the query once released")
     args = parser.parse_args()
     spark = local_session("streamkeeper-tail-driver", args.out / "spark-local", fast_start=True)
+    if args.held:
+        hold(spark, args.metadata, args.streams)
     query = start_query(
         spark,
         args.metadata,

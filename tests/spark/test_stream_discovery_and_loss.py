@@ -15,7 +15,8 @@ pytest.importorskip("pyarrow", reason="needs the spark extra (pyarrow)")
 
 from stream.client import StreamClient
 from tests.spark.conftest import append, payload
-from tests.spark.test_streaming_read import output, run_available_now, start_query
+from tests.spark.session import start_query
+from tests.spark.test_streaming_read import output, run_available_now
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 

@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +19,15 @@ pytest.importorskip("pyarrow", reason="needs the spark extra (pyarrow)")
 from spark_connector.schema import SCHEMA
 from stream.client import StreamClient
 from tests.spark.conftest import append, payload
-from tests.spark.session import ROOT, start_query
+from tests.spark.drivers import (
+    committed_offsets,
+    in_flight,
+    kill_9,
+    release,
+    start_driver,
+    wait_for,
+)
+from tests.spark.session import start_query
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
@@ -94,134 +99,7 @@ def test_tailing_query_killed_and_restarted_writes_every_entry_once(
 
 
 KILLED_QUERY_ENTRIES = int(os.environ.get("STREAMKEEPER_SPARK_KILL_ENTRIES", "100000"))
-
-
-def batch_ids(out: Path, log: str) -> list[int]:
-    """Returns the batch ids in the checkpoint's `log` (offsets: planned, commits: done)."""
-    folder = out / "checkpoint" / log
-    if not folder.exists():
-        return []
-    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
-
-
-def committed_offsets(out: Path) -> dict[str, int]:
-    """Returns the end offsets of the query's last committed batch ({} before the first): the
-    checkpoint's commits/N says batch N is done, offsets/N ("v1", metadata, then our source's
-    offset JSON) where it ended."""
-    done = batch_ids(out, "commits")
-    if not done:
-        return {}
-    lines = (out / "checkpoint" / "offsets" / str(done[-1])).read_text().splitlines()
-    return json.loads(lines[-1])
-
-
-def in_flight(out: Path) -> bool:
-    """Returns whether a batch was committed and the next one planned but not committed."""
-    done, planned = batch_ids(out, "commits"), batch_ids(out, "offsets")
-    return bool(done) and bool(planned) and planned[-1] > done[-1]
-
-
-def process_tree(pid: int) -> list[int]:
-    """Returns `pid` and all its descendants alive now (from /proc)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    tree, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        tree.append(p)
-        todo.extend(children.get(p, []))
-    return tree
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def kill_9(process: subprocess.Popen[bytes]) -> None:
-    """SIGKILLs the driver's whole process tree at once, like a crash of its machine: its
-    process group (the driver Python and the JVM), and the groups of its descendants (PySpark's
-    worker daemon puts itself and its workers in a group of their own)."""
-    if process.poll() is not None:
-        return  # gone already (and its pid may be reused)
-    tree = process_tree(process.pid)
-    groups = {process.pid}
-    for pid in tree:
-        try:
-            if os.getpgid(pid) in tree:
-                groups.add(os.getpgid(pid))
-        except ProcessLookupError:
-            pass
-    for group in groups:
-        try:
-            os.killpg(group, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    process.wait(timeout=30)
-    deadline = time.monotonic() + 30
-    while any(alive(p) for p in tree) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not any(alive(p) for p in tree), [p for p in tree if alive(p)]
-
-
-def start_driver(metadata: str, stream: str, out: Path, run: int) -> subprocess.Popen[bytes]:
-    """Starts tail_query_driver in a new session (its own process group), logging to
-    out/driver-RUN.log."""
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
-    )
-    with open(out / f"driver-{run}.log", "wb") as log_file:
-        return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.spark.tail_query_driver",
-                "--metadata",
-                metadata,
-                "--streams",
-                stream,
-                "--out",
-                str(out),
-                "--max-entries-per-trigger",
-                "10000",
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-
-def wait_for(
-    out: Path,
-    stream: str,
-    driver: subprocess.Popen[bytes],
-    run: int,
-    reached: Callable[[int], bool],
-    deadline: float,
-) -> int:
-    """Returns the stream's committed offset once `reached(offset)` holds; fails when the
-    driver exits or the deadline passes (with the driver's log tail)."""
-    while True:
-        offset = committed_offsets(out).get(stream, 0)
-        if reached(offset):
-            return offset
-        if driver.poll() is not None or time.monotonic() > deadline:
-            log_tail = (out / f"driver-{run}.log").read_text(errors="replace")[-3000:]
-            raise AssertionError(
-                f"driver run {run} (exit {driver.poll()}) at offset {offset}:\n{log_tail}"
-            )
-        time.sleep(0.2)
+TAIL_DRIVER = "tests.spark.tail_query_driver"
 
 
 def test_query_process_killed_with_sigkill_mid_stream_and_restarted_writes_every_entry_once(
@@ -234,6 +112,7 @@ def test_query_process_killed_with_sigkill_mid_stream_and_restarted_writes_every
     total = KILLED_QUERY_ENTRIES
     appended = 0
     killed = threading.Event()
+    first_flushed = threading.Event()  # a held driver's warm-up reads the first entry
 
     def produce() -> None:
         nonlocal appended
@@ -246,6 +125,7 @@ def test_query_process_killed_with_sigkill_mid_stream_and_restarted_writes_every
                     writer.append_async(payload(stream_name, i))
                 writer.flush()
                 appended = min(start + 1000, total)
+                first_flushed.set()
                 time.sleep(0.25)
 
     producer = threading.Thread(target=produce, name="producer")
@@ -254,7 +134,11 @@ def test_query_process_killed_with_sigkill_mid_stream_and_restarted_writes_every
     deadline = time.monotonic() + 240
     try:
         began = time.monotonic()
-        drivers.append(start_driver(spark_cluster.metadata, stream_name, tmp_path, 1))
+        args = ("--metadata", spark_cluster.metadata, "--streams", stream_name)
+        assert first_flushed.wait(60)
+        drivers.append(start_driver(TAIL_DRIVER, tmp_path, 1, *args))
+        # The restart's JVM starts now and waits: after the kill it only starts its query.
+        drivers.append(start_driver(TAIL_DRIVER, tmp_path, 2, *args, held=True))
         # Mid-stream and mid-batch: a batch committed, the next one planned and running.
         at_kill = wait_for(
             tmp_path,
@@ -270,7 +154,7 @@ def test_query_process_killed_with_sigkill_mid_stream_and_restarted_writes_every
         committed = committed_offsets(tmp_path).get(stream_name, 0)
         assert at_kill <= committed < total and appended_at_kill < total
         killed_at = time.monotonic()
-        drivers.append(start_driver(spark_cluster.metadata, stream_name, tmp_path, 2))
+        release(drivers[1])
         wait_for(tmp_path, stream_name, drivers[1], 2, lambda offset: offset >= total, deadline)
         # Figures for the log (pytest -s), no assertion on time.
         print(
