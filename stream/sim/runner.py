@@ -513,12 +513,12 @@ class RandomWorkload:
 def _result(
     sim: Simulation, steps: int, scenario: str, config: SimConfig, loop: VirtualTimeLoop
 ) -> RunResult:
-    violations = tuple(sim.checker.violations)
+    violations = tuple(sim.violations())
     return RunResult(
         seed=sim.seed,
         steps=steps,
         faults=sim.faults,
-        acknowledged=sim.checker.ack_count,
+        acknowledged=sim.acknowledged(),
         violations=violations,
         trace_digest=sim.trace.digest(),
         virtual_time_s=round(loop.time(), 6),
