@@ -19,7 +19,7 @@ import contextlib
 import random
 import zlib
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import structlog
@@ -99,7 +99,10 @@ class SimBookie:
         protections: BookieProtections = BookieProtections(),
         repair_interval_s: float = 0.05,
         rng: random.Random | None = None,
+        write_cache_max_bytes: int | None = None,
     ) -> None:
+        """`write_cache_max_bytes` replaces the bookie's default write cache (a small one
+        answers adds TOO_BUSY while it is full)."""
         self.bookie_id = bookie_id
         self.journal_write_data = journal_write_data
         self.protections = protections
@@ -123,6 +126,8 @@ class SimBookie:
             major_compaction_interval_ms=5_000,
             journal_max_group_wait_ms=0.0,
         )
+        if write_cache_max_bytes is not None:
+            self.config = replace(self.config, write_cache_max_bytes=write_cache_max_bytes)
         self.up = False
         self.incarnation = 0
         # Set by the simulator: metadata views, and phase two's own network node.

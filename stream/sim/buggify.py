@@ -43,6 +43,14 @@ class Knobs:
     - `reader_faults`: readers' links are cut and clogged too.
     - `disk_faults`: bookies' disks turn read-only or full for a while.
     - `slow_bookie`: one bookie (most often the longest log) answers writers late for a while.
+    - `streams`: several streams, each with its competing writers and a reader
+      (`stream.sim.fault_space`).
+    - `trim`: streams are trimmed explicitly (the Python API's `trim`) during the writes.
+    - `delete`: other streams are deleted during their writes (most often under a live
+      writer).
+    - `too_busy`: bookies' write caches are tiny: adds are answered TOO_BUSY while full.
+    - `services`: the auditor, replication workers and scrub run, racing the writers.
+    - `retention`: the retention service runs with a random policy on every stream.
     """
 
     hold_adds: bool = False
@@ -56,6 +64,12 @@ class Knobs:
     reader_faults: bool = False
     disk_faults: bool = False
     slow_bookie: bool = False
+    streams: bool = False
+    trim: bool = False
+    delete: bool = False
+    too_busy: bool = False
+    services: bool = False
+    retention: bool = False
 
     def names(self) -> list[str]:
         """Returns the names of the knobs that are on (for the trace and reports)."""
@@ -76,6 +90,13 @@ _ODDS = {
     "reader_faults": 0.3,
     "disk_faults": 0.2,
     "slow_bookie": 0.4,
+    # Drawn after the others (in this order), so that adding them changed no earlier draw.
+    "streams": 0.3,
+    "trim": 0.3,
+    "delete": 0.3,
+    "too_busy": 0.2,
+    "services": 0.25,
+    "retention": 0.2,
 }
 
 

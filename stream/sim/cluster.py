@@ -168,6 +168,8 @@ class SimConfig:
     # Bookies running without journal_write_data (entries durable only at a flush).
     journal_less: frozenset[str] = frozenset()
     flush_interval_s: float = 0.1
+    # The bookies' write cache (None: the bookie's default); a small one answers TOO_BUSY.
+    write_cache_max_bytes: int | None = None
     faults: NetworkFaults = field(default_factory=NetworkFaults)
     disabled: frozenset[str] = frozenset()
 
@@ -271,6 +273,7 @@ class Simulation:
                 journal_write_data=bookie_id not in config.journal_less,
                 protections=bookie_protections(self.disabled),
                 rng=random.Random(bookie_rng.getrandbits(64)),
+                write_cache_max_bytes=config.write_cache_max_bytes,
             )
             bookie.streams_with_bookie = self.admin.streams_with_bookie
             bookie.snapshot = self.admin.get_snapshot
@@ -482,7 +485,7 @@ class Simulation:
             client = self.clients[name] = SimClient(self, name, stream)
         return client
 
-    async def _guarded(
+    async def guarded(
         self, name: str, what: str, failed: str, call: Coroutine[Any, Any, T]
     ) -> T | None:
         """Returns what client `name`'s `call` returns, None when it failed: a `StreamError`
@@ -524,7 +527,7 @@ class Simulation:
             await writer.open()
             return True
 
-        if not await self._guarded(name, "takeover", "takeover_failed", opened()):
+        if not await self.guarded(name, "takeover", "takeover_failed", opened()):
             return None
         client.writers.append(writer)
         self.trace.record("opened", c=name, t=writer.term)
@@ -555,7 +558,7 @@ class Simulation:
             )
             return True
 
-        if not await self._guarded(name, "seal", "seal_failed", sealed()):
+        if not await self.guarded(name, "seal", "seal_failed", sealed()):
             return False
         self.trace.record("sealed", c=name)
         return True
@@ -663,7 +666,7 @@ class Simulation:
                 got.extend((e.entry_id, e.timestamp_ms, e.payload) for e in batch)
             return first, lac, got
 
-        result = await self._guarded(name, "read", "read_failed", whole())
+        result = await self.guarded(name, "read", "read_failed", whole())
         if result is None:
             return None
         first, lac, got = result

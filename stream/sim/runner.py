@@ -29,6 +29,7 @@ from stream.errors import InvalidArgumentError, StorageError
 from stream.sim.buggify import Knobs, check_knobs, draw_knobs, guarded_shapes
 from stream.sim.checker import Violation
 from stream.sim.cluster import CLIENT_ERROR, PROTECTIONS, SimConfig, Simulation
+from stream.sim.fault_space import TOO_BUSY_CACHE_BYTES, FaultSpace
 from stream.sim.loop import VirtualTimeLoop
 from stream.sim.network import NetworkFaults
 
@@ -177,12 +178,21 @@ class RandomWorkload:
             self._actions.append((3, self.disk_fault))
         if knobs.slow_bookie:
             self._actions.append((4, self.slow_bookie))
+        # Further streams, trims, deletes and services (`stream.sim.fault_space`).
+        self.space: FaultSpace | None = None
+        if FaultSpace.wanted(knobs):
+            self.space = FaultSpace(
+                sim, random.Random(rng.getrandbits(64)), knobs, reengage=reengage
+            )
+            self._actions.extend(self.space.actions())
         self._weights = [w for w, _ in self._actions]
 
     async def run(self, steps: int) -> None:
         sim = self.sim
         sim.trace.record("knobs", on=",".join(self.knobs.names()) or "-")
         self.takeover(self.writers[0])
+        if self.space is not None:
+            await self.space.start()
         for _ in range(steps):
             if not self._sealed and not self._writing() and not self._opening():
                 self.takeover()
@@ -601,6 +611,8 @@ def run_seed(
     if buggify:
         forced |= guarded_shapes(off)
     run_knobs = replace(drawn, **dict.fromkeys(forced, True))
+    if run_knobs.too_busy:
+        config = replace(config, write_cache_max_bytes=TOO_BUSY_CACHE_BYTES)
 
     async def script(sim: Simulation) -> None:
         workload = RandomWorkload(
