@@ -170,6 +170,8 @@ class SimConfig:
     flush_interval_s: float = 0.1
     # The bookies' write cache (None: the bookie's default); a small one answers TOO_BUSY.
     write_cache_max_bytes: int | None = None
+    # A flush the storage wants starts this late (a slow disk; see `SimBookie`).
+    flush_delay_s: float = 0.0
     faults: NetworkFaults = field(default_factory=NetworkFaults)
     disabled: frozenset[str] = frozenset()
 
@@ -274,6 +276,7 @@ class Simulation:
                 protections=bookie_protections(self.disabled),
                 rng=random.Random(bookie_rng.getrandbits(64)),
                 write_cache_max_bytes=config.write_cache_max_bytes,
+                flush_delay_s=config.flush_delay_s,
             )
             bookie.streams_with_bookie = self.admin.streams_with_bookie
             bookie.snapshot = self.admin.get_snapshot

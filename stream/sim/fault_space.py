@@ -20,9 +20,10 @@ from stream.metadata.model import RetentionPolicy
 from stream.sim.buggify import Knobs
 from stream.sim.cluster import STREAM_NAME, SimStream, Simulation
 
-# A bookie's write cache this small fills within one loop turn of adds from a few writers:
-# the next batches are answered TOO_BUSY until its flush (one loop turn later) empties it.
+# A bookie's write cache this small, flushed this late, fills with a few writers' batches: the
+# next ones are answered TOO_BUSY until the flush empties it.
 TOO_BUSY_CACHE_BYTES = 512
+TOO_BUSY_FLUSH_S = 0.05
 # The trims' and deletes' `Trim` calls to bookies give up after this (their GC catches up).
 _TRIM_TIMEOUT_S = 0.3
 
@@ -42,7 +43,7 @@ class FaultSpace:
     def wanted(knobs: Knobs) -> bool:
         """Returns whether `knobs` ask for any of it (a run without draws nothing for it, so
         that the runs before it existed replay as they did)."""
-        return knobs.streams or knobs.trim or knobs.services or knobs.retention
+        return knobs.streams or knobs.delete or knobs.trim or knobs.services or knobs.retention
 
     def __init__(
         self, sim: Simulation, rng: random.Random, knobs: Knobs, *, reengage: bool
@@ -54,7 +55,7 @@ class FaultSpace:
         # Writers and readers per stream beyond the first (whose are `RandomWorkload`'s).
         self.writers: dict[str, list[str]] = {}
         self.readers: dict[str, str] = {}
-        if knobs.streams:
+        if knobs.streams or knobs.delete:
             for index in range(2, rng.choice((2, 3, 4)) + 1):
                 stream = sim.add_stream(f"sim{index}")
                 self.writers[stream.name] = [f"{stream.name}-c{i}" for i in (1, 2)]
@@ -121,12 +122,17 @@ class FaultSpace:
     # ------------------------------------------------------------------ trims and deletes
 
     def trim(self) -> None:
-        """Trims a stream (the first one too) below a random entry id up to a little past
-        its acknowledged end: the whole fragments below it go, under the writers."""
+        """Trims a stream (the first one too) under its writers: most often right past a
+        closed fragment (which then goes), else below a random id up to a little past its
+        acknowledged end."""
         stream = self.rng.choice(self._live())
-        acked = stream.checker.acked
-        top = max(acked, default=0) + 3
-        before = self.rng.randint(max(0, top - 30), top)
+        ends = [f.last_entry_id for f in self.sim.snapshot(stream)[2][:-1]]
+        closed = [end + 1 for end in ends if end is not None]
+        if closed and self.rng.random() < 0.7:
+            before = self.rng.choice(closed)
+        else:
+            top = max(stream.checker.acked, default=0) + 3
+            before = self.rng.randint(max(0, top - 30), top)
         admin = self._admin(stream)
         self.sim.trace.record("trim", s=stream.name, before=before)
         self._run(

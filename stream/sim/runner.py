@@ -29,7 +29,7 @@ from stream.errors import InvalidArgumentError, StorageError
 from stream.sim.buggify import Knobs, check_knobs, draw_knobs, guarded_shapes
 from stream.sim.checker import Violation
 from stream.sim.cluster import CLIENT_ERROR, PROTECTIONS, SimConfig, Simulation
-from stream.sim.fault_space import TOO_BUSY_CACHE_BYTES, FaultSpace
+from stream.sim.fault_space import TOO_BUSY_CACHE_BYTES, TOO_BUSY_FLUSH_S, FaultSpace
 from stream.sim.loop import VirtualTimeLoop
 from stream.sim.network import NetworkFaults
 
@@ -612,7 +612,9 @@ def run_seed(
         forced |= guarded_shapes(off)
     run_knobs = replace(drawn, **dict.fromkeys(forced, True))
     if run_knobs.too_busy:
-        config = replace(config, write_cache_max_bytes=TOO_BUSY_CACHE_BYTES)
+        config = replace(
+            config, write_cache_max_bytes=TOO_BUSY_CACHE_BYTES, flush_delay_s=TOO_BUSY_FLUSH_S
+        )
 
     async def script(sim: Simulation) -> None:
         workload = RandomWorkload(
