@@ -592,6 +592,7 @@ def run_seed(
     reengage: bool = False,
     buggify: bool = True,
     knobs: Iterable[str] = (),
+    knobs_off: Iterable[str] = (),
     bookie_switches: Iterable[str] = (),
 ) -> RunResult:
     """Returns the result of the random run of `seed`: `steps` random actions, then the final
@@ -599,11 +600,13 @@ def run_seed(
     the writers re-engage when superseded (another family of runs per seed). The run's
     BUGGIFY knobs are drawn from the seed (all off without `buggify`); those named in `knobs`
     are on whatever the draw, and so are those that reach the shapes a protection in
-    `disabled` guards (`stream.sim.buggify.GUARDED_SHAPES`). `bookie_switches` are the
+    `disabled` guards (`stream.sim.buggify.GUARDED_SHAPES`); those in `knobs_off` (and not
+    in `knobs`) are off whatever the draw. `bookie_switches` are the
     shipping bookie's own test-only switches (`stream.bookie.unsafe`) to turn on, for tests
     that break a rule inside it (`streamctl sim` names only the protections)."""
     off = check_disabled(disabled) | check_bookie_switches(bookie_switches)
     forced = check_knobs(knobs)
+    unset = check_knobs(knobs_off) - forced
     master = random.Random(seed)
     config = random_config(random.Random(master.getrandbits(64)), off)
     workload_seed = master.getrandbits(64)
@@ -611,6 +614,8 @@ def run_seed(
     if buggify:
         forced |= guarded_shapes(off)
     run_knobs = replace(drawn, **dict.fromkeys(forced, True))
+    if buggify:
+        run_knobs = replace(run_knobs, **dict.fromkeys(unset - forced, False))
     if run_knobs.too_busy:
         config = replace(
             config, write_cache_max_bytes=TOO_BUSY_CACHE_BYTES, flush_delay_s=TOO_BUSY_FLUSH_S
@@ -638,6 +643,7 @@ class _Job:
     buggify: bool
     knobs: frozenset[str]
     bookie_switches: frozenset[str] = frozenset()
+    knobs_off: frozenset[str] = frozenset()
 
 
 def _run_one(job: _Job) -> RunResult:
@@ -648,6 +654,7 @@ def _run_one(job: _Job) -> RunResult:
         reengage=job.reengage,
         buggify=job.buggify,
         knobs=job.knobs,
+        knobs_off=job.knobs_off,
         bookie_switches=job.bookie_switches,
     )
 
@@ -662,15 +669,17 @@ def run_many(
     reengage: bool = False,
     buggify: bool = True,
     knobs: Iterable[str] = (),
+    knobs_off: Iterable[str] = (),
     bookie_switches: Iterable[str] = (),
 ) -> Iterator[RunResult]:
     """Yields the result of each seed in order (computed in `workers` processes when > 1);
-    with `stop_on_failure`, stops after the first failing seed. `buggify`, `knobs` and
-    `bookie_switches` as `run_seed`."""
+    with `stop_on_failure`, stops after the first failing seed. `buggify`, `knobs`,
+    `knobs_off` and `bookie_switches` as `run_seed`."""
     off = check_disabled(disabled)
     forced = check_knobs(knobs)
+    unset = check_knobs(knobs_off)
     switches = check_bookie_switches(bookie_switches)
-    jobs = (_Job(seed, steps, off, reengage, buggify, forced, switches) for seed in seeds)
+    jobs = (_Job(seed, steps, off, reengage, buggify, forced, switches, unset) for seed in seeds)
     if workers <= 1:
         for job in jobs:
             result = _run_one(job)
