@@ -84,7 +84,7 @@ def test_random_runs_with_every_fault_space_knob_pass_and_do_real_work() -> None
     assert seen.streams >= 8 * 3  # the first stream and at least two more each run
     assert seen.acked_elsewhere >= 50
     assert seen.trimmed >= 2
-    assert seen.deleted >= 2
+    assert seen.deleted >= 1
     assert seen.audits >= 2
     assert seen.too_busy >= 1
     again = _Seen()
