@@ -18,7 +18,7 @@ import multiprocessing
 import os
 import random
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, MutableMapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -29,6 +29,7 @@ from stream.errors import InvalidArgumentError, StorageError
 from stream.sim.buggify import Knobs, check_knobs, draw_knobs, guarded_shapes
 from stream.sim.checker import Violation
 from stream.sim.cluster import CLIENT_ERROR, PROTECTIONS, SimConfig, Simulation
+from stream.sim.disk import DiskFault
 from stream.sim.fault_space import TOO_BUSY_CACHE_BYTES, TOO_BUSY_FLUSH_S, FaultSpace
 from stream.sim.loop import VirtualTimeLoop
 from stream.sim.network import NetworkFaults
@@ -453,7 +454,7 @@ class RandomWorkload:
         """A bookie's disk turns read-only or full for a while: it refuses adds."""
         sim = self.sim
         bookie_id = self.rng.choice(sorted(sim.bookies))
-        kind = self.rng.choice(("read_only", "full"))
+        kind: DiskFault = self.rng.choice(("read_only", "full"))
         if not sim.bookies[bookie_id].journal_write_data:
             # A full disk may fail its storage, and the restart that ends that loses what a
             # journal-less bookie had not flushed, and puts its streams in limbo: lossy
@@ -721,7 +722,7 @@ def _injected_disk_error(error: BaseException | None) -> bool:
     return False
 
 
-def _capture_errors(logger: object, method_name: str, event_dict: dict[str, Any]) -> Any:
+def _capture_errors(logger: object, method_name: str, event_dict: MutableMapping[str, Any]) -> Any:
     """A structlog processor: an error the client logs during a run (an unexpected exception
     in a writer task, say) becomes a `client-error` violation of that run."""
     sim = _current
@@ -737,7 +738,7 @@ def _capture_errors(logger: object, method_name: str, event_dict: dict[str, Any]
     return event_dict
 
 
-def _drop(logger: object, method_name: str, event_dict: dict[str, Any]) -> Any:
+def _drop(logger: object, method_name: str, event_dict: MutableMapping[str, Any]) -> Any:
     raise structlog.DropEvent
 
 
@@ -746,7 +747,7 @@ def sim_logging(*, show: bool = False, level: int = logging.WARNING) -> None:
     violations; other events are dropped, unless `show`, when events at `level` and above
     are rendered as configured before. (The client logs every failed bookie as a warning,
     and a simulation fails bookies all the time.)"""
-    processors = list(structlog.get_config()["processors"]) if show else [_drop]
+    processors: list[Any] = list(structlog.get_config()["processors"]) if show else [_drop]
     processors = [p for p in processors if p is not _capture_errors]
     structlog.configure(
         processors=[_capture_errors, *processors],
