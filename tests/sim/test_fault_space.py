@@ -7,6 +7,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+import pytest
+
+from stream.cli.main import main
 from stream.sim.buggify import FAULT_SPACE_KNOBS, Knobs
 from stream.sim.cluster import SimConfig, Simulation
 from stream.sim.fault_space import TOO_BUSY_CACHE_BYTES, TOO_BUSY_FLUSH_S
@@ -103,3 +106,18 @@ def test_fault_space_knobs_are_drawn_and_replay_identically() -> None:
     alone = list(run_many(range(4), 20, knobs=FAULT_SPACE_KNOBS, stop_on_failure=False))
     pooled = list(run_many(range(4), 20, knobs=FAULT_SPACE_KNOBS, workers=2, stop_on_failure=False))
     assert [r.trace_digest for r in pooled] == [r.trace_digest for r in alone]
+
+
+def test_cli_replay_names_the_knobs_switched_off(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["sim", "--seeds", "20", "--disable", "term-fencing", "--knob-off", "streams", "trim"]
+    assert main(args) == 1
+    out = capsys.readouterr().out
+    replay = next(line for line in out.splitlines() if "replay:" in line)
+    assert "--knob-off streams trim --disable term-fencing" in replay
+    failed = next(line for line in out.splitlines() if line.startswith("FAILED"))
+    seed = replay.split("--seed ")[1].split()[0]
+    again = ["sim", "--seeds", "1", "--seed", seed, "--disable", "term-fencing"]
+    assert main([*again, "--knob-off", "streams", "trim"]) == 1
+    assert failed in capsys.readouterr().out.splitlines()
+    with pytest.raises(SystemExit):
+        main(["sim", "--knob-off", "no-such-knob"])
