@@ -121,3 +121,12 @@ def test_cli_replay_names_the_knobs_switched_off(capsys: pytest.CaptureFixture[s
     assert failed in capsys.readouterr().out.splitlines()
     with pytest.raises(SystemExit):
         main(["sim", "--knob-off", "no-such-knob"])
+
+
+def test_a_sealed_stream_is_read_to_its_end_after_its_bookies_restart() -> None:
+    # Found by random seed 1065 (a real bug of the reader, fixed in stream/client/reader.py;
+    # on real processes: tests/integration/test_sealed_reads.py): the seal's last published
+    # LAC lives in the bookies' memory; after they all restarted, the reader took the stream's
+    # LAC from them alone and read the sealed stream as empty, for good.
+    result = run_seed(1065)
+    assert result.ok, result.violations
