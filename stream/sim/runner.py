@@ -26,7 +26,13 @@ import structlog
 
 from stream.bookie.unsafe import UNSAFE_SWITCHES
 from stream.errors import InvalidArgumentError, StorageError
-from stream.sim.buggify import Knobs, check_knobs, draw_knobs, guarded_shapes
+from stream.sim.buggify import (
+    FAULT_SPACE_KNOBS,
+    Knobs,
+    check_knobs,
+    draw_knobs,
+    guarded_shapes,
+)
 from stream.sim.checker import Violation
 from stream.sim.cluster import CLIENT_ERROR, PROTECTIONS, SimConfig, Simulation
 from stream.sim.disk import DiskFault
@@ -602,10 +608,12 @@ def run_seed(
     BUGGIFY knobs are drawn from the seed (all off without `buggify`); those named in `knobs`
     are on whatever the draw, and so are those that reach the shapes a protection in
     `disabled` guards (`stream.sim.buggify.GUARDED_SHAPES`); those in `knobs_off` (and not
-    in `knobs`) are off whatever the draw. `bookie_switches` are the
+    in `knobs`) are off whatever the draw, and so are the wider fault space's
+    (`FAULT_SPACE_KNOBS`) while a protection is off. `bookie_switches` are the
     shipping bookie's own test-only switches (`stream.bookie.unsafe`) to turn on, for tests
     that break a rule inside it (`streamctl sim` names only the protections)."""
-    off = check_disabled(disabled) | check_bookie_switches(bookie_switches)
+    disabled_protections = check_disabled(disabled)
+    off = disabled_protections | check_bookie_switches(bookie_switches)
     forced = check_knobs(knobs)
     unset = check_knobs(knobs_off) - forced
     master = random.Random(seed)
@@ -614,6 +622,10 @@ def run_seed(
     drawn = draw_knobs(random.Random(master.getrandbits(64))) if buggify else Knobs()
     if buggify:
         forced |= guarded_shapes(off)
+    if buggify and disabled_protections:
+        # A search with a protection off spends its seeds on the shapes it guards: the wider
+        # fault space (`FAULT_SPACE_KNOBS`) only dilutes them, unless asked for by name.
+        unset |= FAULT_SPACE_KNOBS
     run_knobs = replace(drawn, **dict.fromkeys(forced, True))
     if buggify:
         run_knobs = replace(run_knobs, **dict.fromkeys(unset - forced, False))
