@@ -130,3 +130,18 @@ def test_a_sealed_stream_is_read_to_its_end_after_its_bookies_restart() -> None:
     # LAC from them alone and read the sealed stream as empty, for good.
     result = run_seed(1065)
     assert result.ok, result.violations
+
+
+def _knobs_of(config: str) -> set[str]:
+    return set(config.split("knobs=")[1].split(","))
+
+
+def test_a_search_with_a_protection_off_leaves_the_wider_fault_space_off() -> None:
+    # Its seeds go to the shapes the protection guards (the wider space only dilutes them),
+    # unless a knob of it is asked for by name.
+    drawn = set().union(*(_knobs_of(run_seed(s, 1).config) for s in range(8)))
+    assert drawn & FAULT_SPACE_KNOBS
+    off = set().union(*(_knobs_of(run_seed(s, 1, {"gwq"}).config) for s in range(8)))
+    assert not off & FAULT_SPACE_KNOBS
+    asked = _knobs_of(run_seed(0, 1, {"gwq"}, knobs={"streams"}).config)
+    assert asked & FAULT_SPACE_KNOBS == {"streams"}
