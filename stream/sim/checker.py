@@ -102,8 +102,17 @@ class Ack:
 class Checker:
     """Collects what the run observed and reports violations (at most `max_violations`)."""
 
-    def __init__(self, trace: Trace, now: Callable[[], float], *, max_violations: int = 20) -> None:
+    def __init__(
+        self,
+        trace: Trace,
+        now: Callable[[], float],
+        *,
+        max_violations: int = 20,
+        stream: str = "",
+    ) -> None:
+        """`stream` names the stream judged in every violation (a run's further streams)."""
         self._trace = trace
+        self._stream = stream
         self._now = now
         self._max = max_violations
         self.violations: list[Violation] = []
@@ -123,6 +132,8 @@ class Checker:
 
     def violate(self, prop: str, details: str) -> None:
         """Records a violation of `prop` now."""
+        if self._stream:
+            details = f"stream {self._stream}: {details}"
         self._trace.record("VIOLATION", p=prop, d=details)
         if len(self.violations) < self._max:
             self.violations.append(Violation(prop, self._now(), details))

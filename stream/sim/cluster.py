@@ -356,7 +356,8 @@ class Simulation:
             self.config.fragment_max_entries,
             self.config.fragment_max_bytes,
         )
-        stream = self.streams[name] = SimStream(name, meta.id, Checker(self.trace, self.loop.time))
+        checker = Checker(self.trace, self.loop.time, stream=name)
+        stream = self.streams[name] = SimStream(name, meta.id, checker)
         self.trace.record("stream", name=name, s=meta.id)
         return stream
 

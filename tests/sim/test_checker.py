@@ -264,3 +264,11 @@ def test_a_live_stream_is_judged_at_its_end() -> None:
     checker.on_read("r1", 0, 1, [(0, b"e0"), (1, b"dirty")])
     checker.final(-1, {})
     assert _props(checker) == [NO_DIRTY_READ, DURABILITY]
+
+
+def test_a_further_streams_violations_name_it() -> None:
+    clock = _Clock()
+    checker = Checker(Trace(clock), clock, stream="sim2")
+    checker.on_ack("c1", 1, 0, b"e0")
+    checker.final(-1, {})
+    assert checker.violations[0].details.startswith("stream sim2: entry 0")
