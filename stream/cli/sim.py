@@ -82,6 +82,17 @@ def register(sub: Any) -> None:
         f"{', '.join(KNOBS)}",
     )
     p.add_argument(
+        "--knob-off",
+        dest="knobs_off",
+        nargs="+",
+        action="extend",
+        default=[],
+        choices=KNOBS,
+        metavar="KNOB",
+        help="switch fault knobs off in every random run, whatever the draw (a seed found "
+        "before a knob existed replays with it off)",
+    )
+    p.add_argument(
         "--trace", action="store_true", help="print the last trace events of a failing seed"
     )
     p.set_defaults(handler=run)
@@ -108,6 +119,7 @@ def _results(args: argparse.Namespace) -> Any:
             reengage=args.reengage,
             buggify=args.buggify,
             knobs=args.knobs,
+            knobs_off=args.knobs_off,
         )
     from stream.sim.scenarios import run_scenario
 
@@ -184,6 +196,8 @@ def _report_failure(out: Console, result: RunResult, args: argparse.Namespace) -
             replay += " --no-buggify"
         if args.knobs:
             replay += " --knob " + " ".join(sorted(set(args.knobs)))
+        if args.knobs_off:
+            replay += " --knob-off " + " ".join(sorted(set(args.knobs_off)))
     if args.disable:
         replay += " --disable " + " ".join(sorted(set(args.disable)))
     out.print(f"  replay: {replay} --trace")

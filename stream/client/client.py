@@ -44,6 +44,7 @@ from stream.client.recovery import (
     seal,
     survey_loss,
 )
+from stream.client.stream_admin import delete_stream, trim_stream
 from stream.client.writer import AsyncStreamWriter
 from stream.client.zk_metadata import ZkMetadata
 from stream.clock import SystemClock
@@ -52,11 +53,9 @@ from stream.errors import (
     InvalidArgumentError,
     NotEnoughBookiesError,
     StreamError,
-    StreamInUseError,
 )
 from stream.metadata import (
     AcceptedLoss,
-    BadVersionError,
     CursorLag,
     MetadataSession,
     RetentionPolicy,
@@ -81,9 +80,7 @@ Chunk = TypeVar("Chunk")
 # Chunks of entries a reader fetches ahead of the application.
 _READ_PREFETCH_CHUNKS = 4
 _OK = int(Code.OK)  # an int: the answers carry the wire's own Code type
-_TRIM_ALL = (1 << 63) - 1
 _BOOKIE_CALL_TIMEOUT_S = 5.0
-_CAS_ATTEMPTS = 16
 
 
 class _LoopThread:
@@ -454,47 +451,7 @@ class StreamClient:
             raise InvalidArgumentError(
                 "before_entry_id must be an int >= 0", stream=name, entry_id=before_entry_id
             )
-        return self._run(self._trim(name, before_entry_id))
-
-    async def _trim(self, name: str, before_entry_id: int) -> int:
-        meta, _ = await self._metadata.get_stream(name)
-        for _ in range(_CAS_ATTEMPTS):
-            meta, version, fragments = await self._metadata.get_snapshot(meta.id)
-            doomed = []
-            for index, fragment in enumerate(fragments[:-1]):
-                end = fragment.last_entry_id
-                if end is None:
-                    end = fragments[index + 1].first_entry_id - 1
-                if end >= before_entry_id:
-                    break
-                doomed.append(fragment)
-            if not doomed:
-                return meta.first_entry_id
-            new_first = fragments[len(doomed)].first_entry_id
-            try:
-                await self._metadata.trim_fragments(
-                    meta.id, version, [f.first_entry_id for f in doomed], new_first
-                )
-                break
-            except BadVersionError:
-                continue
-        else:
-            raise StreamError("trim kept losing the metadata CAS", stream=name)
-        bookies = sorted({b for f in doomed for b in f.ensemble})
-        await self._trim_bookies(meta.id, bookies, new_first)
-        log.info("client.trimmed", stream=name, first_entry_id=new_first, fragments=len(doomed))
-        return new_first
-
-    async def _trim_bookies(self, stream_id: int, bookies: list[str], before: int) -> None:
-        async def one(bookie_id: str) -> None:
-            try:
-                await self._transport.trim(
-                    bookie_id, stream_id, before, timeout_s=_BOOKIE_CALL_TIMEOUT_S
-                )
-            except Exception as e:  # the bookie's GC reconciles with metadata later
-                log.info("client.trim_not_delivered", bookie=bookie_id, error=repr(e))
-
-        await asyncio.gather(*(one(b) for b in bookies))
+        return self._run(trim_stream(self._metadata, self._transport, name, before_entry_id))
 
     def seal_stream(self, name: str) -> None:
         """Runs a recovery (a takeover) and marks the stream SEALED: no writer ever again."""
@@ -555,24 +512,7 @@ class StreamClient:
         with a live writer raises `StreamInUseError` unless `force` (that writer then fails
         with `StreamNotFoundError`)."""
 
-        async def delete() -> None:
-            meta, _ = await self._metadata.get_stream(name)
-            writer = None if force else await self._metadata.get_writer(meta.id)
-            if writer is not None:
-                raise StreamInUseError(
-                    "stream has a live writer; nothing was deleted "
-                    "(force=True, or streamctl delete --force, deletes it under the writer)",
-                    stream=name,
-                    writer=writer.writer_id,
-                    host=writer.host,
-                    pid=writer.pid,
-                )
-            _, _, fragments = await self._metadata.get_snapshot(meta.id)
-            await self._metadata.delete_stream(name)
-            bookies = sorted({b for f in fragments for b in f.ensemble})
-            await self._trim_bookies(meta.id, bookies, _TRIM_ALL)
-
-        self._run(delete())
+        self._run(delete_stream(self._metadata, self._transport, name, force=force))
 
     def close(self) -> None:
         """Closes the writers still open, the connections and the metadata session."""

@@ -145,6 +145,11 @@ class AsyncStreamReader:
         for fragment in self._fragments[-2:]:
             if fragment.last_entry_id is not None:
                 floor = max(floor, fragment.last_entry_id)
+        # A SEALED stream's end is committed too: its bookies may have lost the LAC the seal
+        # published to them (it is not durable), and no writer will ever send another.
+        sealed_end = self._sealed_end()
+        if sealed_end is not None:
+            floor = max(floor, sealed_end)
         return floor
 
     async def lac(self) -> int:
@@ -595,12 +600,16 @@ class AsyncStreamReader:
 
     def _sealed_end(self) -> int | None:
         """Returns the last entry id of a SEALED stream, None while it may still grow. The
-        sealing takeover wrote nothing after the truncate no-op its term starts with."""
+        sealing takeover wrote nothing after the truncate no-op its term starts with; the
+        stream's first takeover recovers nothing and writes no no-op (its term starts at the
+        first entry it would have written)."""
         meta = self.meta
         if meta.state is not StreamState.SEALED or not meta.term_history:
             return None
         term, first_entry_id = meta.term_history[-1]
-        return first_entry_id if term == meta.term else None
+        if term != meta.term:
+            return None
+        return first_entry_id - 1 if len(meta.term_history) == 1 else first_entry_id
 
     async def _wait_lac(self, known_lac: int, wait_ms: int, changed: asyncio.Event) -> int:
         """Returns the LAC once a bookie of the last fragment reports one above `known_lac`,

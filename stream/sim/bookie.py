@@ -19,7 +19,7 @@ import contextlib
 import random
 import zlib
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import structlog
@@ -99,7 +99,13 @@ class SimBookie:
         protections: BookieProtections = BookieProtections(),
         repair_interval_s: float = 0.05,
         rng: random.Random | None = None,
+        write_cache_max_bytes: int | None = None,
+        flush_delay_s: float = 0.0,
     ) -> None:
+        """`write_cache_max_bytes` replaces the bookie's default write cache, and a flush the
+        storage wants starts `flush_delay_s` late (a slow disk): a small cache that stays full
+        meanwhile answers adds TOO_BUSY."""
+        self._flush_delay_s = flush_delay_s
         self.bookie_id = bookie_id
         self.journal_write_data = journal_write_data
         self.protections = protections
@@ -123,6 +129,8 @@ class SimBookie:
             major_compaction_interval_ms=5_000,
             journal_max_group_wait_ms=0.0,
         )
+        if write_cache_max_bytes is not None:
+            self.config = replace(self.config, write_cache_max_bytes=write_cache_max_bytes)
         self.up = False
         self.incarnation = 0
         # Set by the simulator: metadata views, and phase two's own network node.
@@ -290,10 +298,26 @@ class SimBookie:
         try:
             storage.commit_journal()
             if storage.flush_wanted():
+                if self._flush_delay_s > 0:
+                    loop = asyncio.get_running_loop()
+                    loop.call_later(self._flush_delay_s, self._run_flush, storage)
+                else:
+                    storage.run_flush_once()
+        except Exception as e:
+            self._job_failed(e)
+
+    def _run_flush(self, storage: StreamStorage) -> None:
+        """A flush started late (`flush_delay_s`), unless the bookie restarted meanwhile."""
+        if storage is self._storage:
+            try:
                 storage.run_flush_once()
-        except Exception as e:  # the disk failed: the storage answers INTERNAL from now on
-            self.storage_failed = True
-            log.debug("sim.bookie.job_failed", bookie=self.bookie_id, error=repr(e))
+            except Exception as e:
+                self._job_failed(e)
+
+    def _job_failed(self, error: Exception) -> None:
+        """The disk failed: the storage answers INTERNAL from now on."""
+        self.storage_failed = True
+        log.debug("sim.bookie.job_failed", bookie=self.bookie_id, error=repr(error))
 
     def flush(self) -> None:
         """Runs the flusher's step (and GC when due), as the periodic flush does."""

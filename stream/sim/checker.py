@@ -26,6 +26,11 @@ timestamps' order.
    holds the same bytes (and flags), acknowledged to the application or not. Checked by the
    same scans as property 2.
 
+Trims and deletes (docs/design.md §5) take entries away on purpose: an acknowledged entry below
+the stream's first retained entry is trimmed, not lost (property 1), and a reader that returns
+nothing for an id below it read a trimmed range, not a no-op (properties 2 and 3). A deleted
+stream has no end to fix and nothing to read: only what was judged while it lived stands.
+
 A violation carries the property, the virtual time and the details. The checker only
 observes: it never changes what the simulation does.
 """
@@ -97,8 +102,17 @@ class Ack:
 class Checker:
     """Collects what the run observed and reports violations (at most `max_violations`)."""
 
-    def __init__(self, trace: Trace, now: Callable[[], float], *, max_violations: int = 20) -> None:
+    def __init__(
+        self,
+        trace: Trace,
+        now: Callable[[], float],
+        *,
+        max_violations: int = 20,
+        stream: str = "",
+    ) -> None:
+        """`stream` names the stream judged in every violation (a run's further streams)."""
         self._trace = trace
+        self._stream = stream
         self._now = now
         self._max = max_violations
         self.violations: list[Violation] = []
@@ -110,11 +124,16 @@ class Checker:
         self.seen: dict[int, tuple[bytes | None, str, float]] = {}
         self._reported_divergence: set[tuple[int, str]] = set()
         self._reported_log: set[int] = set()
+        # The highest first retained entry the stream's metadata named (trims and retention).
+        self.first_retained = 0
+        self.deleted = False
 
     # ------------------------------------------------------------------ reporting
 
     def violate(self, prop: str, details: str) -> None:
         """Records a violation of `prop` now."""
+        if self._stream:
+            details = f"stream {self._stream}: {details}"
         self._trace.record("VIOLATION", p=prop, d=details)
         if len(self.violations) < self._max:
             self.violations.append(Violation(prop, self._now(), details))
@@ -128,6 +147,18 @@ class Checker:
             if term not in self.fixed:
                 self.fixed[term] = (first, self._now())
                 self._trace.record("fixed", t=term, first=first)
+
+    def on_trim(self, first_retained: int) -> None:
+        """Notes the stream's first retained entry (its metadata moved it): acknowledged
+        entries below it are gone on purpose, and reads no longer return them."""
+        if first_retained > self.first_retained:
+            self.first_retained = first_retained
+            self._trace.record("trimmed_to", first=first_retained)
+
+    def on_deleted(self) -> None:
+        """Notes that the stream was deleted: `final` has nothing left to judge."""
+        self.deleted = True
+        self._trace.record("deleted")
 
     def on_ack(self, writer: str, term: int, entry_id: int, payload: bytes) -> None:
         """Records one acknowledgment and checks properties 1 and 4 against it."""
@@ -166,6 +197,8 @@ class Checker:
         self._trace.record("read_ok", r=reader, first=first, last=last, n=len(got))
         for entry_id in range(first, last + 1):
             payload = got.get(entry_id, _SKIPPED)
+            if payload is _SKIPPED and entry_id < self.first_retained:
+                continue  # trimmed while the reader read: not a no-op it skipped
             ack = self.acked.get(entry_id)
             if ack is not None and payload != ack.payload:
                 self.violate(
@@ -288,6 +321,8 @@ class Checker:
         """Checks property 1 against the final view of `0..end_entry_id` after the last
         takeover fixed the end: the final reader's (no-ops left out), or what `source` says
         when the reader could not read it all (None: nothing to compare)."""
+        if self.deleted:
+            return
         source = source or "the final read gives"
         for entry_id, (payload, reader, seen_at) in sorted(self.seen.items()):
             if entry_id > end_entry_id and payload is not None:
@@ -299,6 +334,8 @@ class Checker:
                 break
         for entry_id in sorted(self.acked):
             ack = self.acked[entry_id]
+            if entry_id < self.first_retained:
+                continue  # trimmed, not lost
             if entry_id > end_entry_id:
                 self.violate(
                     DURABILITY,

@@ -13,12 +13,13 @@ Every random choice comes from one `random.Random(seed)`: each component gets it
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import zlib
 from collections import Counter
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
@@ -34,7 +35,8 @@ from stream.metadata.model import Fragment, StreamMeta, StreamState
 from stream.metadata.streams import StreamStore
 from stream.protocol import EntryFlag, fragment_index_for
 from stream.sim.bookie import BookieProtections, SimBookie
-from stream.sim.checker import LIVENESS, PROGRESS, Checker, write_quorum_gap
+from stream.sim.checker import LIVENESS, PROGRESS, Checker, Violation, write_quorum_gap
+from stream.sim.disk import DiskFault
 from stream.sim.network import NetworkFaults, SimClock, SimNetwork, SimTransport, SkewedClock
 from stream.sim.services import SimServices
 from stream.sim.trace import Trace
@@ -46,6 +48,8 @@ from stream.sim.zookeeper import (
 )
 
 log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
 
 STREAM_NAME = "sim"
 
@@ -166,6 +170,10 @@ class SimConfig:
     # Bookies running without journal_write_data (entries durable only at a flush).
     journal_less: frozenset[str] = frozenset()
     flush_interval_s: float = 0.1
+    # The bookies' write cache (None: the bookie's default); a small one answers TOO_BUSY.
+    write_cache_max_bytes: int | None = None
+    # A flush the storage wants starts this late (a slow disk; see `SimBookie`).
+    flush_delay_s: float = 0.0
     faults: NetworkFaults = field(default_factory=NetworkFaults)
     disabled: frozenset[str] = frozenset()
 
@@ -173,13 +181,25 @@ class SimConfig:
         return [f"b{i}" for i in range(1, self.bookies + 1)]
 
 
+@dataclass
+class SimStream:
+    """One stream of the simulation and the checker judging it (the properties hold per
+    stream)."""
+
+    name: str
+    id: int
+    checker: Checker
+
+
 class SimClient:
     """One client process: a node on the network with its transport, its own ZooKeeper
     session and metadata port, and the writers it opened (the last one is current)."""
 
-    def __init__(self, sim: Simulation, name: str) -> None:
+    def __init__(self, sim: Simulation, name: str, stream: str = STREAM_NAME) -> None:
         self.name = name
         self.sim = sim
+        # The stream this client writes and reads.
+        self.stream = stream
         self.rng = random.Random(sim.rng.getrandbits(64))
         self.transport = SimTransport(sim.network, name)
         self.zk = FakeKazooClient(sim.zk, now=sim.loop.time, lose_reply=self._lose_reply)
@@ -242,7 +262,10 @@ class Simulation:
         self.writer_options = fast_writer_options(client_protections(self.disabled))
         self.reader_options = fast_reader_options()
         self._admin_session = SimMetadataSession(FakeKazooClient(self.zk, now=self.loop.time))
-        self.admin = StreamStore(self._admin_session, clock_ms=self.network.now_ms)
+        self.admin = StreamStore(
+            self._admin_session,  # type: ignore[arg-type]
+            clock_ms=self.network.now_ms,
+        )
         self.bookies: dict[str, SimBookie] = {}
         self.read_only: set[str] = set()
         self.disk_faults: set[str] = set()
@@ -257,6 +280,8 @@ class Simulation:
                 journal_write_data=bookie_id not in config.journal_less,
                 protections=bookie_protections(self.disabled),
                 rng=random.Random(bookie_rng.getrandbits(64)),
+                write_cache_max_bytes=config.write_cache_max_bytes,
+                flush_delay_s=config.flush_delay_s,
             )
             bookie.streams_with_bookie = self.admin.streams_with_bookie
             bookie.snapshot = self.admin.get_snapshot
@@ -282,7 +307,11 @@ class Simulation:
         # Bookies whose restart waits for their full disk to heal.
         self._blocked_restarts: set[str] = set()
         self.finished = False
-        self._snapshot: tuple[StreamMeta, int, list[Fragment]] | None = None
+        self._snapshots: dict[int, tuple[StreamMeta, int, list[Fragment]]] = {}
+        # Every stream by name (the first is `STREAM_NAME`, judged by `checker`).
+        self.streams: dict[str, SimStream] = {}
+        # Deletes and trims still running: `finish` waits for them.
+        self.stream_ops: set[asyncio.Task[Any]] = set()
         # The real background services, once `start_services` ran them.
         self.services: SimServices | None = None
 
@@ -305,6 +334,7 @@ class Simulation:
             self.config.fragment_max_bytes,
         )
         self.stream_id = meta.id
+        self.streams[STREAM_NAME] = SimStream(STREAM_NAME, meta.id, self.checker)
         self.trace.record(
             "start",
             seed=self.seed,
@@ -315,6 +345,33 @@ class Simulation:
             jl=",".join(sorted(self.config.journal_less)),
             off=",".join(sorted(self.disabled)),
         )
+
+    def add_stream(self, name: str) -> SimStream:
+        """Creates another stream of the cluster's shape, judged by its own checker."""
+        meta = self.admin.create_stream(
+            name,
+            self.config.ensemble,
+            self.config.write_quorum,
+            self.config.ack_quorum,
+            self.config.fragment_max_entries,
+            self.config.fragment_max_bytes,
+        )
+        checker = Checker(self.trace, self.loop.time, stream=name)
+        stream = self.streams[name] = SimStream(name, meta.id, checker)
+        self.trace.record("stream", name=name, s=meta.id)
+        return stream
+
+    def violations(self) -> list[Violation]:
+        """Returns every stream's violations (the first stream's first)."""
+        return [v for stream in self.streams.values() for v in stream.checker.violations]
+
+    def acknowledged(self) -> int:
+        """Returns how many acknowledgments the application got, on every stream."""
+        return sum(stream.checker.ack_count for stream in self.streams.values())
+
+    def deleted(self, stream: SimStream) -> bool:
+        """Returns whether `stream` was deleted (its metadata is gone)."""
+        return self.zk.exists(paths.stream_meta(stream.id)) is None
 
     def _register(self, bookie_id: str) -> None:
         session = SimMetadataSession(FakeKazooClient(self.zk, now=self.loop.time))
@@ -341,7 +398,7 @@ class Simulation:
         self.trace.record("read_only", b=bookie_id, ro=int(read_only))
 
     def set_disk_fault(
-        self, bookie_id: str, kind: str | None, duration_s: float | None = None
+        self, bookie_id: str, kind: DiskFault | None, duration_s: float | None = None
     ) -> None:
         """Puts `bookie_id`'s disk in fault `kind` ("read_only", "full"; None: healthy) for
         `duration_s` (None: until called again): it refuses adds and truncations and
@@ -395,8 +452,11 @@ class Simulation:
         return None if bookie is None else bookie.held(stream_id, entry_id)
 
     def _on_zk_write(self, path: str, data: bytes) -> None:
-        if path == paths.stream_meta(self.stream_id):
-            self.checker.on_term_fixed(StreamMeta.from_json(data))
+        for stream in self.streams.values():
+            if path == paths.stream_meta(stream.id):
+                meta = StreamMeta.from_json(data)
+                stream.checker.on_term_fixed(meta)
+                stream.checker.on_trim(meta.first_entry_id)
 
     # ------------------------------------------------------------------ services
 
@@ -427,12 +487,28 @@ class Simulation:
         task.add_done_callback(self.tasks.discard)
         return task
 
-    def client(self, name: str) -> SimClient:
-        """Returns the client node `name`, created on first use."""
+    def client(self, name: str, stream: str = STREAM_NAME) -> SimClient:
+        """Returns the client node `name`, created on first use (for `stream`)."""
         client = self.clients.get(name)
         if client is None:
-            client = self.clients[name] = SimClient(self, name)
+            client = self.clients[name] = SimClient(self, name, stream)
         return client
+
+    async def guarded(
+        self, name: str, what: str, failed: str, call: Coroutine[Any, Any, T]
+    ) -> T | None:
+        """Returns what client `name`'s `call` returns, None when it failed: a `StreamError`
+        (a refusal the application sees) is traced as `failed`; any other exception is a bug
+        of the client, a `client-error` violation."""
+        try:
+            return await call
+        except StreamError as e:
+            self.trace.record(failed, c=name, error=type(e).__name__)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            self._unexpected(f"{name}'s {what}", e)
+        return None
 
     def _unexpected(self, what: str, error: BaseException) -> None:
         self.checker.violate(CLIENT_ERROR, f"{what} raised {error!r}")
@@ -445,7 +521,7 @@ class Simulation:
         takes the stream back whenever another supersedes it."""
         client = self.client(name)
         writer = AsyncStreamWriter(
-            STREAM_NAME,
+            client.stream,
             transport=client.transport,
             metadata=client.metadata,
             clock=client.clock,
@@ -455,15 +531,12 @@ class Simulation:
             reengage=reengage,
         )
         self.trace.record("takeover", c=name)
-        try:
+
+        async def opened() -> bool:
             await writer.open()
-        except StreamError as e:
-            self.trace.record("takeover_failed", c=name, error=type(e).__name__)
-            return None
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:
-            self._unexpected(f"{name}'s takeover", e)
+            return True
+
+        if not await self.guarded(name, "takeover", "takeover_failed", opened()):
             return None
         client.writers.append(writer)
         self.trace.record("opened", c=name, t=writer.term)
@@ -481,9 +554,10 @@ class Simulation:
         returns whether it did."""
         client = self.client(name)
         self.trace.record("seal", c=name)
-        try:
+
+        async def sealed() -> bool:
             await seal(
-                STREAM_NAME,
+                client.stream,
                 transport=client.transport,
                 metadata=client.metadata,
                 clock=client.clock,
@@ -491,13 +565,9 @@ class Simulation:
                 options=self.writer_options,
                 identity=WriterIdentity(name),
             )
-        except StreamError as e:
-            self.trace.record("seal_failed", c=name, error=type(e).__name__)
-            return False
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:
-            self._unexpected(f"{name}'s seal", e)
+            return True
+
+        if not await self.guarded(name, "seal", "seal_failed", sealed()):
             return False
         self.trace.record("sealed", c=name)
         return True
@@ -521,7 +591,7 @@ class Simulation:
             queued += 1
             self._unresolved[writer] += 1
             if isinstance(pending, asyncio.Future):
-                pending.add_done_callback(lambda f, p=payload, w=writer: self._acked(name, w, p, f))
+                pending.add_done_callback(functools.partial(self._acked, name, writer, payload))
             else:
                 self.spawn(self._await_ack(name, writer, payload, pending))
         self.trace.record("append", c=name, n=queued)
@@ -535,7 +605,7 @@ class Simulation:
             return
         error = future.exception()
         if error is None:
-            self.checker.on_ack(name, writer.term, future.result(), payload)
+            self._checker_of(name).on_ack(name, writer.term, future.result(), payload)
         elif not isinstance(error, StreamError):
             self._unexpected(f"{name}'s append", error)
 
@@ -548,7 +618,11 @@ class Simulation:
             return
         finally:
             self._unresolved[writer] -= 1
-        self.checker.on_ack(name, writer.term, entry_id, payload)
+        self._checker_of(name).on_ack(name, writer.term, entry_id, payload)
+
+    def _checker_of(self, name: str) -> Checker:
+        """Returns the checker of client `name`'s stream."""
+        return self.streams[self.client(name).stream].checker
 
     # ------------------------------------------------------------------ scripting
 
@@ -583,38 +657,39 @@ class Simulation:
         when the read failed or the stream is empty)."""
         client = self.client(name)
         reader = AsyncStreamReader(
-            STREAM_NAME,
+            client.stream,
             transport=client.transport,
             metadata=client.metadata,
             rng=client.rng,
             options=self.reader_options,
         )
-        try:
+
+        async def whole() -> tuple[int, int, list[tuple[int, int, bytes]]] | None:
             await reader.open()
             lac = await reader.lac()
             if lac < 0:
                 return None
             first = max(reader.meta.first_entry_id, lac - span + 1)
-            got: list[tuple[int, bytes]] = []
-            stamps: list[tuple[int, int]] = []
+            got: list[tuple[int, int, bytes]] = []
             async for batch in reader.read(first, lac):
-                got.extend((e.entry_id, e.payload) for e in batch)
-                stamps.extend((e.entry_id, e.timestamp_ms) for e in batch)
-        except StreamError as e:
-            self.trace.record("read_failed", c=name, error=type(e).__name__)
+                got.extend((e.entry_id, e.timestamp_ms, e.payload) for e in batch)
+            return first, lac, got
+
+        result = await self.guarded(name, "read", "read_failed", whole())
+        if result is None:
             return None
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:
-            self._unexpected(f"{name}'s read", e)
-            return None
-        self.checker.on_read(name, first, lac, got)
-        self.checker.on_timestamps(name, stamps)
-        return first, lac, got
+        first, lac, got = result
+        checker = self._checker_of(name)
+        entries = [(entry_id, payload) for entry_id, _, payload in got]
+        checker.on_read(name, first, lac, entries)
+        checker.on_timestamps(name, [(entry_id, stamp) for entry_id, stamp, _ in got])
+        return first, lac, entries
 
     # ------------------------------------------------------------------ faults
 
-    def crash(self, bookie_id: str, *, lose_disk: bool = False, downtime_s: float | None = None):
+    def crash(
+        self, bookie_id: str, *, lose_disk: bool = False, downtime_s: float | None = None
+    ) -> None:
         """Crashes `bookie_id` (losing what is not durable, or its whole disk) and restarts it
         after `downtime_s` (None: only when `restart` is called)."""
         bookie = self.bookies[bookie_id]
@@ -725,49 +800,64 @@ class Simulation:
 
     # ------------------------------------------------------------------ checking
 
-    def snapshot(self) -> tuple[StreamMeta, int, list[Fragment]]:
-        """Returns the stream's current `(meta, version, fragments)`, read directly (no
-        network), parsed again only when the meta version moved."""
-        stat = self.zk.exists(paths.stream_meta(self.stream_id))
-        cached = self._snapshot
+    def _stream(self, stream: SimStream | None) -> SimStream:
+        return stream or self.streams[STREAM_NAME]
+
+    def snapshot(self, stream: SimStream | None = None) -> tuple[StreamMeta, int, list[Fragment]]:
+        """Returns the stream's current `(meta, version, fragments)` (the first stream's by
+        default), read directly (no network), parsed again only when the meta version moved."""
+        stream_id = self._stream(stream).id
+        stat = self.zk.exists(paths.stream_meta(stream_id))
+        cached = self._snapshots.get(stream_id)
         if cached is None or stat is None or cached[1] != stat.version:
-            cached = self._snapshot = self.admin.get_snapshot(self.stream_id)
+            cached = self._snapshots[stream_id] = self.admin.get_snapshot(stream_id)
         return cached
 
     def check(self) -> None:
-        """Checks properties 2 and 8 over every bookie now (the checker's scans)."""
-        meta, _, fragments = self.snapshot()
-        self.checker.scan_bookies(self.stream_id, meta.quorum, fragments, self._peer_entry)
-        self.checker.scan_log(
-            meta.quorum, fragments, meta.first_entry_id, self._highest_lac(), self._held
-        )
+        """Checks properties 2 and 8 over every bookie now (the checker's scans), on every
+        stream not deleted."""
+        for stream in self.streams.values():
+            if self.deleted(stream):
+                continue
+            meta, _, fragments = self.snapshot(stream)
+            held = self._holder(stream)
+            checker = stream.checker
+            checker.scan_bookies(stream.id, meta.quorum, fragments, self._peer_entry)
+            checker.scan_log(
+                meta.quorum, fragments, meta.first_entry_id, self._highest_lac(stream.id), held
+            )
+
+    def _holder(self, stream: SimStream) -> Callable[[str, int], Any]:
+        """Returns `held(bookie, entry)`: what that bookie holds of `stream` now."""
+        return lambda bookie_id, entry_id: self._peer_entry(bookie_id, stream.id, entry_id)
 
     def _held(self, bookie_id: str, entry_id: int) -> Any:
         return self._peer_entry(bookie_id, self.stream_id, entry_id)
 
-    def _highest_lac(self) -> int:
+    def _highest_lac(self, stream_id: int) -> int:
         """Returns the highest LAC a bookie that is up knows for the stream."""
-        states = (b.streams.get(self.stream_id) for b in self.bookies.values() if b.up)
+        states = (b.streams.get(stream_id) for b in self.bookies.values() if b.up)
         return max((state.lac for state in states if state is not None), default=-1)
 
-    async def _check_write_quorum(self) -> None:
+    async def _check_write_quorum(self, stream: SimStream) -> None:
         """Checks property 7 once the bookies' background repair had its chance (limbo
         bookies copy their share once a newer recovery fixed the end)."""
-        meta, _, fragments = self.snapshot()
+        meta, _, fragments = self.snapshot(stream)
         # No replication worker runs here (a bookie that lost data is repaired by phase two
         # only when limbo named the stream), so what a lossy crash took is excused.
         excused = frozenset(self.lossy_bookies)
         first = meta.first_entry_id
+        held = self._holder(stream)
         await self.until(
-            lambda: write_quorum_gap(meta.quorum, fragments, first, self._held, excused) is None,
+            lambda: write_quorum_gap(meta.quorum, fragments, first, held, excused) is None,
             timeout_s=2.0,
             step_s=0.05,
         )
-        self.checker.check_write_quorum(meta.quorum, fragments, first, self._held, excused)
+        stream.checker.check_write_quorum(meta.quorum, fragments, first, held, excused)
 
     async def finish(self, *, settle_s: float = 0.5) -> None:
         """Heals every fault, stops every writer, runs a last takeover and a last read of the
-        whole stream, and gives them to the checker."""
+        whole of every stream not deleted, and gives them to the checkers."""
         if self.services is not None:
             await self.services.stop()
         self.network.faults = replace(
@@ -786,6 +876,9 @@ class Simulation:
                 self.restart(bookie_id)
             elif self._bookie_sessions[bookie_id].zk.closed:
                 self._register(bookie_id)  # its session expired while it served
+        if self.stream_ops:
+            # A delete or trim still running: it lands before the final views are taken.
+            await asyncio.wait(list(self.stream_ops), timeout=10.0)
         # Zombies wake up: what they held is delivered now, and may get acknowledged.
         await asyncio.sleep(settle_s)
         self.check()
@@ -801,29 +894,37 @@ class Simulation:
                 except Exception as e:
                     self._unexpected(f"{client.name}'s close", e)
         await asyncio.sleep(0.05)
-        end = self.sealed_end()
-        if end is None:
-            end = await self._final_takeover()
-        if end is None:
-            end = self.sealed_end()  # a seal still running when the faults healed
-        if end is None:
-            self.checker.violate(LIVENESS, "the final takeover did not complete")
-            self.finished = True
-            return
-        self.check()
-        await self._check_write_quorum()
-        got = await self._final_read(end)
-        if got is not None:
-            self.checker.final(end, got)
-        else:
-            source = "the final read failed, and the bookies of its write set hold"
-            self.checker.final(end, self._held_view(end), source=source)
+        for stream in list(self.streams.values()):
+            if self.deleted(stream):
+                stream.checker.on_deleted()
+            else:
+                await self._finish_stream(stream)
         self.finished = True
 
-    def sealed_end(self) -> int | None:
+    async def _finish_stream(self, stream: SimStream) -> None:
+        """The final takeover and read of `stream`, judged by its checker."""
+        checker = stream.checker
+        end = self.sealed_end(stream)
+        if end is None:
+            end = await self._final_takeover(stream)
+        if end is None:
+            end = self.sealed_end(stream)  # a seal still running when the faults healed
+        if end is None:
+            checker.violate(LIVENESS, "the final takeover did not complete")
+            return
+        self.check()
+        await self._check_write_quorum(stream)
+        got = await self._final_read(stream, end)
+        if got is not None:
+            checker.final(end, got)
+        else:
+            source = "the final read failed, and the bookies of its write set hold"
+            checker.final(end, self._held_view(stream, end), source=source)
+
+    def sealed_end(self, stream: SimStream | None = None) -> int | None:
         """Returns the last entry id of the stream once it is SEALED (the sealing term's
         no-op, where nothing follows), None while it is not."""
-        meta = self.snapshot()[0]
+        meta = self.snapshot(stream)[0]
         if meta.state is not StreamState.SEALED or not meta.term_history:
             return None
         term, first_entry_id = meta.term_history[-1]
@@ -835,12 +936,19 @@ class Simulation:
             return first_entry_id - 1
         return first_entry_id
 
-    async def _final_takeover(self) -> int | None:
+    def _final_name(self, stream: SimStream, role: str) -> str:
+        """Returns the name of the client playing `role` at the end on `stream`."""
+        name = role if stream.name == STREAM_NAME else f"{role}-{stream.name}"
+        self.client(name, stream.name)
+        return name
+
+    async def _final_takeover(self, stream: SimStream) -> int | None:
         """Takes the stream over a last time and closes that writer; returns the end it
         fixed, None when no takeover completed."""
+        name = self._final_name(stream, "final")
         final = None
         for _ in range(3):
-            final = await self.open_writer("final")
+            final = await self.open_writer(name)
             if final is not None:
                 break
             await asyncio.sleep(0.5)
@@ -872,23 +980,23 @@ class Simulation:
         while self._stalled() and self.loop.time() < deadline:
             await asyncio.sleep(0.05)
         for name, writer, count in self._stalled():
-            self.checker.violate(
+            self._checker_of(name).violate(
                 PROGRESS,
                 f"writer {name} (term {writer.term}) left {count} appends neither acknowledged "
                 f"nor failed {PROGRESS_S:.0f}s after every fault healed, with no error",
             )
 
-    def _held_view(self, end: int) -> dict[int, bytes]:
+    def _held_view(self, stream: SimStream, end: int) -> dict[int, bytes]:
         """Returns, for each id up to `end`, a non-no-op payload some bookie of its write set
         holds (preferring the acknowledged one): what a reader could still find."""
-        meta, _, fragments = self.snapshot()
+        meta, _, fragments = self.snapshot(stream)
         firsts = [(f.first_entry_id, f.ensemble) for f in fragments]
         view: dict[int, bytes] = {}
         for entry_id in range(max(meta.first_entry_id, 0), end + 1):
             ensemble = firsts[fragment_index_for(firsts, entry_id)][1]
-            ack = self.checker.acked.get(entry_id)
+            ack = stream.checker.acked.get(entry_id)
             for bookie_id in meta.quorum.write_set_bookies(ensemble, entry_id):
-                entry = self.bookies[bookie_id].held(self.stream_id, entry_id)
+                entry = self.bookies[bookie_id].held(stream.id, entry_id)
                 if entry is None or entry.flags & EntryFlag.NOOP:
                     continue
                 view.setdefault(entry_id, entry.payload)
@@ -896,22 +1004,24 @@ class Simulation:
                     view[entry_id] = entry.payload
         return view
 
-    async def _final_read(self, end: int) -> dict[int, bytes] | None:
+    async def _final_read(self, stream: SimStream, end: int) -> dict[int, bytes] | None:
         """Returns the final reader's view of `0..end` (no-ops left out), None when it could
         not read that far."""
         if end < 0:
             return {}
+        name = self._final_name(stream, "final-reader")
         for _ in range(5):
-            result = await self.read("final-reader")
-            if result is not None and result[0] <= self.first_retained_entry() and result[1] >= end:
+            result = await self.read(name)
+            first = self.first_retained_entry(stream)
+            if result is not None and result[0] <= first and result[1] >= end:
                 return dict(result[2])
             await asyncio.sleep(0.2)
-        self.checker.violate(LIVENESS, f"the final read of the stream up to {end} failed")
+        stream.checker.violate(LIVENESS, f"the final read of the stream up to {end} failed")
         return None
 
-    def first_retained_entry(self) -> int:
+    def first_retained_entry(self, stream: SimStream | None = None) -> int:
         """Returns the stream's first retained entry id (the final read starts there)."""
-        meta, _ = self.admin.get_stream_by_id(self.stream_id)
+        meta, _ = self.admin.get_stream_by_id(self._stream(stream).id)
         return meta.first_entry_id
 
     async def shutdown(self) -> None:

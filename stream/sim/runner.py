@@ -18,7 +18,7 @@ import multiprocessing
 import os
 import random
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, MutableMapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -26,9 +26,17 @@ import structlog
 
 from stream.bookie.unsafe import UNSAFE_SWITCHES
 from stream.errors import InvalidArgumentError, StorageError
-from stream.sim.buggify import Knobs, check_knobs, draw_knobs, guarded_shapes
+from stream.sim.buggify import (
+    FAULT_SPACE_KNOBS,
+    Knobs,
+    check_knobs,
+    draw_knobs,
+    guarded_shapes,
+)
 from stream.sim.checker import Violation
 from stream.sim.cluster import CLIENT_ERROR, PROTECTIONS, SimConfig, Simulation
+from stream.sim.disk import DiskFault
+from stream.sim.fault_space import TOO_BUSY_CACHE_BYTES, TOO_BUSY_FLUSH_S, FaultSpace
 from stream.sim.loop import VirtualTimeLoop
 from stream.sim.network import NetworkFaults
 from stream.sim.shapes import Shapes
@@ -178,6 +186,13 @@ class RandomWorkload:
             self._actions.append((3, self.disk_fault))
         if knobs.slow_bookie:
             self._actions.append((4, self.slow_bookie))
+        # Further streams, trims, deletes and services (`stream.sim.fault_space`).
+        self.space: FaultSpace | None = None
+        if FaultSpace.wanted(knobs):
+            self.space = FaultSpace(
+                sim, random.Random(rng.getrandbits(64)), knobs, reengage=reengage
+            )
+            self._actions.extend(self.space.actions())
         shapes = Shapes(self)
         if knobs.dirty_tail:
             self._actions.append((30, shapes.dirty_tail))
@@ -189,6 +204,8 @@ class RandomWorkload:
         sim = self.sim
         sim.trace.record("knobs", on=",".join(self.knobs.names()) or "-")
         self.takeover(self.writers[0])
+        if self.space is not None:
+            await self.space.start()
         for _ in range(steps):
             if not self._sealed and not self._writing() and not self._opening():
                 self.takeover()
@@ -449,7 +466,7 @@ class RandomWorkload:
         """A bookie's disk turns read-only or full for a while: it refuses adds."""
         sim = self.sim
         bookie_id = self.rng.choice(sorted(sim.bookies))
-        kind = self.rng.choice(("read_only", "full"))
+        kind: DiskFault = self.rng.choice(("read_only", "full"))
         if not sim.bookies[bookie_id].journal_write_data:
             # A full disk may fail its storage, and the restart that ends that loses what a
             # journal-less bookie had not flushed, and puts its streams in limbo: lossy
@@ -519,12 +536,12 @@ class RandomWorkload:
 def _result(
     sim: Simulation, steps: int, scenario: str, config: SimConfig, loop: VirtualTimeLoop
 ) -> RunResult:
-    violations = tuple(sim.checker.violations)
+    violations = tuple(sim.violations())
     return RunResult(
         seed=sim.seed,
         steps=steps,
         faults=sim.faults,
-        acknowledged=sim.checker.ack_count,
+        acknowledged=sim.acknowledged(),
         violations=violations,
         trace_digest=sim.trace.digest(),
         virtual_time_s=round(loop.time(), 6),
@@ -588,28 +605,41 @@ def run_seed(
     reengage: bool = False,
     buggify: bool = True,
     knobs: Iterable[str] = (),
-    bookie_switches: Iterable[str] = (),
     knobs_off: Iterable[str] = (),
+    bookie_switches: Iterable[str] = (),
 ) -> RunResult:
     """Returns the result of the random run of `seed`: `steps` random actions, then the final
     takeover, read and checks. Same seed, same result (and trace digest). With `reengage`
     the writers re-engage when superseded (another family of runs per seed). The run's
     BUGGIFY knobs are drawn from the seed (all off without `buggify`); those named in `knobs`
     are on whatever the draw, and so are those that reach the shapes a protection in
-    `disabled` guards (`stream.sim.buggify.GUARDED_SHAPES`). `bookie_switches` are the
+    `disabled` guards (`stream.sim.buggify.GUARDED_SHAPES`); those in `knobs_off` (and not
+    in `knobs`) are off whatever the draw, and so are the wider fault space's
+    (`FAULT_SPACE_KNOBS`) while a protection is off. `bookie_switches` are the
     shipping bookie's own test-only switches (`stream.bookie.unsafe`) to turn on, for tests
-    that break a rule inside it (`streamctl sim` names only the protections). `knobs_off` are
-    off whatever the draw: a seed found before a knob existed replays as it was found."""
-    off = check_disabled(disabled) | check_bookie_switches(bookie_switches)
+    that break a rule inside it (`streamctl sim` names only the protections). A seed found
+    before a knob existed replays as it was found with that knob in `knobs_off`."""
+    disabled_protections = check_disabled(disabled)
+    off = disabled_protections | check_bookie_switches(bookie_switches)
     forced = check_knobs(knobs)
+    unset = check_knobs(knobs_off) - forced
     master = random.Random(seed)
     config = random_config(random.Random(master.getrandbits(64)), off)
     workload_seed = master.getrandbits(64)
     drawn = draw_knobs(random.Random(master.getrandbits(64))) if buggify else Knobs()
     if buggify:
         forced |= guarded_shapes(off)
-    settings = {**dict.fromkeys(check_knobs(knobs_off), False), **dict.fromkeys(forced, True)}
-    run_knobs = replace(drawn, **settings)
+    if buggify and disabled_protections:
+        # A search with a protection off spends its seeds on the shapes it guards: the wider
+        # fault space (`FAULT_SPACE_KNOBS`) only dilutes them, unless asked for by name.
+        unset |= FAULT_SPACE_KNOBS
+    run_knobs = replace(drawn, **dict.fromkeys(forced, True))
+    if buggify:
+        run_knobs = replace(run_knobs, **dict.fromkeys(unset - forced, False))
+    if run_knobs.too_busy:
+        config = replace(
+            config, write_cache_max_bytes=TOO_BUSY_CACHE_BYTES, flush_delay_s=TOO_BUSY_FLUSH_S
+        )
 
     async def script(sim: Simulation) -> None:
         workload = RandomWorkload(
@@ -633,6 +663,7 @@ class _Job:
     buggify: bool
     knobs: frozenset[str]
     bookie_switches: frozenset[str] = frozenset()
+    knobs_off: frozenset[str] = frozenset()
 
 
 def _run_one(job: _Job) -> RunResult:
@@ -643,6 +674,7 @@ def _run_one(job: _Job) -> RunResult:
         reengage=job.reengage,
         buggify=job.buggify,
         knobs=job.knobs,
+        knobs_off=job.knobs_off,
         bookie_switches=job.bookie_switches,
     )
 
@@ -657,15 +689,17 @@ def run_many(
     reengage: bool = False,
     buggify: bool = True,
     knobs: Iterable[str] = (),
+    knobs_off: Iterable[str] = (),
     bookie_switches: Iterable[str] = (),
 ) -> Iterator[RunResult]:
     """Yields the result of each seed in order (computed in `workers` processes when > 1);
-    with `stop_on_failure`, stops after the first failing seed. `buggify`, `knobs` and
-    `bookie_switches` as `run_seed`."""
+    with `stop_on_failure`, stops after the first failing seed. `buggify`, `knobs`,
+    `knobs_off` and `bookie_switches` as `run_seed`."""
     off = check_disabled(disabled)
     forced = check_knobs(knobs)
+    unset = check_knobs(knobs_off)
     switches = check_bookie_switches(bookie_switches)
-    jobs = (_Job(seed, steps, off, reengage, buggify, forced, switches) for seed in seeds)
+    jobs = (_Job(seed, steps, off, reengage, buggify, forced, switches, unset) for seed in seeds)
     if workers <= 1:
         for job in jobs:
             result = _run_one(job)
@@ -707,7 +741,7 @@ def _injected_disk_error(error: BaseException | None) -> bool:
     return False
 
 
-def _capture_errors(logger: object, method_name: str, event_dict: dict[str, Any]) -> Any:
+def _capture_errors(logger: object, method_name: str, event_dict: MutableMapping[str, Any]) -> Any:
     """A structlog processor: an error the client logs during a run (an unexpected exception
     in a writer task, say) becomes a `client-error` violation of that run."""
     sim = _current
@@ -723,7 +757,7 @@ def _capture_errors(logger: object, method_name: str, event_dict: dict[str, Any]
     return event_dict
 
 
-def _drop(logger: object, method_name: str, event_dict: dict[str, Any]) -> Any:
+def _drop(logger: object, method_name: str, event_dict: MutableMapping[str, Any]) -> Any:
     raise structlog.DropEvent
 
 
@@ -732,7 +766,7 @@ def sim_logging(*, show: bool = False, level: int = logging.WARNING) -> None:
     violations; other events are dropped, unless `show`, when events at `level` and above
     are rendered as configured before. (The client logs every failed bookie as a warning,
     and a simulation fails bookies all the time.)"""
-    processors = list(structlog.get_config()["processors"]) if show else [_drop]
+    processors: list[Any] = list(structlog.get_config()["processors"]) if show else [_drop]
     processors = [p for p in processors if p is not _capture_errors]
     structlog.configure(
         processors=[_capture_errors, *processors],

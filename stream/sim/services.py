@@ -208,8 +208,8 @@ class SimServices:
         sim.trace.record("services_started", periodic=int(self.periodic))
 
     async def stop(self) -> None:
-        """Stops the services, and takes out of the checker's acknowledged set what retention
-        trimmed (gone by the policy, not lost)."""
+        """Stops the services. (What retention trimmed is gone by the policy, not lost: the
+        checker knows the stream's first retained entry.)"""
         self.retention.stop()
         self.autorecovery.stop()
         for task in self._tasks:
@@ -218,9 +218,6 @@ class SimServices:
             task.cancel()
         self.retention.close()
         first = self.sim.first_retained_entry()
-        acked = self.sim.checker.acked
-        for entry_id in [e for e in acked if e < first]:
-            del acked[entry_id]
         self.sim.trace.record("services_stopped", first_retained=first)
 
     # ------------------------------------------------------------------ actions

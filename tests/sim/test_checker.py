@@ -193,3 +193,82 @@ def test_bookies_disagreeing_below_the_lac_is_log_divergence_acknowledged_or_not
     assert "entry 1" in checker.violations[0].details
     checker.scan_log(QuorumConfig(3, 3, 2), fragments, 0, 1, lookup)
     assert len(checker.violations) == 1  # reported once
+
+
+# Trims and deletes (issue 15's fault space): what they take away on purpose is not a
+# violation, and only that.
+
+
+def test_trimmed_acknowledged_entries_are_not_lost() -> None:
+    checker, _ = _checker()
+    for entry_id in range(4):
+        checker.on_ack("c1", 1, entry_id, b"e%d" % entry_id)
+    checker.on_trim(2)
+    checker.final(3, {2: b"e2", 3: b"e3"})
+    assert checker.violations == []
+    # Not below the trim: an acknowledged entry the final read lacks is still lost.
+    checker.final(3, {3: b"e3"})
+    assert _props(checker) == [DURABILITY]
+
+
+def test_an_untrimmed_entry_missing_from_the_final_read_is_lost() -> None:
+    checker, _ = _checker()
+    checker.on_ack("c1", 1, 0, b"e0")
+    checker.final(0, {})
+    assert _props(checker) == [DURABILITY]
+
+
+def test_a_read_of_a_trimmed_range_skips_no_entry() -> None:
+    checker, _ = _checker()
+    for entry_id in range(4):
+        checker.on_ack("c1", 1, entry_id, b"e%d" % entry_id)
+    checker.on_read("r1", 2, 3, [(2, b"e2"), (3, b"e3")])
+    # The range was trimmed below 2 while r2 read it: it returned nothing for 0 and 1.
+    checker.on_trim(2)
+    checker.on_read("r2", 0, 3, [(2, b"e2"), (3, b"e3")])
+    assert checker.violations == []
+    # Returned data below the trim is still judged, and a gap above it is still a no-op.
+    checker.on_read("r3", 0, 3, [(1, b"other"), (3, b"e3")])
+    assert _props(checker) == [NO_DIVERGENCE, NO_DIVERGENCE, READER_AGREEMENT]
+
+
+def test_a_gap_in_a_read_of_an_untrimmed_range_is_a_skipped_entry() -> None:
+    checker, _ = _checker()
+    checker.on_ack("c1", 1, 0, b"e0")
+    checker.on_read("r1", 0, 0, [])
+    assert _props(checker) == [NO_DIVERGENCE]
+
+
+def test_a_trim_never_moves_back() -> None:
+    checker, _ = _checker()
+    checker.on_trim(5)
+    checker.on_trim(3)
+    assert checker.first_retained == 5
+
+
+def test_a_deleted_stream_has_nothing_left_to_lose() -> None:
+    checker, _ = _checker()
+    checker.on_ack("c1", 1, 0, b"e0")
+    checker.on_read("r1", 0, 1, [(0, b"e0"), (1, b"dirty")])
+    checker.on_deleted()
+    checker.final(-1, {})
+    assert checker.violations == []
+    # What was judged while it lived stands.
+    checker.on_read("r2", 0, 0, [(0, b"other")])
+    assert _props(checker) == [NO_DIVERGENCE, READER_AGREEMENT]
+
+
+def test_a_live_stream_is_judged_at_its_end() -> None:
+    checker, _ = _checker()
+    checker.on_ack("c1", 1, 0, b"e0")
+    checker.on_read("r1", 0, 1, [(0, b"e0"), (1, b"dirty")])
+    checker.final(-1, {})
+    assert _props(checker) == [NO_DIRTY_READ, DURABILITY]
+
+
+def test_a_further_streams_violations_name_it() -> None:
+    clock = _Clock()
+    checker = Checker(Trace(clock), clock, stream="sim2")
+    checker.on_ack("c1", 1, 0, b"e0")
+    checker.final(-1, {})
+    assert checker.violations[0].details.startswith("stream sim2: entry 0")

@@ -1,0 +1,184 @@
+"""The random runs' fault space beyond one stream and its writers (issue 15): several streams
+with their own competing writers and readers, explicit trims and deletes during the writes
+(through the shipping client's `stream.client.stream_admin`), and the real background
+services racing the writers: the auditor, replication workers and scrub, and the retention
+service with a policy on every stream. `RandomWorkload` adds these actions when the run's
+BUGGIFY knobs (`stream.sim.buggify`) say so; the bookie's `TOO_BUSY` is provoked by the
+cluster shape (`SimConfig.write_cache_max_bytes`).
+
+Every choice comes from the run's random source, so a seed replays identically.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from stream.client.stream_admin import delete_stream, trim_stream
+from stream.metadata.model import RetentionPolicy
+from stream.sim.buggify import Knobs
+from stream.sim.cluster import STREAM_NAME, SimStream, Simulation
+
+# A bookie's write cache this small, flushed this late, fills with a few writers' batches: the
+# next ones are answered TOO_BUSY until the flush empties it.
+TOO_BUSY_CACHE_BYTES = 512
+TOO_BUSY_FLUSH_S = 0.05
+# The trims' and deletes' `Trim` calls to bookies give up after this (their GC catches up).
+_TRIM_TIMEOUT_S = 0.3
+
+
+def retention_policy(rng: random.Random) -> RetentionPolicy:
+    """Returns a random retention policy: an age limit (writers' clocks are skewed by up to
+    two minutes, so some write fragments that are old at once), a size limit, or both."""
+    age = rng.choice((None, 0.5, 5.0, 60.0))
+    size = rng.choice((None, 200, 2_000)) if age is not None else rng.choice((200, 2_000))
+    return RetentionPolicy(max_age_s=age, max_bytes=size)
+
+
+class FaultSpace:
+    """The streams beyond the first, and the trims, deletes and services of one run."""
+
+    @staticmethod
+    def wanted(knobs: Knobs) -> bool:
+        """Returns whether `knobs` ask for any of it (a run without draws nothing for it, so
+        that the runs before it existed replay as they did)."""
+        return knobs.streams or knobs.delete or knobs.trim or knobs.services or knobs.retention
+
+    def __init__(
+        self, sim: Simulation, rng: random.Random, knobs: Knobs, *, reengage: bool
+    ) -> None:
+        self.sim = sim
+        self.rng = rng
+        self.knobs = knobs
+        self.reengage = reengage
+        # Writers and readers per stream beyond the first (whose are `RandomWorkload`'s).
+        self.writers: dict[str, list[str]] = {}
+        self.readers: dict[str, str] = {}
+        if knobs.streams or knobs.delete:
+            for index in range(2, rng.choice((2, 3, 4)) + 1):
+                stream = sim.add_stream(f"sim{index}")
+                self.writers[stream.name] = [f"{stream.name}-c{i}" for i in (1, 2)]
+                self.readers[stream.name] = f"{stream.name}-r1"
+                for name in self.writers[stream.name]:
+                    sim.client(name, stream.name)
+                sim.client(self.readers[stream.name], stream.name)
+
+    async def start(self) -> None:
+        """Starts the services the knobs ask for, and a writer on every other stream."""
+        sim = self.sim
+        if self.knobs.services or self.knobs.retention:
+            policy = retention_policy(self.rng) if self.knobs.retention else None
+            await sim.start_services(retention_policy=policy)
+            if policy is not None:
+                for stream in self._live()[1:]:
+                    sim.admin.set_retention(stream.id, policy)
+        for writers in self.writers.values():
+            sim.start_takeover(writers[0], reengage=self.reengage)
+
+    def actions(self) -> list[tuple[int, Callable[[], None]]]:
+        """Returns the weighted actions the knobs add to the random workload."""
+        actions: list[tuple[int, Callable[[], None]]] = []
+        if self.writers:
+            actions += [(20, self.append), (4, self.read), (3, self.takeover)]
+        if self.knobs.trim:
+            actions.append((3, self.trim))
+        if self.knobs.delete and self.writers:
+            actions.append((1, self.delete))
+        return actions
+
+    # ------------------------------------------------------------------ streams
+
+    def _live(self) -> list[SimStream]:
+        """Returns the streams not deleted (the first stream first)."""
+        return [s for s in self.sim.streams.values() if not self.sim.deleted(s)]
+
+    def _side(self) -> list[str]:
+        """Returns the other streams not deleted, by name."""
+        return [s.name for s in self._live() if s.name in self.writers]
+
+    def append(self) -> None:
+        sides = self._side()
+        if not sides:
+            return
+        name = self.rng.choice(self.writers[self.rng.choice(sides)])
+        if self.sim.client(name).writer is None:
+            self.sim.start_takeover(name, reengage=self.reengage)
+        else:
+            self.sim.append(name, self.rng.randint(1, 5))
+
+    def read(self) -> None:
+        sides = self._side()
+        if sides:
+            self.sim.spawn(self.sim.read(self.readers[self.rng.choice(sides)], 20))
+
+    def takeover(self) -> None:
+        """Another writer of a stream takes it over (they compete as the first stream's do)."""
+        sides = self._side()
+        if sides:
+            name = self.rng.choice(self.writers[self.rng.choice(sides)])
+            self.sim.start_takeover(name, reengage=self.reengage)
+
+    # ------------------------------------------------------------------ trims and deletes
+
+    def trim(self) -> None:
+        """Trims a stream (the first one too) under its writers: most often right past a
+        closed fragment (which then goes), else below a random id up to a little past its
+        acknowledged end."""
+        stream = self.rng.choice(self._live())
+        ends = [f.last_entry_id for f in self.sim.snapshot(stream)[2][:-1]]
+        closed = [end + 1 for end in ends if end is not None]
+        if closed and self.rng.random() < 0.7:
+            before = self.rng.choice(closed)
+        else:
+            top = max(stream.checker.acked, default=0) + 3
+            before = self.rng.randint(max(0, top - 30), top)
+        admin = self._admin(stream)
+        self.sim.trace.record("trim", s=stream.name, before=before)
+        self._run(
+            admin,
+            "trim",
+            trim_stream(
+                self.sim.client(admin).metadata,
+                self.sim.client(admin).transport,
+                stream.name,
+                before,
+                timeout_s=_TRIM_TIMEOUT_S,
+            ),
+        )
+
+    def delete(self) -> None:
+        """Deletes another stream while its writers write (most often under a live writer,
+        `force`): they fail with `StreamNotFoundError`, its bookies drop its entries."""
+        sides = self._side()
+        if not sides:
+            return
+        stream = self.sim.streams[self.rng.choice(sides)]
+        force = self.rng.random() < 0.8
+        admin = self._admin(stream)
+        self.sim.trace.record("delete", s=stream.name, force=int(force))
+        self._run(
+            admin,
+            "delete",
+            delete_stream(
+                self.sim.client(admin).metadata,
+                self.sim.client(admin).transport,
+                stream.name,
+                force=force,
+                timeout_s=_TRIM_TIMEOUT_S,
+            ),
+        )
+
+    def _admin(self, stream: SimStream) -> str:
+        """Returns the client node that trims and deletes `stream`."""
+        name = "admin" if stream.name == STREAM_NAME else f"{stream.name}-admin"
+        self.sim.client(name, stream.name)
+        return name
+
+    def _run(self, name: str, what: str, call: Coroutine[Any, Any, object]) -> None:
+        """Runs client `name`'s trim or delete in the background; `finish` waits for it."""
+        sim = self.sim
+        sim.faults += 1
+        task = sim.spawn(sim.guarded(name, what, f"{what}_failed", call))
+        sim.stream_ops.add(task)
+        task.add_done_callback(sim.stream_ops.discard)
