@@ -239,14 +239,15 @@ async def truncate_members(
     )
     refused = []
     for bookie_id, answer in zip(bookies, answers, strict=True):
-        if answer is not None and answer.code == Code.INVALID_TERM:
+        code = None if answer is None else int(answer.code)
+        if answer is not None and code == Code.INVALID_TERM:
             raise Fenced(answer.bookie_term)
-        if answer is None or answer.code != Code.OK:
+        if code != Code.OK:
             log.warning(
                 "writer.truncate_refused",
                 bookie=bookie_id,
                 stream_id=stream_id,
-                code=None if answer is None else Code(answer.code).name,
+                code=None if code is None else Code(code).name,
             )
             refused.append(bookie_id)
     return refused

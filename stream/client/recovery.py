@@ -308,7 +308,7 @@ class Takeover:
             # Ensemble changes split the fragment the last roll opened: earlier pieces too.
             _, _, known = await self._metadata.get_snapshot(meta.id)
             earlier = [
-                (f.first_entry_id, f.ensemble)
+                FragmentEnsemble(f.first_entry_id, f.ensemble)
                 for f in known
                 if f.first_entry_id < last.first_entry_id
             ]
