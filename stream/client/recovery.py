@@ -12,6 +12,8 @@
 5. The NOOP|TRUNCATE entry, to every bookie of the last fragment.
 6. CAS `meta`: OPEN, the fragments changed during recovery, the term's first entry id.
 
+`Takeover` runs the steps and retries an attempt; each step lives with its job: 1 and 6 in
+`takeover_metadata`, 2 in `fence`, 3-5 in `write_back` (bookie replacement: `bookie_placement`).
 All I/O goes through the ports; each protection can be switched off (`Protections`).
 """
 
