@@ -236,7 +236,7 @@ class WriterEffects:
         except Superseded:
             pass  # the writer moved on to another term: its own pipeline decides
         except InvalidTermError as e:
-            self._on_fenced(e.current_term)  # type: ignore[attr-defined]
+            self._on_fenced(e.context["current_term"])
         except Fenced as e:
             self._on_fenced(e.bookie_term)
         except StreamError as e:
