@@ -23,9 +23,10 @@ from typing import Any, Protocol
 import structlog
 from prometheus_client import Counter, Gauge, Histogram
 
+from stream.client.explicit_lac import send_lac
 from stream.client.options import WriterOptions
 from stream.client.ports import BookieTransport, WallClock
-from stream.client.recovery import Takeover, WriterIdentity, send_lac
+from stream.client.recovery import Takeover, WriterIdentity
 from stream.clock import SystemClock
 from stream.errors import InvalidTermError, StreamError, StreamNotFoundError, StreamSealedError
 from stream.framing.verify import good_run

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import structlog
 
+from stream.client.accept_loss import LossSurvey, recover_accepting_loss, survey_loss
 from stream.client.answers import answer_or_none
 from stream.client.attributes import HeadersArg
 from stream.client.cursor import (
@@ -37,13 +38,8 @@ from stream.client.info import BookieStatus, FragmentInfo, StreamInfo
 from stream.client.options import ReaderOptions, WriterOptions
 from stream.client.ports import WallClock
 from stream.client.reader import AsyncStreamReader
-from stream.client.recovery import (
-    LossSurvey,
-    WriterIdentity,
-    recover_accepting_loss,
-    seal,
-    survey_loss,
-)
+from stream.client.recovery import WriterIdentity
+from stream.client.seal import seal
 from stream.client.stream_admin import delete_stream, trim_stream
 from stream.client.writer import AsyncStreamWriter
 from stream.client.zk_metadata import ZkMetadata

@@ -17,16 +17,13 @@ from dataclasses import dataclass
 
 import structlog
 
+from stream.client.bookie_placement import truncate_members
+from stream.client.explicit_lac import send_lac
 from stream.client.options import WriterOptions
 from stream.client.ports import BookieTransport, MetadataPort, WallClock
-from stream.client.recovery import (
-    Takeover,
-    TakeoverResult,
-    WriterIdentity,
-    close_after_takeover,
-    send_lac,
-)
-from stream.errors import StreamError
+from stream.client.recovery import Takeover, TakeoverResult, WriterIdentity
+from stream.client.takeover_signals import Fenced
+from stream.errors import BadVersionError, StreamError
 from stream.metadata.model import Fragment
 
 log = structlog.get_logger(__name__)
@@ -139,3 +136,49 @@ class IdleCloser:
             await self.metadata.unregister_writer(stream_id)
         except StreamError as e:
             log.debug("idle_close.unregister_failed", stream_id=stream_id, error=str(e))
+
+
+async def close_after_takeover(
+    *,
+    transport: BookieTransport,
+    metadata: MetadataPort,
+    result: TakeoverResult,
+    closed: Fragment,
+    fresh: Fragment,
+    options: WriterOptions,
+) -> bool:
+    """After a takeover that left its no-op in the last fragment: CASes `closed` (that
+    fragment, with `last_entry_id` = the no-op) and opens `fresh` (empty, right after it), as
+    a capacity roll does. Members of `fresh` that were not in `closed` get the new-member
+    truncation first. Returns False when another writer took over meanwhile (the stream is
+    its own then) or a member refused the truncation; rereads and retries a same-term CAS
+    loss (retention, a worker's repair)."""
+    newcomers = [b for b in fresh.ensemble if b not in closed.ensemble]
+    try:
+        refused = await truncate_members(
+            transport,
+            result.meta.id,
+            result.term,
+            newcomers,
+            closed.last_entry_id if closed.last_entry_id is not None else fresh.first_entry_id - 1,
+            options,
+            enabled=options.protections.new_member_truncation,
+        )
+    except Fenced:
+        return False
+    if refused:
+        return False
+    version = result.version
+    for _ in range(options.cas_attempts):
+        try:
+            await metadata.roll_fragment(result.meta.id, version, closed, fresh)
+            return True
+        except BadVersionError:
+            meta, version, fragments = await metadata.get_snapshot(result.meta.id)
+            if (
+                meta.term != result.term
+                or not fragments
+                or fragments[-1].first_entry_id != closed.first_entry_id
+            ):
+                return False
+    return False

@@ -26,12 +26,12 @@ completed), so that the caller writes back many entries per flush.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import structlog
 
+from stream.client.answers import cancel_all
 from stream.client.options import WriterOptions
 from stream.client.ports import BookieTransport
 from stream.framing.verify import checksum_ok, good_run
@@ -100,13 +100,6 @@ class _Chunk:
     stopped: bool
 
 
-async def _cancel_all(tasks: Sequence[asyncio.Future[Any]]) -> None:
-    for task in tasks:
-        task.cancel()
-    if tasks:
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
 class RecoveryReads:
     """The recovery reads of one takeover attempt: `outcomes(start)` yields the outcomes of
     entries `start + 1`, `start + 2`, ... in id order, in runs, and stops after the first
@@ -158,7 +151,7 @@ class RecoveryReads:
 
     # ------------------------------------------------------------------ the scan
 
-    async def outcomes(self, start_entry_id: int) -> AsyncIterator[list[EntryOutcome]]:
+    async def outcomes(self, start_entry_id: int) -> AsyncGenerator[list[EntryOutcome], None]:
         """Yields runs of consecutive outcomes from `start_entry_id + 1` on; the last outcome
         yielded is the first terminal one. Requests still in flight are cancelled when the
         iteration ends (close it with `contextlib.aclosing`)."""
@@ -171,7 +164,7 @@ class RecoveryReads:
                 if source is not None:
                     if prefetch is None or prefetch[0] != next_id:
                         if prefetch is not None:
-                            await _cancel_all([prefetch[1]])
+                            await cancel_all([prefetch[1]])
                         prefetch = (next_id, self._start_chunk(source, next_id))
                     chunk = await prefetch[1]
                     prefetch = None
@@ -201,7 +194,7 @@ class RecoveryReads:
                         return
         finally:
             if prefetch is not None:
-                await _cancel_all([prefetch[1]])
+                await cancel_all([prefetch[1]])
             log.debug(
                 "recovery.reads_done",
                 stream=self._stream,
@@ -286,7 +279,7 @@ class RecoveryReads:
 
     async def _single_reads(
         self, first_entry_id: int, stretch: int | None
-    ) -> AsyncIterator[list[EntryOutcome]]:
+    ) -> AsyncGenerator[list[EntryOutcome], None]:
         """Yields runs of per-entry outcomes from `first_entry_id` on, until a terminal one
         (included) or, with `stretch`, once that many entries are decided."""
         ahead = self._options.recovery_read_ahead
@@ -315,7 +308,7 @@ class RecoveryReads:
                 if run[-1].terminal or (stretch is not None and decided >= stretch):
                     return
         finally:
-            await _cancel_all(list(reads.values()))
+            await cancel_all(list(reads.values()))
 
     async def _read_one(self, entry_id: int) -> EntryOutcome:
         """Returns the outcome of the term-bearing recovery reads of `entry_id` from its write
@@ -358,7 +351,7 @@ class RecoveryReads:
                     code: int | None = None
                     entry = None
                     if response is not None:
-                        code = response.code
+                        code = int(response.code)  # the wire enum, as the protocol compares it
                         if code == _OK:
                             entry = response.entry
                             if entry.entry_id != entry_id or not checksum_ok(
@@ -379,7 +372,7 @@ class RecoveryReads:
                     tasks |= {asyncio.ensure_future(ask(b)) for b in later}
                     later = ()
         finally:
-            await _cancel_all(list(tasks))
+            await cancel_all(list(tasks))
         if tally.outcome is ReadOutcome.RECOVERABLE:
             return EntryOutcome(entry_id, tally.outcome, tally.entry)
         limbo = tally.limbo_members if tally.blocked_by_limbo else ()

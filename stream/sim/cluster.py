@@ -26,7 +26,8 @@ import structlog
 from stream.bookie.unsafe import UNSAFE_SWITCHES
 from stream.client.options import Protections, ReaderOptions, WriterOptions
 from stream.client.reader import AsyncStreamReader
-from stream.client.recovery import WriterIdentity, seal
+from stream.client.recovery import WriterIdentity
+from stream.client.seal import seal
 from stream.client.writer import AsyncStreamWriter
 from stream.errors import StreamError
 from stream.metadata import paths

@@ -73,7 +73,8 @@ import itertools
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
-from stream.client.recovery import WriterIdentity, recover_accepting_loss, survey_loss
+from stream.client.accept_loss import recover_accepting_loss, survey_loss
+from stream.client.recovery import WriterIdentity
 from stream.errors import StreamError
 from stream.metadata.model import RetentionPolicy, StreamState
 from stream.sim.checker import LIVENESS, PROGRESS

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from stream.client.bookie_placement import pick_replacement
 from stream.client.options import Protections, WriterOptions
-from stream.client.recovery import pick_replacement
 from stream.errors import NotEnoughBookiesError
 from stream.protocol import BookieCandidate
 

@@ -12,7 +12,7 @@ import pytest
 
 from stream.cli import streams as cli
 from stream.cli.main import build_parser
-from stream.client.recovery import BookieLimboState, LossSurvey
+from stream.client.accept_loss import BookieLimboState, LossSurvey
 from stream.metadata import AcceptedLoss
 
 STUCK = LossSurvey(

@@ -12,7 +12,8 @@ import random
 import pytest
 
 from stream.client.options import WriterOptions
-from stream.client.recovery import Takeover, WriterIdentity, _RetryLater
+from stream.client.recovery import Takeover, WriterIdentity
+from stream.client.takeover_signals import RetryLater
 from stream.metadata.model import Fragment, StreamMeta
 from stream.protocol.checksum import entry_checksum
 from stream.wire import bookie_pb2 as pb
@@ -72,7 +73,7 @@ def test_the_floor_is_the_last_entrys_timestamp() -> None:
 
 def test_an_unreadable_floor_retries_the_attempt_instead_of_using_the_clock() -> None:
     bookies = _Bookies()
-    with pytest.raises(_RetryLater) as raised:
+    with pytest.raises(RetryLater) as raised:
         asyncio.run(_takeover(bookies)._timestamp_before(META, LAST, ENTRY))
     assert f"timestamp of entry {ENTRY}" in str(raised.value.error)
     assert bookies.reads > 2  # every round over the write set first

@@ -224,22 +224,22 @@ class FlagWriter:
             if not self.changing and not self.error and not self.reengaging:
                 self.changing = True
                 return (Effect.START_ENSEMBLE_CHANGE,)
-        elif event is Event.CHANGE_NEXT:  # a turn of _change_ensemble's loop
+        elif event is Event.CHANGE_NEXT:  # a turn of change_ensemble's loop
             if self.changing and not self.error and not self.roll_committing:
                 return (Effect.REPLACE_BOOKIE,)
-        elif event is Event.CHANGE_ENDED:  # _change_ensemble's finally
+        elif event is Event.CHANGE_ENDED:  # _run_job's finally
             if self.changing and not self.error:
                 self.changing = False
                 return (Effect.DRAIN,)
-        elif event is Event.FRAGMENT_FULL:  # _start_roll (its callers skip a stopped writer)
+        elif event is Event.FRAGMENT_FULL:  # the drain or the age timer
             if not self.rolling and not self.error:
                 self.rolling = True
                 return (Effect.START_ROLL,)
-        elif event is Event.ROLL_READY:  # _roll leaving its wait
+        elif event is Event.ROLL_READY:  # roll leaving its wait
             if self.rolling and not self.roll_committing and not self.changing and not self.error:
                 self.roll_committing = True
                 return (Effect.COMMIT_ROLL,)
-        elif event is Event.ROLL_ENDED:  # _roll's finally
+        elif event is Event.ROLL_ENDED:  # _run_job's finally
             if self.rolling and not self.error:
                 self.rolling = self.roll_committing = False
                 return (Effect.DRAIN,)
@@ -251,7 +251,7 @@ class FlagWriter:
                 return (Effect.FAIL_WRITER,)
             self.reengaging = True
             return (Effect.CLOSE_PIPELINE, Effect.START_REENGAGE)
-        elif event is Event.REENGAGE_ENDED:  # _reengage_task's finally
+        elif event is Event.REENGAGE_ENDED:  # _reengage's finally
             if self.reengaging and not self.error:
                 self.reengaging = False
                 return (Effect.DRAIN,)
