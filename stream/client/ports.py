@@ -209,6 +209,9 @@ class MetadataPort(Protocol):
 
     async def register_writer(self, stream_id: int, info: WriterInfo) -> None: ...
 
+    async def get_writer(self, stream_id: int) -> WriterInfo | None:
+        """Returns the stream's registered live writer, or None."""
+
     async def unregister_writer(self, stream_id: int) -> None: ...
 
     async def available_bookies(self) -> list[BookieCandidate]:

@@ -11,9 +11,7 @@ import asyncio
 import structlog
 
 from stream.client.ports import BookieTransport, MetadataPort
-from stream.client.zk_metadata import ZkMetadata
-from stream.errors import StreamError, StreamInUseError
-from stream.metadata import BadVersionError
+from stream.errors import BadVersionError, StreamError, StreamInUseError
 
 log = structlog.get_logger(__name__)
 
@@ -64,7 +62,7 @@ async def trim_stream(
 
 
 async def delete_stream(
-    metadata: ZkMetadata,
+    metadata: MetadataPort,
     transport: BookieTransport,
     name: str,
     *,
