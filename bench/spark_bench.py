@@ -9,7 +9,11 @@ and the connector query, alternating (each into a new output). Round 1's connect
 cold (its Python workers import the connector and connect first); later rounds reuse Spark's
 Python workers and their clients, as a long-running query does. A 2-core machine shared with
 other work makes single runs noisy: the load average is printed, and with several rounds the
-median ratio is. Then, `--sink-rounds` times, the stream is copied by a streamkeeper ->
+median ratio is. Each query prints its wall-clock time, the part of it before Spark's first
+trigger and after its last (the query's start: the driver's fresh Python process for the source,
+its imports, the source's first cluster reads) and Spark's own phase times. The project's
+modules are byte-compiled first, as installing the package does (`--no-byte-compile` leaves
+them as they are). Then, `--sink-rounds` times, the stream is copied by a streamkeeper ->
 streamkeeper query with the exactly-once sink and with the at-least-once sink, alternating
 (rows/s of each, and their ratio). Last, `--read-rounds` times, the connector's partition
 reader reads the whole stream in this process, outside Spark: its CPU and the bookies' per
