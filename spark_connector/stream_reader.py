@@ -50,6 +50,7 @@ class StreamPlanner(DataSourceStreamReader):
     def __init__(self, options: SourceOptions) -> None:
         self._options = options
         self._target: Offsets | None = None  # the availableNow end, once prepared
+        self._initial: Offsets | None = None  # initialOffset's answer, once read
         self._bounds: dict[str, StreamBounds] = {}
         self._sampled_entry_bytes: dict[str, float] = {}
 
@@ -67,9 +68,14 @@ class StreamPlanner(DataSourceStreamReader):
         return StreamCatalog(client, options)
 
     def initialOffset(self) -> Offsets:
-        catalog = self._catalog()
-        self._bounds = catalog.all_bounds(missing_ok=False)
-        return catalog.resolve_start(self._bounds, "latest")
+        # Spark asks more than once as a new query starts (twice before its first batch): one
+        # answer, read once, as Kafka's source keeps its initial offsets. A second read would
+        # cost a round of metadata and LAC reads and could name a later "latest" start.
+        if self._initial is None:
+            catalog = self._catalog()
+            self._bounds = catalog.all_bounds(missing_ok=False)
+            self._initial = catalog.resolve_start(self._bounds, "latest")
+        return dict(self._initial)
 
     def _latest(self) -> Offsets:
         self._bounds = self._catalog().all_bounds(missing_ok=True)
@@ -78,6 +84,11 @@ class StreamPlanner(DataSourceStreamReader):
     def _next_end(self, start: Offsets, max_entries: int | None, max_bytes: int | None) -> Offsets:
         """Returns the next batch's end offsets from `start`: everything committed (up to
         the availableNow target), or as much of it as the limits allow (None: no limit)."""
+        target = self._target
+        if target is not None and all(start.get(n, -1) >= end for n, end in target.items()):
+            # An availableNow query that has read up to its target ends here whatever the
+            # streams hold now (Spark asks once more before it stops): no cluster reads.
+            return ordered(start)
         latest = self._latest()
         if self._target is not None:
             latest = {n: min(v, self._target[n]) for n, v in latest.items() if n in self._target}

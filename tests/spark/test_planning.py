@@ -6,6 +6,7 @@ import json
 import pickle
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -15,6 +16,7 @@ pytest.importorskip("pyarrow", reason="needs the spark extra (pyarrow)")
 from pyspark.sql.types import StructType
 
 from spark_connector import StreamkeeperDataSource
+from spark_connector.catalog import StreamBounds
 from spark_connector.entry_sizes import (
     DEFAULT_ENTRY_BYTES,
     EntrySizes,
@@ -22,7 +24,14 @@ from spark_connector.entry_sizes import (
 )
 from spark_connector.errors import ConnectorOptionError
 from spark_connector.options import parse_sink_options, parse_source_options
-from spark_connector.ranges import StreamRange, at_least, limit_offsets, ordered, split_range
+from spark_connector.ranges import (
+    Offsets,
+    StreamRange,
+    at_least,
+    limit_offsets,
+    ordered,
+    split_range,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -304,3 +313,47 @@ def test_bad_new_options_fail_before_anything_connects(bad: dict[str, str]) -> N
         with pytest.raises(ConnectorOptionError, match=option) as failed:
             make(StructType())
         assert failed.value.context["option"] == option
+
+
+class CountingCatalog:
+    """A catalog that counts its reads of the cluster: one stream "a", entries 0..9."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def all_bounds(self, *, missing_ok: bool) -> dict[str, StreamBounds]:
+        self.reads += 1
+        return {"a": StreamBounds("a", 0, 10, (0,))}
+
+    def resolve_start(self, bounds: dict[str, StreamBounds], default: str) -> Offsets:
+        return {"a": 3}
+
+
+def counting_reader(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, CountingCatalog]:
+    reader = StreamkeeperDataSource({**META, "streams": "a"}).streamReader(StructType())
+    catalog = CountingCatalog()
+    monkeypatch.setattr(reader, "_catalog", lambda: catalog)
+    return reader, catalog
+
+
+def test_initial_offsets_are_read_once_and_stay_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Spark asks twice as a query starts; the second answer must not cost a cluster read.
+    reader, catalog = counting_reader(monkeypatch)
+    first = reader.initialOffset()
+    first["a"] = 99  # the caller's copy
+    assert reader.initialOffset() == {"a": 3}
+    assert catalog.reads == 1
+
+
+def test_available_now_at_its_target_plans_without_reading(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Spark asks for the latest offsets once more after the last batch of an availableNow
+    # query: at the target, the answer is the start, with no cluster read.
+    reader, catalog = counting_reader(monkeypatch)
+    reader.prepareForTriggerAvailableNow()
+    limit = reader.getDefaultReadLimit()
+    assert reader.latestOffset({"a": 3}, limit) == {"a": 10}
+    reads = catalog.reads
+    assert reader.latestOffset({"a": 10}, limit) == {"a": 10}
+    assert catalog.reads == reads
