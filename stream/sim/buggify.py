@@ -43,6 +43,8 @@ class Knobs:
     - `reader_faults`: readers' links are cut and clogged too.
     - `disk_faults`: bookies' disks turn read-only or full for a while.
     - `slow_bookie`: one bookie (most often the longest log) answers writers late for a while.
+    - `torn_jobs`: bookies crash in the middle of their storage jobs (a power cut at a sync of
+      a journal group commit, a flush or GC): replay meets torn tails and unsynced files.
     """
 
     hold_adds: bool = False
@@ -56,6 +58,8 @@ class Knobs:
     reader_faults: bool = False
     disk_faults: bool = False
     slow_bookie: bool = False
+    # The storage jobs' knobs.
+    torn_jobs: bool = False
 
     def names(self) -> list[str]:
         """Returns the names of the knobs that are on (for the trace and reports)."""
@@ -76,6 +80,8 @@ _ODDS = {
     "reader_faults": 0.3,
     "disk_faults": 0.2,
     "slow_bookie": 0.4,
+    # The storage jobs' knobs.
+    "torn_jobs": 0.5,
 }
 
 

@@ -53,8 +53,13 @@ def _key(path: PathLike) -> str:
     return os.path.normpath(os.fspath(path))
 
 
+# What every operation raises once the power is cut (named, so that the simulator tells it
+# from a real I/O error when the storage engine logs it).
+POWER_CUT = "simulated power cut"
+
+
 def _eio() -> OSError:
-    return OSError(errno.EIO, os.strerror(errno.EIO))
+    return OSError(errno.EIO, f"{os.strerror(errno.EIO)} ({POWER_CUT})")
 
 
 class _Guard:
@@ -108,12 +113,18 @@ class SimDisk:
             for store in self._stores.values():
                 store.full = kind == "full"
 
-    def cut_power_at_sync(self, syncs: int) -> None:
+    def cut_power_at_sync(self, syncs: int | None) -> None:
         """Lets `syncs` more syncs (file, directory or index) succeed; the next one fails
         with EIO, as does every operation after it, until `crash()` (a power cut in the
-        middle of the engine's work: what it wrote since its last sync is not durable)."""
+        middle of the engine's work: what it wrote since its last sync is not durable).
+        None disarms a cut that has not hit yet."""
         with self._lock:
             self._syncs_left = syncs
+
+    @property
+    def power_cut(self) -> bool:
+        """Returns whether the power is cut (every operation fails until `crash()`)."""
+        return self._dead
 
     def _synced(self) -> None:
         """Counts one sync towards a power cut set by `cut_power_at_sync`."""

@@ -29,6 +29,7 @@ from stream.errors import InvalidArgumentError, StorageError
 from stream.sim.buggify import Knobs, check_knobs, draw_knobs, guarded_shapes
 from stream.sim.checker import Violation
 from stream.sim.cluster import CLIENT_ERROR, PROTECTIONS, SimConfig, Simulation
+from stream.sim.disk import POWER_CUT
 from stream.sim.loop import VirtualTimeLoop
 from stream.sim.network import NetworkFaults
 
@@ -48,6 +49,12 @@ _QUORUMS = (
     (3, 2, 1),
     (3, 3, 1),
 )
+
+
+# Typical journal fdatasync durations (virtual seconds) the random runs choose from: a fast
+# SSD, an SSD under load, a disk. Appends are acknowledged that much after they were written,
+# and the records arriving meanwhile form the next group commit.
+_JOURNAL_SYNC_S = (0.0002, 0.001, 0.004)
 
 
 @dataclass(frozen=True)
@@ -122,6 +129,7 @@ def random_config(rng: random.Random, disabled: frozenset[str]) -> SimConfig:
         flush_interval_s=rng.choice((0.1, 0.3, 1.0)),
         faults=faults,
         disabled=disabled,
+        journal_sync_s=rng.choice(_JOURNAL_SYNC_S),
     )
 
 
@@ -177,6 +185,9 @@ class RandomWorkload:
             self._actions.append((3, self.disk_fault))
         if knobs.slow_bookie:
             self._actions.append((4, self.slow_bookie))
+        # The storage jobs' faults.
+        if knobs.torn_jobs:
+            self._actions.append((5, self.crash_mid_job))
         self._weights = [w for w, _ in self._actions]
 
     async def run(self, steps: int) -> None:
@@ -388,12 +399,18 @@ class RandomWorkload:
             bookie_id = self.rng.choice(up)
             sim.crash(bookie_id, lose_disk=True, downtime_s=self.rng.uniform(0.01, 0.2))
 
-    def crash(self) -> None:
+    def _crashable(self) -> list[str]:
+        """Returns the bookies that are up, when one more may go down (none otherwise)."""
         sim = self.sim
         up = [b for b, bookie in sim.bookies.items() if bookie.up]
         down = len(sim.bookies) - len(up)
         max_down = len(sim.bookies) - 1 if self.knobs.outage else 2
-        if not up or down >= max_down:
+        return up if down < max_down else []
+
+    def crash(self) -> None:
+        sim = self.sim
+        up = self._crashable()
+        if not up:
             return
         downtime_s = self.rng.uniform(0.05, 1.0)
         bookie_id = self.rng.choice(up)
@@ -407,6 +424,27 @@ class RandomWorkload:
             sim.crash(bookie_id, lose_disk=lose_disk, downtime_s=downtime_s)
         elif lossless:
             sim.crash(bookie_id, downtime_s=downtime_s)
+
+    def crash_mid_job(self) -> None:
+        """BUGGIFY `torn_jobs`: a bookie (most often the one with the longest log) crashes in
+        the middle of its storage work, at one of its disk's next syncs: between a journal
+        group's writes and its fdatasync, an entry log's writes and its sync, the entry logs
+        and the index commit."""
+        sim = self.sim
+        up = self._crashable()
+        target = self._target()
+        bookie_id = target if target in up else self.rng.choice(up) if up else None
+        if bookie_id is None:
+            return
+        if not sim.bookies[bookie_id].journal_write_data and not sim.may_lose_data(bookie_id):
+            return
+        sim.crash_at_sync(
+            bookie_id,
+            # Most often the next sync: the group commit of the adds arriving now.
+            self.rng.choice((0, 0, 0, 1, 2, 3)),
+            downtime_s=self.rng.uniform(0.05, 1.0),
+            within_s=self.rng.uniform(0.05, 0.5),
+        )
 
     def hold_adds(self) -> None:
         """A writer's Add streams to all but one bookie of its ensemble (or to one) are held
@@ -685,10 +723,13 @@ _INJECTED_DISK_ERRORS = frozenset({errno.ENOSPC, errno.EROFS})
 
 
 def _injected_disk_error(error: BaseException | None) -> bool:
-    """Returns whether `error` is (or was caused by) a full or read-only simulated disk. The
-    journal hands its failure on in a `StorageError` that only names it."""
+    """Returns whether `error` is (or was caused by) a full or read-only simulated disk, or a
+    simulated power cut. The journal hands its failure on in a `StorageError` that only names
+    it."""
     while error is not None:
         if isinstance(error, OSError) and error.errno in _INJECTED_DISK_ERRORS:
+            return True
+        if POWER_CUT in str(error):  # the storage's last words before a simulated power cut
             return True
         if isinstance(error, StorageError) and any(
             os.strerror(code) in str(error) for code in _INJECTED_DISK_ERRORS

@@ -327,6 +327,7 @@ class StreamStorage:
             disk=disk,
             clock=clock,
             on_group=self._journal_group,
+            ack_before_sync="journal_sync" in unsafe,
         )
         self._logs = EntryLogs(
             config.ledger_path, size_limit_bytes=config.entry_log_size_limit_bytes, disk=disk
@@ -1394,6 +1395,16 @@ class StreamStorage:
         """Commits the pending journal records (one write, one fdatasync); returns whether
         there were any. The journal thread's step, for a storage opened without threads."""
         return self._journal.commit_pending()
+
+    def write_journal(self) -> bool:
+        """Writes the pending journal records without syncing them: the first half of
+        `commit_journal`, for a caller that gives the fdatasync virtual time (the simulator);
+        `sync_journal()` is the second. Returns whether any were pending."""
+        return self._journal.write_pending()
+
+    def sync_journal(self) -> bool:
+        """Syncs what `write_journal` wrote and acknowledges it; returns whether it wrote."""
+        return self._journal.sync_written()
 
     def _want_flush(self) -> None:
         self._flush_wakeup.set()
