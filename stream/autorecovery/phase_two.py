@@ -87,7 +87,9 @@ REPAIR_STREAM_SECONDS = Histogram(
 
 
 class LimboState(Protocol):
-    limbo: bool
+    # Read-only: the storage's view (`StreamStateView`) is frozen.
+    @property
+    def limbo(self) -> bool: ...
 
 
 class LocalCopies(Protocol):

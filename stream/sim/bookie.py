@@ -47,6 +47,7 @@ from stream.wire import bookie_pb2 as pb
 log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 _WRITABLE = DiskStatus(False, 1 << 30, 1 << 31, "/sim", 0.5)
 _FULL = DiskStatus(True, 0, 1 << 31, "/sim", 1.0)
@@ -157,6 +158,7 @@ class SimBookie:
         self.metadata_session: Callable[[], SimMetadataSession] | None = None
         self.clock: Clock | None = None
         self.reconcile_rounds = 0
+        self.power_cuts = 0
         # What this bookie answered OK for, judged at each start (a journaled bookie loses
         # none of it in a crash); violations go to `on_violation(property, details)`.
         self.answered = AnsweredAdds()
@@ -225,16 +227,22 @@ class SimBookie:
         bounds = limbo_bounds(storage)
         if bounds and self.repair_transport is not None:
             self._spawn(self._repair(storage, bounds))
-        if self.metadata_session is not None:
-            # As the process does once it serves: reconcile now, then every GC interval.
-            reconciler = MetadataReconciler(
-                storage,
-                _CurrentSession(self.metadata_session),  # type: ignore[arg-type]
-                interval_s=self.config.gc_interval_ms / 1000,
-                clock=self.clock,
-                on_round=self._reconciled,
-            )
-            self._spawn(reconciler.run_forever())
+        self._spawn(self._reconcile(storage))
+
+    async def _reconcile(self, storage: StreamStorage) -> None:
+        """Runs the bookie's reconciler, as the process does once it serves: now, then every
+        GC interval (from the first loop turn: the simulator wires the metadata session after
+        the first boot)."""
+        if self.metadata_session is None:
+            return
+        reconciler = MetadataReconciler(
+            storage,
+            _CurrentSession(self.metadata_session),  # type: ignore[arg-type]
+            interval_s=self.config.gc_interval_ms / 1000,
+            clock=self.clock,
+            on_round=self._reconciled,
+        )
+        await reconciler.run_forever()
 
     def _reconciled(self, report: ReconcileReport) -> None:
         self.reconcile_rounds += 1
@@ -375,6 +383,7 @@ class SimBookie:
         crash = self.on_power_cut
         if crash is not None and self.disk.power_cut:
             self.on_power_cut = None
+            self.power_cuts += 1
             self._trace.record("power_cut", b=self.bookie_id)
             crash()
 
@@ -440,12 +449,12 @@ class SimBookie:
         return task
 
     def _serve(
-        self, kind: str, call: Callable[[BookieCore], Coroutine[Any, Any, Any]], **fields: object
-    ) -> Any:
+        self, kind: str, call: Callable[[BookieCore], Coroutine[Any, Any, R]], **fields: object
+    ) -> asyncio.Task[R]:
         core = self._core
         if core is None:
             raise ConnectionRefusedError(f"{self.bookie_id} is not serving")
-        task = self._spawn(call(core))
+        task: asyncio.Task[R] = self._spawn(call(core))
         task.add_done_callback(lambda t: self._traced(kind, t, fields))
         return task
 

@@ -37,6 +37,7 @@ from stream.metadata.streams import StreamStore
 from stream.protocol import EntryFlag, fragment_index_for
 from stream.sim.bookie import BookieProtections, SimBookie
 from stream.sim.checker import LIVENESS, PROGRESS, Checker, write_quorum_gap
+from stream.sim.disk import DiskFault
 from stream.sim.network import NetworkFaults, SimClock, SimNetwork, SimTransport, SkewedClock
 from stream.sim.services import InlineExecutor, SimServices
 from stream.sim.trace import Trace
@@ -250,7 +251,10 @@ class Simulation:
         self.writer_options = fast_writer_options(client_protections(self.disabled))
         self.reader_options = fast_reader_options()
         self._admin_session = SimMetadataSession(FakeKazooClient(self.zk, now=self.loop.time))
-        self.admin = StreamStore(self._admin_session, clock_ms=self.network.now_ms)
+        self.admin = StreamStore(
+            self._admin_session,  # type: ignore[arg-type]  # the session's duck type
+            clock_ms=self.network.now_ms,
+        )
         self.bookies: dict[str, SimBookie] = {}
         self.read_only: set[str] = set()
         self.disk_faults: set[str] = set()
@@ -353,7 +357,7 @@ class Simulation:
         self.trace.record("read_only", b=bookie_id, ro=int(read_only))
 
     def set_disk_fault(
-        self, bookie_id: str, kind: str | None, duration_s: float | None = None
+        self, bookie_id: str, kind: DiskFault | None, duration_s: float | None = None
     ) -> None:
         """Puts `bookie_id`'s disk in fault `kind` ("read_only", "full"; None: healthy) for
         `duration_s` (None: until called again): it refuses adds and truncations and
@@ -536,7 +540,7 @@ class Simulation:
             queued += 1
             self._unresolved[writer] += 1
             if isinstance(pending, asyncio.Future):
-                pending.add_done_callback(lambda f, p=payload, w=writer: self._acked(name, w, p, f))
+                pending.add_done_callback(functools.partial(self._acked, name, writer, payload))
             else:
                 self.spawn(self._await_ack(name, writer, payload, pending))
         self.trace.record("append", c=name, n=queued)
@@ -629,7 +633,9 @@ class Simulation:
 
     # ------------------------------------------------------------------ faults
 
-    def crash(self, bookie_id: str, *, lose_disk: bool = False, downtime_s: float | None = None):
+    def crash(
+        self, bookie_id: str, *, lose_disk: bool = False, downtime_s: float | None = None
+    ) -> None:
         """Crashes `bookie_id` (losing what is not durable, or its whole disk) and restarts it
         after `downtime_s` (None: only when `restart` is called)."""
         bookie = self.bookies[bookie_id]

@@ -89,7 +89,7 @@ class SimDisk:
         self._rng = rng
         self._torn_tails = torn_tails
         self._lock = threading.RLock()
-        self._names: SortedDict = SortedDict()  # path -> _Inode, what reads see
+        self._names: SortedDict[str, _Inode] = SortedDict()  # path -> _Inode, what reads see
         self._durable_names: dict[str, _Inode] = {}  # what a crash brings back
         self._dirs: set[str] = set()
         self._fds: dict[int, _Fd] = {}
@@ -97,6 +97,8 @@ class SimDisk:
         self._stores: dict[str, SimStore] = {}
         self.fault: DiskFault | None = None
         self.crashes = 0
+        # Files that held unsynced bytes at a crash (the crash landed in the middle of work).
+        self.unsynced_at_crash = 0
         self._guard = _Guard(self)
         self._syncs_left: int | None = None  # syncs before a power cut, when one is set
         self._dead = False  # the power is cut: every operation fails until crash()
@@ -168,6 +170,8 @@ class SimDisk:
         synced = inode.synced
         data = inode.data
         kept = synced
+        if data != synced:
+            self.unsynced_at_crash += 1
         if self._torn_tails and len(data) > len(synced):
             same = 0
             limit = len(synced)

@@ -29,7 +29,7 @@ from stream.errors import InvalidArgumentError, StorageError
 from stream.sim.buggify import Knobs, check_knobs, draw_knobs, guarded_shapes
 from stream.sim.checker import Violation
 from stream.sim.cluster import CLIENT_ERROR, PROTECTIONS, SimConfig, Simulation
-from stream.sim.disk import POWER_CUT
+from stream.sim.disk import POWER_CUT, DiskFault
 from stream.sim.loop import VirtualTimeLoop
 from stream.sim.network import NetworkFaults
 
@@ -55,6 +55,7 @@ _QUORUMS = (
 # SSD, an SSD under load, a disk. Appends are acknowledged that much after they were written,
 # and the records arriving meanwhile form the next group commit.
 _JOURNAL_SYNC_S = (0.0002, 0.001, 0.004)
+_DISK_FAULTS: tuple[DiskFault, ...] = ("read_only", "full")
 
 
 @dataclass(frozen=True)
@@ -481,7 +482,7 @@ class RandomWorkload:
         """A bookie's disk turns read-only or full for a while: it refuses adds."""
         sim = self.sim
         bookie_id = self.rng.choice(sorted(sim.bookies))
-        kind = self.rng.choice(("read_only", "full"))
+        kind: DiskFault = self.rng.choice(_DISK_FAULTS)
         if not sim.bookies[bookie_id].journal_write_data:
             # A full disk may fail its storage, and the restart that ends that loses what a
             # journal-less bookie had not flushed, and puts its streams in limbo: lossy
@@ -764,10 +765,11 @@ def sim_logging(*, show: bool = False, level: int = logging.WARNING) -> None:
     violations; other events are dropped, unless `show`, when events at `level` and above
     are rendered as configured before. (The client logs every failed bookie as a warning,
     and a simulation fails bookies all the time.)"""
-    processors = list(structlog.get_config()["processors"]) if show else [_drop]
+    processors: list[Any] = list(structlog.get_config()["processors"]) if show else [_drop]
     processors = [p for p in processors if p is not _capture_errors]
+    chain: list[Any] = [_capture_errors, *processors]
     structlog.configure(
-        processors=[_capture_errors, *processors],
+        processors=chain,
         wrapper_class=structlog.make_filtering_bound_logger(
             min(level, logging.ERROR) if show else logging.ERROR
         ),
