@@ -473,11 +473,12 @@ class SimBookie:
         ids = [e.entry_id for e in request.entries]
         task = self._serve("add", lambda core: core.add(request), t=request.term, ids=ids)
         if self.journal_write_data:
+            arrival = self.answered.add_arrived(request)
             task.add_done_callback(
                 lambda t: (
                     None
                     if t.cancelled() or t.exception() is not None
-                    else self.answered.on_add(request, t.result().codes)
+                    else self.answered.on_add(request, t.result().codes, arrival)
                 )
             )
         return task
@@ -500,11 +501,7 @@ class SimBookie:
             t=request.term,
             after=request.after_entry_id,
         )
-        # Whatever its answer (dropping too much only checks less). Answers come in the order
-        # of their journal groups: an add applied before it is answered before it.
-        task.add_done_callback(
-            lambda _: self.answered.on_truncate(request.stream_id, request.after_entry_id)
-        )
+        self.answered.truncate_arrived(request.stream_id, request.after_entry_id)
         return task
 
     def trim(self, request: pb.TrimRequest) -> asyncio.Future[pb.TrimResponse]:

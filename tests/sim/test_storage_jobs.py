@@ -118,10 +118,16 @@ def test_acknowledging_before_the_journal_sync_is_caught_by_random_runs() -> Non
 def test_answered_adds_forget_what_the_bookie_was_told_to_drop() -> None:
     answered = AnsweredAdds()
     for entry_id in range(6):
-        answered.on_add(_add_request(entry_id), [pb.OK])
-    answered.on_add(_add_request(6), [pb.INVALID_TERM])  # never promised
-    answered.on_truncate(S, 4)  # 5 may go
-    answered.on_add(_add_request(3, flags=int(EntryFlag.TRUNCATE)), [pb.OK])  # 4 may go
+        request = _add_request(entry_id)
+        answered.on_add(request, [pb.OK], answered.add_arrived(request))
+    request = _add_request(6)
+    answered.on_add(request, [pb.INVALID_TERM], answered.add_arrived(request))  # no promise
+    late = _add_request(7)
+    late_arrival = answered.add_arrived(late)
+    answered.truncate_arrived(S, 4)  # 5 may go, and 7 that arrived before it
+    answered.on_add(late, [pb.OK], late_arrival)
+    noop = _add_request(3, flags=int(EntryFlag.TRUNCATE))  # 4 may go, unanswered or not
+    answered.add_arrived(noop)
     held = {0, 2, 3}
     # 0 was trimmed away (below the first retained entry): only 1 is missing.
     assert answered.missing(lambda _: 1, lambda _, e: e in held) == [(S, 1)]
