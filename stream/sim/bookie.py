@@ -9,7 +9,12 @@ A process crash abandons the storage and crashes the disk (what was not synced i
 torn journal tail may stay); a lost disk wipes it, and the next start is a cookie fix (phase
 one, the forgotten-terms bound). Metadata is read through the simulator's real `StreamStore`
 over the fake ZooKeeper (phase one, the term and trim checks), and phase two's `Repairer`
-reads its peers and runs its takeovers through this node's own simulated transport.
+reads its peers and runs its takeovers through this node's own simulated transport. The real
+reconciler (`stream.bookie.reconcile`) trims what metadata no longer retains, on virtual time.
+
+A journal group commit is written at once and synced `journal_sync_s` (seeded) later, the next
+group forming meanwhile; an armed power cut (`arm_power_cut`) stops a job at a sync and crashes
+the bookie there. What the bookie answered OK for is checked at each start (`AnsweredAdds`).
 """
 
 from __future__ import annotations
