@@ -109,6 +109,17 @@ GUARDED_SHAPES: dict[str, frozenset[str]] = {
     UNPINNED_FIRST: frozenset({"hold_adds", "slow_bookie"}),
 }
 
+# The bookie's own test-only switches (`stream.bookie.unsafe`), for the tests that break a rule
+# inside it: acknowledging before the journal sync loses data only when a crash lands in the
+# middle of the group commit; a limbo bookie's explicit negative matters only after a lost disk
+# (limbo), for an entry that reached a subset of its write set (held adds).
+GUARDED_SHAPES.update(
+    {
+        "journal_sync": frozenset({"torn_jobs"}),
+        "limbo_unknown": frozenset({"wipe", "hold_adds"}),
+    }
+)
+
 
 def guarded_shapes(disabled: Iterable[str]) -> frozenset[str]:
     """Returns the knobs to switch on in every run while the protections in `disabled` are

@@ -141,7 +141,8 @@ def describe(config: SimConfig) -> str:
     return (
         f"E={config.ensemble} WQ={config.write_quorum} AQ={config.ack_quorum} "
         f"bookies={config.bookies} fragment_max_entries={config.fragment_max_entries} "
-        f"journal_less={','.join(sorted(config.journal_less)) or '-'} loss={f.loss_rate} "
+        f"journal_less={','.join(sorted(config.journal_less)) or '-'} "
+        f"journal_sync_ms={config.journal_sync_s * 1000:g} loss={f.loss_rate} "
         f"dup={f.duplicate_rate} spikes={f.spike_rate}"
     )
 
