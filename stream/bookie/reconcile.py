@@ -13,6 +13,7 @@ every stream when ZooKeeper cannot be read.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,8 +56,11 @@ class MetadataReconciler:
         interval_s: float,
         max_streams_per_round: int = 10_000,
         clock: Clock | None = None,
+        on_round: Callable[[ReconcileReport], None] | None = None,
     ) -> None:
+        """`on_round` is told what each round of `run_forever` did (the simulator's trace)."""
         self._clock = clock or SystemClock()
+        self._on_round = on_round
         self._storage = storage
         self._session = session
         self._interval_s = interval_s
@@ -69,7 +73,9 @@ class MetadataReconciler:
         and the next one runs on schedule."""
         while True:
             try:
-                await self.reconcile_once()
+                report = await self.reconcile_once()
+                if self._on_round is not None:
+                    self._on_round(report)
             except asyncio.CancelledError:
                 raise
             except Exception:  # never let one bad round stop reconciliation for good

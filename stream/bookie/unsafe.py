@@ -20,6 +20,8 @@ simulator passes them directly.
 - "limbo_unknown" makes a stream in limbo answer NO_SUCH_ENTRY for an entry it lacks instead
   of UNKNOWN (the simulator shows its checker catches the lost entry that lets a recovery
   truncate);
+- "journal_sync" acknowledges a journal group once written, before its fdatasync (the
+  simulator shows a crash in the middle of the group commit then loses acknowledged data);
 - "truncate_order" applies every Truncate of the stream's term, even a late one below the point
   the bookie already truncated at (which deletes what the term wrote since).
 """
@@ -46,6 +48,7 @@ UNSAFE_SWITCHES = frozenset(
         "term_check",
         "limbo_unknown",
         "truncate_order",
+        "journal_sync",
     }
 )
 

@@ -9,7 +9,12 @@ A process crash abandons the storage and crashes the disk (what was not synced i
 torn journal tail may stay); a lost disk wipes it, and the next start is a cookie fix (phase
 one, the forgotten-terms bound). Metadata is read through the simulator's real `StreamStore`
 over the fake ZooKeeper (phase one, the term and trim checks), and phase two's `Repairer`
-reads its peers and runs its takeovers through this node's own simulated transport.
+reads its peers and runs its takeovers through this node's own simulated transport. The real
+reconciler (`stream.bookie.reconcile`) trims what metadata no longer retains, on virtual time.
+
+A journal group commit is written at once and synced `journal_sync_s` (seeded) later, the next
+group forming meanwhile; an armed power cut (`arm_power_cut`) stops a job at a sync and crashes
+the bookie there. What the bookie answered OK for is checked at each start (`AnsweredAdds`).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import random
 import zlib
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
@@ -29,18 +34,25 @@ from stream.bookie.config import BookieConfig
 from stream.bookie.core import BookieCore, StartReport
 from stream.bookie.disk import DiskStatus
 from stream.bookie.integrity import begin_phase_one, limbo_bounds, phase_one_reason
+from stream.bookie.reconcile import MetadataReconciler, ReconcileReport
 from stream.bookie.storage import StreamStateView, StreamStorage
 from stream.bookie.terms import MetadataTerms, StreamFacts, metadata_terms_for
 from stream.bookie.unsafe import UnsafeSkips
 from stream.client.options import WriterOptions
 from stream.client.recovery import WriterIdentity
+from stream.clock import Clock
 from stream.errors import StreamNotFoundError
 from stream.metadata.model import Fragment, StreamMeta
+from stream.sim.acknowledged import BOOKIE_DURABILITY, AnsweredAdds
 from stream.sim.disk import DiskFault, SimDisk
 from stream.sim.trace import Trace
+from stream.sim.zookeeper import FakeKazooClient, SimMetadataSession
 from stream.wire import bookie_pb2 as pb
 
 log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 _WRITABLE = DiskStatus(False, 1 << 30, 1 << 31, "/sim", 0.5)
 _FULL = DiskStatus(True, 0, 1 << 31, "/sim", 1.0)
@@ -101,10 +113,14 @@ class SimBookie:
         rng: random.Random | None = None,
         write_cache_max_bytes: int | None = None,
         flush_delay_s: float = 0.0,
+        journal_sync_s: float = 0.0,
     ) -> None:
         """`write_cache_max_bytes` replaces the bookie's default write cache, and a flush the
         storage wants starts `flush_delay_s` late (a slow disk): a small cache that stays full
-        meanwhile answers adds TOO_BUSY."""
+        meanwhile answers adds TOO_BUSY. `journal_sync_s` is the journal fdatasync's typical
+        virtual duration (each sync takes between half and one and a half of it, seeded):
+        records appended meanwhile form the next group, and appends are acknowledged that much
+        after they were written. 0: a group is written and synced at once."""
         self._flush_delay_s = flush_delay_s
         self.bookie_id = bookie_id
         self.journal_write_data = journal_write_data
@@ -116,6 +132,15 @@ class SimBookie:
         self._rng = rng or random.Random(zlib.crc32(bookie_id.encode()))
         self._unsafe = protections.unsafe()
         self.disk = SimDisk(random.Random(self._rng.getrandbits(64)))
+        self._journal_sync_s = journal_sync_s
+        # Derived from the bookie's random state without drawing from it: a run whose syncs
+        # take no time keeps every other draw of the bookie (phase two's) as it was.
+        self._sync_rng = random.Random(hash(self._rng.getstate()[1]))
+        # The journal group written and being synced (its fdatasync ends then).
+        self._sync_handle: asyncio.TimerHandle | None = None
+        # Set by the simulator while a power cut is armed on this disk: the crash to run
+        # when it hits (at a sync, in the middle of a job).
+        self.on_power_cut: Callable[[], None] | None = None
         self.config = BookieConfig(
             bookie_id=bookie_id,
             listen=f"{bookie_id}:3181",
@@ -142,6 +167,16 @@ class SimBookie:
         self.repair_metadata: Any = None
         self.repair_clock: Any = None
         self.writer_options: WriterOptions | None = None
+        # Set by the simulator: the bookie's current metadata session (a new one after each
+        # restart or expiry) and the clock its reconciler runs on.
+        self.metadata_session: Callable[[], SimMetadataSession] | None = None
+        self.clock: Clock | None = None
+        self.reconcile_rounds = 0
+        self.power_cuts = 0
+        # What this bookie answered OK for, judged at each start (a journaled bookie loses
+        # none of it in a crash); violations go to `on_violation(property, details)`.
+        self.answered = AnsweredAdds()
+        self.on_violation: Callable[[str, str], None] | None = None
         # On the disk, in the index directory (lost with it): the journal-bypass marker and
         # the stream id below which terms may have been forgotten.
         self._journal_bypassed = False
@@ -173,6 +208,7 @@ class SimBookie:
         storage.on_work = self._arm_jobs
         report = storage.open()
         self._storage = storage
+        self._check_answered(storage)
         reason = phase_one_reason(
             unclean=bool(report.unclean),
             journal_bypassed=journal_bypassed_before,
@@ -205,6 +241,54 @@ class SimBookie:
         bounds = limbo_bounds(storage)
         if bounds and self.repair_transport is not None:
             self._spawn(self._repair(storage, bounds))
+        self._spawn(self._reconcile(storage))
+
+    async def _reconcile(self, storage: StreamStorage) -> None:
+        """Runs the bookie's reconciler, as the process does once it serves: now, then every
+        GC interval (from the first loop turn: the simulator wires the metadata session after
+        the first boot)."""
+        if self.metadata_session is None:
+            return
+        reconciler = MetadataReconciler(
+            storage,
+            _CurrentSession(self.metadata_session),  # type: ignore[arg-type]
+            interval_s=self.config.gc_interval_ms / 1000,
+            clock=self.clock,
+            on_round=self._reconciled,
+        )
+        await reconciler.run_forever()
+
+    def _reconciled(self, report: ReconcileReport) -> None:
+        self.reconcile_rounds += 1
+        if report.streams_trimmed or report.streams_deleted:
+            self._trace.record(
+                "reconciled",
+                b=self.bookie_id,
+                trimmed=report.streams_trimmed,
+                deleted=report.streams_deleted,
+            )
+
+    def _check_answered(self, storage: StreamStorage) -> None:
+        """Reports the entries this journaled bookie answered OK for and lost (replay must
+        bring back every one, wherever the crash landed)."""
+        if not self.journal_write_data or self.on_violation is None:
+            return
+
+        def first_retained(stream_id: int) -> int:
+            state = storage.stream_state(stream_id)
+            return 0 if state is None else state.first_entry_id
+
+        def held(stream_id: int, entry_id: int) -> bool:
+            return storage.read(stream_id, entry_id).code == pb.OK
+
+        missing = self.answered.missing(first_retained, held)
+        if missing:
+            self.on_violation(
+                BOOKIE_DURABILITY,
+                f"{self.bookie_id} lost {len(missing)} entries it acknowledged "
+                f"(stream, entry): {missing[:5]}",
+            )
+            self.answered.forget()  # reported once
 
     async def _repair(self, storage: StreamStorage, bounds: dict[int, int]) -> None:
         repairer = Repairer(
@@ -240,6 +324,10 @@ class SimBookie:
         self.up = False
         self.incarnation += 1
         self._core = None
+        self.on_power_cut = None
+        if self._sync_handle is not None:
+            self._sync_handle.cancel()
+            self._sync_handle = None
         for task in list(self._tasks):
             task.cancel()
         self._tasks.clear()
@@ -252,6 +340,8 @@ class SimBookie:
         if self._storage is not None:
             self._storage.abandon()
             self._storage = None
+        if lose_disk or not self.journal_write_data:
+            self.answered.forget()
         if lose_disk:
             self.disk.wipe()
             self._journal_bypassed = False
@@ -262,6 +352,7 @@ class SimBookie:
 
     def stop_cleanly(self) -> None:
         """Stops the bookie after a final flush (no phase one at the next start)."""
+        self.disk.cut_power_at_sync(None)  # an orderly stop outruns an armed power cut
         self._down("stop")
         if self._storage is not None:
             with contextlib.suppress(Exception):
@@ -286,18 +377,51 @@ class SimBookie:
 
     # ------------------------------------------------------------------ background jobs
 
+    def arm_power_cut(self, syncs: int, crash: Callable[[], None]) -> None:
+        """Cuts the power at this bookie's disk after `syncs` more syncs succeed: the job
+        that reaches the next one stops there (its writes since its last sync are not
+        durable) and `crash` runs as that job returns (the simulator's crash of this bookie).
+        """
+        self.disk.cut_power_at_sync(syncs)
+        self.on_power_cut = crash
+        self._trace.record("power_cut_armed", b=self.bookie_id, syncs=syncs)
+
+    def disarm_power_cut(self) -> None:
+        """Drops an armed power cut that has not hit yet."""
+        if self.on_power_cut is not None and not self.disk.power_cut:
+            self.disk.cut_power_at_sync(None)
+            self.on_power_cut = None
+
+    def _after_job(self) -> None:
+        """Crashes the bookie if the job that just ran hit the armed power cut."""
+        crash = self.on_power_cut
+        if crash is not None and self.disk.power_cut:
+            self.on_power_cut = None
+            self.power_cuts += 1
+            self._trace.record("power_cut", b=self.bookie_id)
+            crash()
+
     def _arm_jobs(self) -> None:
         if not self._jobs_armed:
             self._jobs_armed = True
             asyncio.get_running_loop().call_soon(self._run_jobs, self._storage)
 
     def _run_jobs(self, storage: StreamStorage | None) -> None:
+        """The journal thread's and the flusher's steps: the pending journal records are
+        written as one group (synced at once, or `journal_sync_s` later while the next group
+        forms), and a flush runs when one was asked for."""
         self._jobs_armed = False
         if storage is None or storage is not self._storage:
             return
         try:
-            storage.commit_journal()
-            if storage.flush_wanted():
+            if not self._journal_sync_s:
+                storage.commit_journal()
+            elif self._sync_handle is None and storage.write_journal():
+                duration_s = self._journal_sync_s * self._sync_rng.uniform(0.5, 1.5)
+                self._sync_handle = asyncio.get_running_loop().call_later(
+                    duration_s, self._journal_synced, storage
+                )
+            if storage.flush_wanted() and not self.disk.power_cut:
                 if self._flush_delay_s > 0:
                     loop = asyncio.get_running_loop()
                     loop.call_later(self._flush_delay_s, self._run_flush, storage)
@@ -305,19 +429,33 @@ class SimBookie:
                     storage.run_flush_once()
         except Exception as e:
             self._job_failed(e)
+        self._after_job()
 
     def _run_flush(self, storage: StreamStorage) -> None:
         """A flush started late (`flush_delay_s`), unless the bookie restarted meanwhile."""
-        if storage is self._storage:
+        if storage is self._storage and not self.disk.power_cut:
             try:
                 storage.run_flush_once()
             except Exception as e:
                 self._job_failed(e)
+            self._after_job()
 
     def _job_failed(self, error: Exception) -> None:
         """The disk failed: the storage answers INTERNAL from now on."""
         self.storage_failed = True
         log.debug("sim.bookie.job_failed", bookie=self.bookie_id, error=repr(error))
+
+    def _journal_synced(self, storage: StreamStorage) -> None:
+        """The fdatasync of the written group ends: it is acknowledged, and the records that
+        arrived meanwhile are the next group."""
+        self._sync_handle = None
+        if storage is not self._storage:
+            return
+        storage.sync_journal()
+        if self.disk.power_cut:
+            self._after_job()
+        else:
+            self._run_jobs(storage)
 
     def flush(self) -> None:
         """Runs the flusher's step (and GC when due), as the periodic flush does."""
@@ -331,6 +469,7 @@ class SimBookie:
         except Exception as e:
             self.storage_failed = True
             log.debug("sim.bookie.flush_failed", bookie=self.bookie_id, error=repr(e))
+        self._after_job()
 
     # ------------------------------------------------------------------ requests
 
@@ -341,12 +480,12 @@ class SimBookie:
         return task
 
     def _serve(
-        self, kind: str, call: Callable[[BookieCore], Coroutine[Any, Any, Any]], **fields: object
-    ) -> Any:
+        self, kind: str, call: Callable[[BookieCore], Coroutine[Any, Any, R]], **fields: object
+    ) -> asyncio.Task[R]:
         core = self._core
         if core is None:
             raise ConnectionRefusedError(f"{self.bookie_id} is not serving")
-        task = self._spawn(call(core))
+        task: asyncio.Task[R] = self._spawn(call(core))
         task.add_done_callback(lambda t: self._traced(kind, t, fields))
         return task
 
@@ -363,7 +502,17 @@ class SimBookie:
 
     def add(self, request: pb.AddRequest) -> asyncio.Future[pb.AddResponse]:
         ids = [e.entry_id for e in request.entries]
-        return self._serve("add", lambda core: core.add(request), t=request.term, ids=ids)
+        task = self._serve("add", lambda core: core.add(request), t=request.term, ids=ids)
+        if self.journal_write_data:
+            arrival = self.answered.add_arrived(request)
+            task.add_done_callback(
+                lambda t: (
+                    None
+                    if t.cancelled() or t.exception() is not None
+                    else self.answered.on_add(request, t.result().codes, arrival)
+                )
+            )
+        return task
 
     def fence(self, request: pb.FenceRequest) -> asyncio.Future[pb.FenceResponse]:
         return self._serve("fence", lambda core: core.fence(request), t=request.term)
@@ -377,12 +526,14 @@ class SimBookie:
         return self._serve("read_lac", lambda core: core.read_lac(request))
 
     def truncate(self, request: pb.TruncateRequest) -> asyncio.Future[pb.TruncateResponse]:
-        return self._serve(
+        task = self._serve(
             "truncate",
             lambda core: core.truncate(request),
             t=request.term,
             after=request.after_entry_id,
         )
+        self.answered.truncate_arrived(request.stream_id, request.after_entry_id)
+        return task
 
     def trim(self, request: pb.TrimRequest) -> asyncio.Future[pb.TrimResponse]:
         return self._serve("trim", lambda core: core.trim(request), before=request.before_entry_id)
@@ -417,6 +568,22 @@ class SimBookie:
             return None
         outcome = storage.read(stream_id, entry_id)
         return outcome.entry if outcome.code == pb.OK else None
+
+
+class _CurrentSession:
+    """The bookie's metadata session as the reconciler sees it: the real process keeps one
+    session that reconnects; the simulator gives the bookie a new one at each restart and
+    after an expiry, so this reads whichever is current."""
+
+    def __init__(self, current: Callable[[], SimMetadataSession]) -> None:
+        self._current = current
+
+    @property
+    def zk(self) -> FakeKazooClient:
+        return self._current().zk
+
+    def retry(self, func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return self._current().retry(func, *args, **kwargs)
 
 
 class _StreamStates:

@@ -55,6 +55,8 @@ class Knobs:
       another takes over missing that bookie (`stream.sim.shapes`).
     - `spare_churn`: a takeover's write-backs to one member are held, and the bookie that
       replaces it fails right after it joined (`stream.sim.shapes`).
+    - `torn_jobs`: bookies crash in the middle of their storage jobs (a power cut at a sync of
+      a journal group commit, a flush or GC): replay meets torn tails and unsynced files.
     """
 
     hold_adds: bool = False
@@ -76,6 +78,8 @@ class Knobs:
     retention: bool = False
     dirty_tail: bool = False
     spare_churn: bool = False
+    # The storage jobs' knobs.
+    torn_jobs: bool = False
 
     def names(self) -> list[str]:
         """Returns the names of the knobs that are on (for the trace and reports)."""
@@ -105,6 +109,8 @@ _ODDS = {
     "retention": 0.2,
     "dirty_tail": 0.3,
     "spare_churn": 0.3,
+    # The storage jobs' knobs.
+    "torn_jobs": 0.5,
 }
 
 
@@ -137,6 +143,17 @@ GUARDED_SHAPES: dict[str, frozenset[str]] = {
     # pinned-first: a member held (it acks committed entries late) while another fails.
     UNPINNED_FIRST: frozenset({"hold_adds", "slow_bookie"}),
 }
+
+# The bookie's own test-only switches (`stream.bookie.unsafe`), for the tests that break a rule
+# inside it: acknowledging before the journal sync loses data only when a crash lands in the
+# middle of the group commit; a limbo bookie's explicit negative matters only after a lost disk
+# (limbo), for an entry that reached a subset of its write set (held adds).
+GUARDED_SHAPES.update(
+    {
+        "journal_sync": frozenset({"torn_jobs"}),
+        "limbo_unknown": frozenset({"wipe", "hold_adds"}),
+    }
+)
 
 
 def guarded_shapes(disabled: Iterable[str]) -> frozenset[str]:

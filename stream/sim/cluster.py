@@ -29,6 +29,7 @@ from stream.client.reader import AsyncStreamReader
 from stream.client.recovery import WriterIdentity
 from stream.client.seal import seal
 from stream.client.writer import AsyncStreamWriter
+from stream.clock import LoopClock
 from stream.errors import StreamError
 from stream.metadata import paths
 from stream.metadata.bookies import BookieRegistration, BookieRegistry
@@ -39,7 +40,7 @@ from stream.sim.bookie import BookieProtections, SimBookie
 from stream.sim.checker import LIVENESS, PROGRESS, Checker, Violation, write_quorum_gap
 from stream.sim.disk import DiskFault
 from stream.sim.network import NetworkFaults, SimClock, SimNetwork, SimTransport, SkewedClock
-from stream.sim.services import SimServices
+from stream.sim.services import InlineExecutor, SimServices
 from stream.sim.trace import Trace
 from stream.sim.zookeeper import (
     FakeKazooClient,
@@ -177,6 +178,8 @@ class SimConfig:
     flush_delay_s: float = 0.0
     faults: NetworkFaults = field(default_factory=NetworkFaults)
     disabled: frozenset[str] = frozenset()
+    # The journal fdatasync's typical virtual duration (0: a group commit takes no time).
+    journal_sync_s: float = 0.0
 
     def bookie_ids(self) -> list[str]:
         return [f"b{i}" for i in range(1, self.bookies + 1)]
@@ -257,6 +260,10 @@ class Simulation:
         )
         self.clock = SimClock(self.network)
         self.zk = FakeZooKeeper(clock_ms=self.network.now_ms, schedule=self.loop.call_soon)
+        # Blocking metadata calls that production runs in a thread (the bookies' reconcilers,
+        # the services) run at once on the loop's thread: a real thread would let virtual
+        # time run ahead of them, and the schedule would no longer follow from the seed.
+        self.loop.set_default_executor(InlineExecutor())
         self.checker = Checker(self.trace, self.loop.time)
         self.zk.on_write.append(self._on_zk_write)
         self.disabled = frozenset(config.disabled)
@@ -264,7 +271,7 @@ class Simulation:
         self.reader_options = fast_reader_options()
         self._admin_session = SimMetadataSession(FakeKazooClient(self.zk, now=self.loop.time))
         self.admin = StreamStore(
-            self._admin_session,  # type: ignore[arg-type]
+            self._admin_session,  # type: ignore[arg-type]  # the session's duck type
             clock_ms=self.network.now_ms,
         )
         self.bookies: dict[str, SimBookie] = {}
@@ -283,6 +290,7 @@ class Simulation:
                 rng=random.Random(bookie_rng.getrandbits(64)),
                 write_cache_max_bytes=config.write_cache_max_bytes,
                 flush_delay_s=config.flush_delay_s,
+                journal_sync_s=config.journal_sync_s,
             )
             bookie.streams_with_bookie = self.admin.streams_with_bookie
             bookie.snapshot = self.admin.get_snapshot
@@ -294,6 +302,9 @@ class Simulation:
             bookie.repair_metadata = SimMetadata(self.network, bookie_id, repair_session)
             bookie.repair_clock = self.clock
             bookie.writer_options = self.writer_options
+            bookie.metadata_session = functools.partial(self._bookie_session, bookie_id)
+            bookie.clock = LoopClock(self.network.now_ms)
+            bookie.on_violation = self.checker.violate
             self.bookies[bookie_id] = bookie
             self.network.bookies[bookie_id] = bookie
         self._flush_rng = bookie_rng
@@ -443,6 +454,9 @@ class Simulation:
                 self.restart_if_failed(bookie_id)  # it failed just before the disk healed
         if not self.finished:
             self._arm_flush(bookie_id)
+
+    def _bookie_session(self, bookie_id: str) -> SimMetadataSession:
+        return self._bookie_sessions[bookie_id]
 
     def _next_stream_id(self) -> int:
         data, _ = self._admin_session.zk.get(paths.STREAMS_NEXT_ID)
@@ -710,6 +724,39 @@ class Simulation:
         if downtime_s is not None:
             self._restarts[bookie_id] = self.loop.call_later(downtime_s, self.restart, bookie_id)
 
+    def crash_at_sync(
+        self,
+        bookie_id: str,
+        syncs: int,
+        *,
+        downtime_s: float | None = None,
+        within_s: float = 0.5,
+    ) -> None:
+        """Crashes `bookie_id` in the middle of its storage work: the power is cut at its
+        disk's sync after `syncs` more (between a journal group's writes and its fdatasync,
+        an entry log's writes and its sync, the entry logs and the index commit...), or, if
+        it syncs no more within `within_s`, between its jobs then. Restarts it after
+        `downtime_s` as `crash`. A journal-less bookie takes its share of the loss budget
+        now (`may_lose_data`)."""
+        bookie = self.bookies[bookie_id]
+        if not bookie.up or bookie.on_power_cut is not None:
+            return
+        if not bookie.journal_write_data:
+            self.lossy_bookies.add(bookie_id)
+
+        def crash() -> None:
+            self.crash(bookie_id, downtime_s=downtime_s)
+
+        bookie.arm_power_cut(syncs, crash)
+        incarnation = bookie.incarnation
+
+        def no_sync_in_time() -> None:
+            if bookie.incarnation == incarnation and bookie.on_power_cut is crash:
+                bookie.disarm_power_cut()
+                crash()
+
+        self.loop.call_later(within_s, no_sync_in_time)
+
     def may_lose_data(self, bookie_id: str) -> bool:
         """Returns whether a crash of `bookie_id` that loses data (a disk wipe, or no journal)
         stays within the fault model: every acknowledged entry is on AQ bookies, so fewer than
@@ -861,6 +908,8 @@ class Simulation:
         whole of every stream not deleted, and gives them to the checkers."""
         if self.services is not None:
             await self.services.stop()
+        for bookie in self.bookies.values():
+            bookie.disarm_power_cut()
         self.network.faults = replace(
             self.network.faults, spike_rate=0.0, loss_rate=0.0, duplicate_rate=0.0
         )

@@ -53,8 +53,13 @@ def _key(path: PathLike) -> str:
     return os.path.normpath(os.fspath(path))
 
 
+# What every operation raises once the power is cut (named, so that the simulator tells it
+# from a real I/O error when the storage engine logs it).
+POWER_CUT = "simulated power cut"
+
+
 def _eio() -> OSError:
-    return OSError(errno.EIO, os.strerror(errno.EIO))
+    return OSError(errno.EIO, f"{os.strerror(errno.EIO)} ({POWER_CUT})")
 
 
 class _Guard:
@@ -84,7 +89,7 @@ class SimDisk:
         self._rng = rng
         self._torn_tails = torn_tails
         self._lock = threading.RLock()
-        self._names: SortedDict = SortedDict()  # path -> _Inode, what reads see
+        self._names: SortedDict[str, _Inode] = SortedDict()  # path -> _Inode, what reads see
         self._durable_names: dict[str, _Inode] = {}  # what a crash brings back
         self._dirs: set[str] = set()
         self._fds: dict[int, _Fd] = {}
@@ -92,6 +97,8 @@ class SimDisk:
         self._stores: dict[str, SimStore] = {}
         self.fault: DiskFault | None = None
         self.crashes = 0
+        # Files that held unsynced bytes at a crash (the crash landed in the middle of work).
+        self.unsynced_at_crash = 0
         self._guard = _Guard(self)
         self._syncs_left: int | None = None  # syncs before a power cut, when one is set
         self._dead = False  # the power is cut: every operation fails until crash()
@@ -108,12 +115,18 @@ class SimDisk:
             for store in self._stores.values():
                 store.full = kind == "full"
 
-    def cut_power_at_sync(self, syncs: int) -> None:
+    def cut_power_at_sync(self, syncs: int | None) -> None:
         """Lets `syncs` more syncs (file, directory or index) succeed; the next one fails
         with EIO, as does every operation after it, until `crash()` (a power cut in the
-        middle of the engine's work: what it wrote since its last sync is not durable)."""
+        middle of the engine's work: what it wrote since its last sync is not durable).
+        None disarms a cut that has not hit yet."""
         with self._lock:
             self._syncs_left = syncs
+
+    @property
+    def power_cut(self) -> bool:
+        """Returns whether the power is cut (every operation fails until `crash()`)."""
+        return self._dead
 
     def _synced(self) -> None:
         """Counts one sync towards a power cut set by `cut_power_at_sync`."""
@@ -157,6 +170,8 @@ class SimDisk:
         synced = inode.synced
         data = inode.data
         kept = synced
+        if data != synced:
+            self.unsynced_at_crash += 1
         if self._torn_tails and len(data) > len(synced):
             same = 0
             limit = len(synced)

@@ -29,7 +29,7 @@ class SimStore:
         """`guard` is held around every transaction and sync (the disk's lock; it fails
         them after a power cut) and `on_sync` is called at each sync."""
         self._lock = guard
-        self._dbs: dict[bytes | None, SortedDict] = {None: SortedDict()}
+        self._dbs: dict[bytes | None, SortedDict[bytes, bytes]] = {None: SortedDict()}
         self._durable: dict[bytes | None, dict[bytes, bytes]] = {None: {}}
         self._unsynced: list[list[_Change]] = []
         self._open = True
@@ -123,7 +123,7 @@ class SimTxn:
                 dbs[db][key] = value
         self._changes = []
 
-    def _map(self, db: bytes | None) -> SortedDict:
+    def _map(self, db: bytes | None) -> SortedDict[bytes, bytes]:
         return self._store._dbs[self._db if db is None else db]
 
     def _set(self, db: bytes | None, key: bytes, value: bytes | None) -> bool:
@@ -164,7 +164,7 @@ class SimCursor:
     def __init__(self, txn: SimTxn, db: bytes | None) -> None:
         self._txn = txn
         self._db = db
-        self._items: SortedDict = txn._store._dbs[db]
+        self._items: SortedDict[bytes, bytes] = txn._store._dbs[db]
         self._at = -1  # -1: not positioned
 
     def _valid(self) -> bool:

@@ -39,7 +39,7 @@ class _VirtualSelector(selectors.BaseSelector):
             self._clock.advance(timeout)
         return []
 
-    def get_map(self) -> dict[Any, selectors.SelectorKey]:  # type: ignore[override]
+    def get_map(self) -> dict[Any, selectors.SelectorKey]:
         return self._map
 
     def close(self) -> None:

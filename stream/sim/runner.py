@@ -35,7 +35,7 @@ from stream.sim.buggify import (
 )
 from stream.sim.checker import Violation
 from stream.sim.cluster import CLIENT_ERROR, PROTECTIONS, SimConfig, Simulation
-from stream.sim.disk import DiskFault
+from stream.sim.disk import POWER_CUT, DiskFault
 from stream.sim.fault_space import TOO_BUSY_CACHE_BYTES, TOO_BUSY_FLUSH_S, FaultSpace
 from stream.sim.loop import VirtualTimeLoop
 from stream.sim.network import NetworkFaults
@@ -57,6 +57,14 @@ _QUORUMS = (
     (3, 2, 1),
     (3, 3, 1),
 )
+
+
+# Typical journal fdatasync durations (virtual seconds) the random runs choose from: instant
+# (the schedules of the runs before syncs took time), a fast SSD, an SSD under load, a disk.
+# Appends are acknowledged that much after they were written, and the records arriving
+# meanwhile form the next group commit.
+_JOURNAL_SYNC_S = (0.0, 0.0002, 0.001, 0.004)
+_DISK_FAULTS: tuple[DiskFault, ...] = ("read_only", "full")
 
 
 @dataclass(frozen=True)
@@ -131,6 +139,7 @@ def random_config(rng: random.Random, disabled: frozenset[str]) -> SimConfig:
         flush_interval_s=rng.choice((0.1, 0.3, 1.0)),
         faults=faults,
         disabled=disabled,
+        journal_sync_s=rng.choice(_JOURNAL_SYNC_S),
     )
 
 
@@ -140,7 +149,8 @@ def describe(config: SimConfig) -> str:
     return (
         f"E={config.ensemble} WQ={config.write_quorum} AQ={config.ack_quorum} "
         f"bookies={config.bookies} fragment_max_entries={config.fragment_max_entries} "
-        f"journal_less={','.join(sorted(config.journal_less)) or '-'} loss={f.loss_rate} "
+        f"journal_less={','.join(sorted(config.journal_less)) or '-'} "
+        f"journal_sync_ms={config.journal_sync_s * 1000:g} loss={f.loss_rate} "
         f"dup={f.duplicate_rate} spikes={f.spike_rate}"
     )
 
@@ -198,6 +208,9 @@ class RandomWorkload:
             self._actions.append((30, shapes.dirty_tail))
         if knobs.spare_churn:
             self._actions.append((30, shapes.spare_churn))
+        # The storage jobs' faults.
+        if knobs.torn_jobs:
+            self._actions.append((5, self.crash_mid_job))
         self._weights = [w for w, _ in self._actions]
 
     async def run(self, steps: int) -> None:
@@ -411,12 +424,18 @@ class RandomWorkload:
             bookie_id = self.rng.choice(up)
             sim.crash(bookie_id, lose_disk=True, downtime_s=self.rng.uniform(0.01, 0.2))
 
-    def crash(self) -> None:
+    def _crashable(self) -> list[str]:
+        """Returns the bookies that are up, when one more may go down (none otherwise)."""
         sim = self.sim
         up = [b for b, bookie in sim.bookies.items() if bookie.up]
         down = len(sim.bookies) - len(up)
         max_down = len(sim.bookies) - 1 if self.knobs.outage else 2
-        if not up or down >= max_down:
+        return up if down < max_down else []
+
+    def crash(self) -> None:
+        sim = self.sim
+        up = self._crashable()
+        if not up:
             return
         downtime_s = self.rng.uniform(0.05, 1.0)
         bookie_id = self.rng.choice(up)
@@ -430,6 +449,27 @@ class RandomWorkload:
             sim.crash(bookie_id, lose_disk=lose_disk, downtime_s=downtime_s)
         elif lossless:
             sim.crash(bookie_id, downtime_s=downtime_s)
+
+    def crash_mid_job(self) -> None:
+        """BUGGIFY `torn_jobs`: a bookie (most often the one with the longest log) crashes in
+        the middle of its storage work, at one of its disk's next syncs: between a journal
+        group's writes and its fdatasync, an entry log's writes and its sync, the entry logs
+        and the index commit."""
+        sim = self.sim
+        # Journaled bookies only: they promise to lose nothing they acknowledged, wherever
+        # the crash lands (a journal-less one's crashes are lossy, the loss budget's).
+        up = [b for b in self._crashable() if sim.bookies[b].journal_write_data]
+        target = self._target()
+        bookie_id = target if target in up else self.rng.choice(up) if up else None
+        if bookie_id is None:
+            return
+        sim.crash_at_sync(
+            bookie_id,
+            # Most often the next sync: the group commit of the adds arriving now.
+            self.rng.choice((0, 0, 0, 1, 2, 3)),
+            downtime_s=self.rng.uniform(0.05, 1.0),
+            within_s=self.rng.uniform(0.05, 0.5),
+        )
 
     def hold_adds(self) -> None:
         """A writer's Add streams to all but one bookie of its ensemble (or to one) are held
@@ -466,7 +506,7 @@ class RandomWorkload:
         """A bookie's disk turns read-only or full for a while: it refuses adds."""
         sim = self.sim
         bookie_id = self.rng.choice(sorted(sim.bookies))
-        kind: DiskFault = self.rng.choice(("read_only", "full"))
+        kind: DiskFault = self.rng.choice(_DISK_FAULTS)
         if not sim.bookies[bookie_id].journal_write_data:
             # A full disk may fail its storage, and the restart that ends that loses what a
             # journal-less bookie had not flushed, and puts its streams in limbo: lossy
@@ -728,10 +768,13 @@ _INJECTED_DISK_ERRORS = frozenset({errno.ENOSPC, errno.EROFS})
 
 
 def _injected_disk_error(error: BaseException | None) -> bool:
-    """Returns whether `error` is (or was caused by) a full or read-only simulated disk. The
-    journal hands its failure on in a `StorageError` that only names it."""
+    """Returns whether `error` is (or was caused by) a full or read-only simulated disk, or a
+    simulated power cut. The journal hands its failure on in a `StorageError` that only names
+    it."""
     while error is not None:
         if isinstance(error, OSError) and error.errno in _INJECTED_DISK_ERRORS:
+            return True
+        if POWER_CUT in str(error):  # the storage's last words before a simulated power cut
             return True
         if isinstance(error, StorageError) and any(
             os.strerror(code) in str(error) for code in _INJECTED_DISK_ERRORS
@@ -768,8 +811,9 @@ def sim_logging(*, show: bool = False, level: int = logging.WARNING) -> None:
     and a simulation fails bookies all the time.)"""
     processors: list[Any] = list(structlog.get_config()["processors"]) if show else [_drop]
     processors = [p for p in processors if p is not _capture_errors]
+    chain: list[Any] = [_capture_errors, *processors]
     structlog.configure(
-        processors=[_capture_errors, *processors],
+        processors=chain,
         wrapper_class=structlog.make_filtering_bound_logger(
             min(level, logging.ERROR) if show else logging.ERROR
         ),

@@ -193,7 +193,6 @@ class SimServices:
     async def start(self) -> None:
         """Sets the stream's retention policy and runs the services (when `periodic`)."""
         sim = self.sim
-        sim.loop.set_default_executor(InlineExecutor())
         sim.zk.on_write.append(self._on_zk_write)
         if self.retention_policy is not None:
             sim.admin.set_retention(sim.stream_id, self.retention_policy)

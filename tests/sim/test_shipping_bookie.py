@@ -37,8 +37,10 @@ def test_an_unknown_bookie_switch_is_refused() -> None:
 
 # Seeds where a writer's late new-member Truncate reached a bookie after a newer Truncate of the
 # same term and deleted what the term wrote since (found by random runs before the bookie's
-# truncate-order rule, stream/protocol/truncation.py; `truncate_order` switches it off).
-LATE_TRUNCATE_SEEDS = [(4032, False), (7293, False), (13232, False), (171, True)]
+# truncate-order rule, stream/protocol/truncation.py; `truncate_order` switches it off). Seeds
+# 4032 and 7293 left the list when journal syncs began to take virtual time and crashes to
+# land in the middle of storage jobs: their runs take other schedules now.
+LATE_TRUNCATE_SEEDS = [(13232, False), (171, True)]
 
 
 @pytest.mark.parametrize(("seed", "reengage"), LATE_TRUNCATE_SEEDS)

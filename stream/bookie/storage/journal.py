@@ -72,6 +72,19 @@ class JournalPosition(NamedTuple):
 
 
 @dataclass(frozen=True)
+class _WrittenGroup:
+    """A group commit whose records are written but not yet synced: what its fdatasync
+    completes (the group's future, and the checkpoint marks at their positions)."""
+
+    items: list[tuple[int, object]]
+    future: Future[None]
+    marks: list[tuple[Future[JournalPosition], JournalPosition]]
+    size: int
+    records: int
+    started: float
+
+
+@dataclass(frozen=True)
 class ReplayedRecord:
     """One valid journal record found by replay; `position` is where the next record starts."""
 
@@ -216,10 +229,15 @@ class Journal:
         disk: DiskPort = OS_DISK,
         clock: Callable[[], float] = time.monotonic,
         on_group: Callable[[], None] | None = None,
+        ack_before_sync: bool = False,
     ) -> None:
         """`on_group` is called (on the appending thread) each time a new group starts: a
-        caller that runs the journal without its thread schedules `commit_pending` then."""
+        caller that runs the journal without its thread schedules `commit_pending` then.
+        `ack_before_sync` completes a group's future once it is written, before its fdatasync:
+        a broken rule, for the tests that show the simulator catches it (never in
+        production)."""
         self._path = path
+        self._ack_before_sync = ack_before_sync
         self._on_group = on_group
         self._disk = disk
         self._clock = clock
@@ -241,6 +259,8 @@ class Journal:
         self._offset = 0
         self._type_crc: dict[int, int] = {}
         self._thread: threading.Thread | None = None
+        # Without the thread: the group written by `write_pending` and not yet synced.
+        self._written: _WrittenGroup | None = None
         # Files behind the checkpoint waiting to be reused, oldest first: the flush thread
         # adds them, the journal thread takes them when it rotates.
         self._spares_lock = threading.Lock()
@@ -284,6 +304,9 @@ class Journal:
                 items, fut = self._pending, self._group_future
                 self._pending, self._group_future = [], None
             self._fail(items, fut)
+            written, self._written = self._written, None
+            if written is not None:  # written, never synced: not durable
+                self._fail(written.items, written.future)
         if self._fd >= 0:
             if drain and self._failure is None:
                 # A reused file holds older records after ours: end it at our last one, so
@@ -420,31 +443,63 @@ class Journal:
     def commit_pending(self) -> bool:
         """Commits every pending record now, with one write and one fdatasync, and completes
         their future: the journal thread's step, for a caller that runs the journal without
-        its thread (the simulator). Returns whether anything was pending."""
+        its thread (the simulator). A group written by `write_pending` is synced first.
+        Returns whether anything was pending."""
+        synced = self.sync_written()
+        written = self.write_pending()
+        if written:
+            self.sync_written()
+        return synced or written
+
+    def write_pending(self) -> bool:
+        """Writes the pending records (one writev series) without syncing them: the first
+        half of a group commit, for a caller without the thread that gives the fdatasync its
+        own time (the simulator); `sync_written()` completes it. Returns whether anything was
+        pending."""
+        invariant(self._written is None, "one journal group written and not synced at a time")
         with self._cond:
             items, fut = self._pending, self._group_future
             self._pending, self._pending_bytes, self._group_future = [], 0, None
         if not items:
             return False
-        self._commit_group(items, fut)
+        invariant(fut is not None, "a pending group has a future")
+        assert fut is not None
+        try:
+            self._written = self._write(items, fut)
+        except Exception as e:  # an I/O error: nothing more can be promised
+            self._failed(e, items, fut)
+        return True
+
+    def sync_written(self) -> bool:
+        """Syncs the group `write_pending` wrote and completes its future and marks (the
+        second half of a group commit); returns whether there was one."""
+        group, self._written = self._written, None
+        if group is None:
+            return False
+        try:
+            self._sync(group)
+        except Exception as e:
+            self._failed(e, group.items, group.future)
         return True
 
     def _commit_group(self, items: list[tuple[int, object]], fut: Future[None] | None) -> None:
         invariant(fut is not None, "a pending group has a future")
-        try:
-            self._commit(items)
-        except Exception as e:  # an I/O error: nothing more can be promised
-            log.error("journal.failed", error=repr(e), path=str(self._path))
-            with self._cond:
-                self._failure = e
-                items += self._pending
-                newer_fut = self._group_future
-                self._pending, self._group_future = [], None
-            self._fail(items, fut)
-            self._fail([], newer_fut)
-            return
         assert fut is not None
-        fut.set_result(None)
+        try:
+            self._sync(self._write(items, fut))
+        except Exception as e:  # an I/O error: nothing more can be promised
+            self._failed(e, items, fut)
+
+    def _failed(self, error: Exception, items: list[tuple[int, object]], fut: Future[None]) -> None:
+        """Fails the journal: this group, and everything appended after it."""
+        log.error("journal.failed", error=repr(error), path=str(self._path))
+        with self._cond:
+            self._failure = error
+            items = items + self._pending
+            newer_fut = self._group_future
+            self._pending, self._group_future = [], None
+        self._fail(items, fut)
+        self._fail([], newer_fut)
 
     def _grow_group(self) -> None:
         """Waits (holding _cond's lock between waits) until the group is old or big enough:
@@ -470,20 +525,20 @@ class Journal:
                 if not mark.done():
                     mark.set_exception(error)
 
-    def _commit(self, items: list[tuple[int, object]]) -> None:
-        """Writes `items` with one writev series and one fdatasync; resolves the marks."""
+    def _write(self, items: list[tuple[int, object]], fut: Future[None]) -> _WrittenGroup:
+        """Writes `items` with one writev series (no sync); returns the written group."""
         started = self._clock()
         if self._offset >= self._max_file_bytes:
             self._rotate()
         type_crc = self._type_crc
         buffers: list[bytes] = []
-        marks: list[tuple[Future[JournalPosition], int]] = []
+        marks: list[tuple[Future[JournalPosition], JournalPosition]] = []
         size = 0
         records = 0
         for record_type, payload in items:
             if record_type == _MARK:
                 assert isinstance(payload, Future)
-                marks.append((payload, self._offset + size))
+                marks.append((payload, JournalPosition(self._seq, self._offset + size)))
                 continue
             assert isinstance(payload, bytes)
             length = len(payload)
@@ -494,14 +549,23 @@ class Journal:
             records += 1
         if size:
             self._write_all(buffers, size)
-            self._disk.fdatasync(self._fd)
             self._offset += size
-            self.bytes_written += size
-            _JOURNAL_BYTES.inc(size)
-            metrics.JOURNAL_SYNC_SECONDS.observe(self._clock() - started)
-            metrics.JOURNAL_GROUP_RECORDS.observe(records)
-        for mark, offset in marks:
-            mark.set_result(JournalPosition(self._seq, offset))
+            if self._ack_before_sync:
+                fut.set_result(None)
+        return _WrittenGroup(items, fut, marks, size, records, started)
+
+    def _sync(self, group: _WrittenGroup) -> None:
+        """Syncs a written group (one fdatasync), then resolves its marks and its future."""
+        if group.size:
+            self._disk.fdatasync(self._fd)
+            self.bytes_written += group.size
+            _JOURNAL_BYTES.inc(group.size)
+            metrics.JOURNAL_SYNC_SECONDS.observe(self._clock() - group.started)
+            metrics.JOURNAL_GROUP_RECORDS.observe(group.records)
+        for mark, position in group.marks:
+            mark.set_result(position)
+        if not group.future.done():
+            group.future.set_result(None)
 
     def _write_all(self, buffers: list[bytes], size: int) -> None:
         written = 0

@@ -82,7 +82,13 @@ class StreamStorage:
         (`stream.bookie.unsafe`)."""
         self.config = config
         self.unclean_shutdown_detected = False
-        store = self._store = Store(config, disk=disk, clock=clock, threaded=threads)
+        store = self._store = Store(
+            config,
+            disk=disk,
+            clock=clock,
+            threaded=threads,
+            ack_before_sync="journal_sync" in unsafe,
+        )
         self._rules = RequestRules(store, unsafe)
         self._flusher = Flusher(store)
         self._adds = AddPath(store, self._rules, self._flusher, unsafe)
@@ -281,6 +287,16 @@ class StreamStorage:
         """Asks the flusher for a flush now; returns a future completed once everything added
         before this call is in entry logs and the index (and the checkpoint moved)."""
         return self._flusher.request_flush()
+
+    def write_journal(self) -> bool:
+        """Writes the pending journal records without syncing them: the first half of
+        `commit_journal`, for a caller that gives the fdatasync virtual time (the simulator);
+        `sync_journal()` is the second. Returns whether any were pending."""
+        return self._store.journal.write_pending()
+
+    def sync_journal(self) -> bool:
+        """Syncs what `write_journal` wrote and acknowledges it; returns whether it wrote."""
+        return self._store.journal.sync_written()
 
     def flush_wanted(self) -> bool:
         """Returns whether a flush was asked for (a full write cache or `request_flush`)

@@ -53,7 +53,10 @@ class Store:
         disk: DiskPort,
         clock: Callable[[], float],
         threaded: bool,
+        ack_before_sync: bool = False,
     ) -> None:
+        """`ack_before_sync` (tests only: the `journal_sync` switch of `stream.bookie.unsafe`)
+        acknowledges journal groups once written, before their fdatasync."""
         self.config = config
         self.disk = disk
         self.clock = clock
@@ -66,6 +69,7 @@ class Store:
             disk=disk,
             clock=clock,
             on_group=self.note_work,
+            ack_before_sync=ack_before_sync,
         )
         self.logs = EntryLogs(
             config.ledger_path, size_limit_bytes=config.entry_log_size_limit_bytes, disk=disk
