@@ -14,6 +14,7 @@ fi
 bash scripts/setup.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+.venv/bin/mypy stream spark_connector  # strict (pyproject.toml)
 if [ -z "$fast" ]; then
   exec .venv/bin/python -m pytest -q "$@"
 fi

@@ -644,7 +644,7 @@ class AsyncStreamReader:
                     best = max(best, self.committed_floor())
                     break
                 for task in done:
-                    polls.discard(task)  # type: ignore[arg-type]
+                    polls.discard(task)
                     if task.cancelled() or task.exception() is not None:
                         continue
                     response = task.result()

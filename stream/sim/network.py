@@ -556,8 +556,13 @@ class SimTransport:
         return SimAddStream(self._net, self.node, bookie_id)
 
     def _rpc(
-        self, bookie_id: str, serve: Callable[[SimBookie], Any], timeout_s: float, repeat: bool
-    ) -> Awaitable[Any]:
+        self,
+        bookie_id: str,
+        serve: Callable[[SimBookie], Awaitable[T]],
+        timeout_s: float,
+        repeat: bool,
+    ) -> Awaitable[T]:
+        """`serve(bookie)`'s answer as seen from this node (`SimNetwork.rpc`)."""
         return self._net.rpc(self.node, bookie_id, serve, timeout_s=timeout_s, repeatable=repeat)
 
     async def fence(
@@ -588,7 +593,13 @@ class SimTransport:
             last_entry_id=last_entry_id,
             max_batch_bytes=max_batch_bytes,
         )
-        responses = await self._rpc(bookie_id, lambda b: b.read_range(request), timeout_s, True)
+        responses: list[pb.ReadRangeResponse] = await self._net.rpc(
+            self.node,
+            bookie_id,
+            lambda b: b.read_range(request),
+            timeout_s=timeout_s,
+            repeatable=True,
+        )
         for response in responses:
             yield response
 

@@ -274,7 +274,7 @@ class FakeZooKeeper:
             return
         event = WatchedEvent(kind, KazooState.CONNECTED, path)
         for callback in callbacks:
-            self._schedule(lambda cb=callback: cb(event))
+            self._schedule(functools.partial(callback, event))
 
     # ------------------------------------------------------------------ the API
 
