@@ -29,21 +29,21 @@ from .storage_support import entry as checked_entry
 
 
 class JournalGate:
-    """Holds the real journal's group commits (its `_commit`) until opened: nothing the
-    storage promises becomes durable meanwhile."""
+    """Holds the real journal thread's group commits (its `_commit_group`) until opened:
+    nothing the storage promises becomes durable meanwhile."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.open = threading.Event()
         self.open.set()
-        original = Journal._commit
+        original = Journal._commit_group
         gate = self.open
 
-        def held_commit(journal: Journal, items: list[tuple[int, object]]) -> None:
+        def held_commit(journal: Journal, items: list[tuple[int, object]], fut: Any) -> None:
             if not gate.wait(30):
                 raise TimeoutError("journal gate never opened")
-            original(journal, items)
+            original(journal, items, fut)
 
-        monkeypatch.setattr(Journal, "_commit", held_commit)
+        monkeypatch.setattr(Journal, "_commit_group", held_commit)
 
 
 class FailOnce:
