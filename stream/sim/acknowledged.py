@@ -1,8 +1,8 @@
 """The storage engine's own promise, judged per bookie: an entry a journaled bookie answered OK
-for is still there after its crash (DESIGN §4: "acks after the sync"). The client's properties
-cannot see a single bookie breaking it (the other copies mask the loss), so the simulator
-keeps, for each bookie, what it answered since it last lost its disk, and looks again each
-time the bookie starts.
+for is still there after its crash (a bookie acknowledges an add only after its journal
+sync, docs/design.md). The client's properties cannot see a single bookie breaking it (the
+other copies mask the loss), so the simulator keeps, for each bookie, what it answered since
+it last lost its disk, and looks again each time the bookie starts.
 
 Only what the bookie itself was told to drop leaves the set: entries above a Truncate (or a
 TRUNCATE entry) that reached it, answered or not (a crash may keep the journal record of a
