@@ -88,6 +88,12 @@ class MetadataUnavailableError(MetadataError):
     """ZooKeeper could not be reached, or did not answer, in time; trying later may work."""
 
 
+class MetadataSessionExpiredError(MetadataError):
+    """The ZooKeeper session expired while (or before) a call ran: its ephemeral znodes are gone
+    and the outcome of a write in flight is unknown. Never retried silently: a writer must stop
+    and re-check its term before it writes again."""
+
+
 class BadVersionError(MetadataError):
     """The stream's `meta` znode is not at the expected version: another writer, a takeover or
     the retention service changed it. Reread the stream (its term may be higher) and decide."""

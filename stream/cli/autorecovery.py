@@ -21,9 +21,7 @@ from stream.errors import StreamError
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Adds `autorecovery run` and `underreplicated` (`bookie decommission` is added by
     `stream.cli.bookie` with `add_decommission`)."""
-    autorecovery = subparsers.add_parser(
-        "autorecovery", help="the auditor and replication workers (docs/design.md §7)"
-    )
+    autorecovery = subparsers.add_parser("autorecovery")
     sub = autorecovery.add_subparsers(dest="autorecovery_command", metavar="ACTION", required=True)
     run = sub.add_parser(
         "run",
@@ -57,9 +55,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     runs_until_stopped(run)
     run.set_defaults(handler=_run)
 
-    under = subparsers.add_parser(
-        "underreplicated", help="list the under-replicated fragments and who repairs them"
-    )
+    under = subparsers.add_parser("underreplicated")
     supports_json(under)
     under.set_defaults(handler=_underreplicated)
 

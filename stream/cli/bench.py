@@ -37,7 +37,7 @@ _LATENCY_SAMPLE_EVERY = 8
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Adds `bench append`, `tail`, `paced` and `sustained` to `streamctl`."""
-    bench = subparsers.add_parser("bench", help="client benchmarks on a sandbox")
+    bench = subparsers.add_parser("bench")
     sub = bench.add_subparsers(dest="bench_command", metavar="SUBCOMMAND", required=True)
 
     def common(parser: argparse.ArgumentParser) -> None:

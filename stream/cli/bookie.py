@@ -25,7 +25,7 @@ from stream.errors import InvalidArgumentError, StreamError
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Adds `bookie start|fix-cookie|info|state|decommission` and `bookies` to `streamctl`."""
-    bookie = subparsers.add_parser("bookie", help="run or inspect a bookie")
+    bookie = subparsers.add_parser("bookie")
     sub = bookie.add_subparsers(dest="bookie_command", metavar="SUBCOMMAND", required=True)
 
     start = sub.add_parser("start", help="run one bookie in the foreground")
@@ -63,7 +63,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     bookies = subparsers.add_parser(
         "bookies",
-        help="list the bookies: id, address, state, journal mode, free space",
         description="One row per bookie that joined the cluster. State: available, read-only, "
         "draining (being decommissioned) or down (holds a cookie, not registered now).",
     )

@@ -12,7 +12,7 @@ from stream.cli.output import print_json, supports_json, wants_json
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Adds `certs create-ca|issue` to `streamctl`."""
-    certs = subparsers.add_parser("certs", help="TLS certificates: a CA and what it issues")
+    certs = subparsers.add_parser("certs")
     sub = certs.add_subparsers(dest="certs_command", metavar="ACTION", required=True)
 
     ca = sub.add_parser("create-ca", help="create a CA (ca.crt, ca.key) in a directory")

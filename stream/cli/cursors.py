@@ -19,9 +19,7 @@ from stream.errors import CursorNotFoundError
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Adds `cursors list|show|reset|delete` to `streamctl`."""
-    cursors = subparsers.add_parser(
-        "cursors", help="consumers' durable cursors: positions, lag, reset, delete"
-    )
+    cursors = subparsers.add_parser("cursors")
     sub = cursors.add_subparsers(dest="cursors_command", metavar="ACTION", required=True)
 
     listing = sub.add_parser("list", help="every cursor of a stream with its lag")

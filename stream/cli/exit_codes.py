@@ -14,6 +14,7 @@ from stream.errors import (
     EntryTrimmedError,
     InvalidArgumentError,
     InvalidTermError,
+    MetadataSessionExpiredError,
     MetadataUnavailableError,
     NotEnoughBookiesError,
     PermissionDeniedError,
@@ -22,7 +23,6 @@ from stream.errors import (
     StreamNotFoundError,
     StreamSealedError,
 )
-from stream.metadata.connection import MetadataSessionExpiredError
 
 
 class ExitCode(enum.IntEnum):

@@ -1,17 +1,18 @@
 """`streamctl`: one command for operators and users. Each area registers its subcommands from
-its own module (`register(subparsers)`); a handler gets the parsed args and returns an exit code
+its own module (`register(subparsers)`), imported only when one of its commands runs
+(`stream.cli.commands`); a handler gets the parsed args and returns an exit code
 (`stream.cli.exit_codes`)."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import sys
 from collections.abc import Iterator, Sequence
 
 from stream.cli import arguments
+from stream.cli.commands import COMMANDS, LazyCommands
 from stream.cli.exit_codes import ExitCode, exit_code_for
 from stream.errors import StreamError
 from stream.logs import configure_logging
@@ -24,18 +25,6 @@ DEFAULT_CONNECT_TIMEOUT_S = 1.5
 
 # Options whose values may start with a dash (a time before now: `--from-time -1h`).
 DASH_VALUE_OPTIONS = ("--from-time", "--to-time")
-# Modules under stream.cli that add subcommands, in help order.
-COMMAND_MODULES = (
-    "bookie",
-    "sandbox",
-    "streams",
-    "cursors",
-    "retention",
-    "autorecovery",
-    "certs",
-    "bench",
-    "sim",
-)
 
 
 def _add_global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
@@ -97,7 +86,9 @@ def _subparsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentPa
                     yield from _subparsers(child)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(*, load_all: bool = False) -> argparse.ArgumentParser:
+    """Returns `streamctl`'s parser; a command's module is imported when the command is parsed,
+    or here with `load_all` (tests that look at every parser)."""
     parser = argparse.ArgumentParser(
         prog="streamctl",
         description="Streamkeeper: replicated, durable streams. Exit codes: 0 ok, 1 error, "
@@ -110,12 +101,21 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="log JSON lines (default: readable on a terminal, JSON otherwise)",
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMAND_MODULES:
-        importlib.import_module(f"stream.cli.{name}").register(sub)
-    for child in _subparsers(parser):
-        _add_global_options(child, top=False)
+    sub = parser.add_subparsers(
+        dest="command", metavar="COMMAND", required=True, action=LazyCommands
+    )
+    assert isinstance(sub, LazyCommands)
+    sub.prepare = _add_global_options_below
+    sub.add_commands(COMMANDS)
+    if load_all:
+        sub.load_all()
     return parser
+
+
+def _add_global_options_below(command: argparse.ArgumentParser) -> None:
+    """Gives a command's parser, and every parser below it, the global options."""
+    for parser in (command, *_subparsers(command)):
+        _add_global_options(parser, top=False)
 
 
 def _quiet_kazoo(args: argparse.Namespace) -> None:

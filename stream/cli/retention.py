@@ -24,9 +24,7 @@ T = TypeVar("T")
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Adds `retention set|show|run` to `streamctl`."""
-    retention = subparsers.add_parser(
-        "retention", help="retention policies and the retention service"
-    )
+    retention = subparsers.add_parser("retention")
     sub = retention.add_subparsers(dest="retention_command", metavar="ACTION", required=True)
 
     set_cmd = sub.add_parser(

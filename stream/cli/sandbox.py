@@ -23,7 +23,6 @@ _SUPERVISE_S = 0.5
 def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "sandbox",
-        help="run ZooKeeper and bookies on this machine",
         description="Starts ZooKeeper and N bookies on 127.0.0.1, prints the metadata "
         "connect string, and runs until interrupted (or, with --demo, runs a short "
         "append-and-read and stops).",

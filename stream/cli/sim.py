@@ -22,7 +22,6 @@ from stream.sim.runner import DEFAULT_STEPS, RunResult, run_many, sim_logging
 def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "sim",
-        help="run the deterministic simulator and its safety checker",
         description="Runs N seeded simulations (random faults: lost, delayed, duplicated and "
         "reordered messages, swizzle-clog, bookie crashes and disk wipes, read-only and full "
         "disks, paused and competing writers, seals, faults on readers' links, metadata "

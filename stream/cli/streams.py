@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Adds the stream commands to `streamctl`."""
-    create = subparsers.add_parser("create", help="create a stream")
+    create = subparsers.add_parser("create")
     create.add_argument("name")
     create.add_argument("--ensemble", type=int, default=3, help="E (default 3)")
     create.add_argument("--write-quorum", type=int, default=3, help="WQ (default 3)")
@@ -60,9 +60,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     create.set_defaults(handler=_create)
 
-    append = subparsers.add_parser(
-        "append", help="append --message values, or else one entry per line of stdin"
-    )
+    append = subparsers.add_parser("append")
     append.add_argument("name")
     append.add_argument("--message", "-m", action="append", help="an entry (repeatable)")
     append.add_argument("--key", default=None, help="the key of every entry appended (UTF-8)")
@@ -77,7 +75,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     append.set_defaults(handler=_append)
 
-    tail = subparsers.add_parser("tail", help="print entries as they are acknowledged")
+    tail = subparsers.add_parser("tail")
     tail.add_argument("name")
     start = tail.add_mutually_exclusive_group()
     start.add_argument(
@@ -106,27 +104,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     supports_json(tail)
     tail.set_defaults(handler=_tail)
 
-    info = subparsers.add_parser(
-        "info", help="show a stream's term, state, LAC, fragments and term history"
-    )
+    info = subparsers.add_parser("info")
     info.add_argument("name")
     supports_json(info)
     info.set_defaults(handler=_info)
 
-    trim = subparsers.add_parser("trim", help="drop whole fragments below an entry id")
+    trim = subparsers.add_parser("trim")
     trim.add_argument("name")
     trim.add_argument("--before", type=entry_id, required=True, help="entry id")
     trim.set_defaults(handler=_trim)
 
-    seal = subparsers.add_parser("seal", help="recover a stream and seal it for good")
+    seal = subparsers.add_parser("seal")
     seal.add_argument("name")
     seal.set_defaults(handler=_seal)
 
-    recover = subparsers.add_parser(
-        "recover",
-        help="end a recovery stuck on bookies in limbo by giving up what they may have lost "
-        "(--accept-loss; docs/design.md §4)",
-    )
+    recover = subparsers.add_parser("recover")
     recover.add_argument("name")
     recover.add_argument(
         "--accept-loss",
@@ -137,14 +129,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     supports_json(recover)
     recover.set_defaults(handler=_recover)
 
-    delete = subparsers.add_parser("delete", help="delete a stream and its data")
+    delete = subparsers.add_parser("delete")
     delete.add_argument("name")
     delete.add_argument(
         "--force", action="store_true", help="delete it even while a writer has it open"
     )
     delete.set_defaults(handler=_delete)
 
-    streams = subparsers.add_parser("streams", help="list the streams")
+    streams = subparsers.add_parser("streams")
     supports_json(streams)
     streams.set_defaults(handler=_list)
 

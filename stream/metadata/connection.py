@@ -31,6 +31,10 @@ from stream.errors import (
     MetadataUnavailableError,
     PermissionDeniedError,
 )
+
+# Defined with the other errors (`streamctl`'s exit codes need it without kazoo); still importable
+# from here.
+from stream.errors import MetadataSessionExpiredError as MetadataSessionExpiredError
 from stream.metadata import paths
 from stream.metadata.auth import MetadataAuth, load_metadata_auth
 
@@ -45,12 +49,6 @@ _HOSTNAME = re.compile(rf"^{_HOST_LABEL}(?:\.{_HOST_LABEL})*$")
 _PORT = re.compile(r"^[0-9]{1,5}$")
 _ROOT_SEGMENT = re.compile(r"^[A-Za-z0-9._-]{1,255}$")
 _ROOT_MAX_CHARS = 1024
-
-
-class MetadataSessionExpiredError(MetadataError):
-    """The ZooKeeper session expired while (or before) a call ran: its ephemeral znodes are gone
-    and the outcome of a write in flight is unknown. Never retried silently: a writer must stop
-    and re-check its term before it writes again."""
 
 
 class SessionState(enum.StrEnum):
