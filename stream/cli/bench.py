@@ -16,7 +16,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from stream.cli import arguments
+from stream.cli.bench_memory import RSS_SAMPLE_INTERVAL_S, LatencySamples, rss_halves
 from stream.cli.connect import tls_config
 from stream.cli.output import console as output_console
 from stream.cli.output import print_json, supports_json, wants_json
@@ -204,7 +205,7 @@ def _run_writer(
     payload: bytes,
     seconds: float,
     rate: float | None,
-    latencies: list[tuple[float, float]],
+    latencies: LatencySamples,
     counts: list[int],
 ) -> None:
     """Appends `payload` for `seconds`; at `rate` entries/s when given. Adds `(sent, latency)`
@@ -272,7 +273,7 @@ def _append_run(
         name = f"bench-{uuid.uuid4().hex[:10]}"
         client.create_stream(name, ensemble=e, write_quorum=w, ack_quorum=a)
         handles.append(client.open_writer(name))
-    latencies: list[tuple[float, float]] = []
+    latencies = LatencySamples()
     counts: list[int] = []
     per_writer_rate = None if rate is None else rate / writers
     threads = [
@@ -449,7 +450,9 @@ _DISK_TEST_BLOCK = 1 << 20
 @dataclass
 class ProcessFigures:
     """One process's share of a measured window: CPU (user + system), peak resident memory
-    (VmHWM, the whole life of the process) and bytes it wrote to storage."""
+    (VmHWM, the whole life of the process), the mean resident memory of the window's first
+    and last halves (sampled every second: growth is last minus first) and bytes it wrote to
+    storage."""
 
     process: str
     pid: int
@@ -457,6 +460,9 @@ class ProcessFigures:
     cpu_us_per_entry: float
     peak_rss_mib: float
     written_mb: float
+    rss_first_half_mib: float = float("nan")
+    rss_last_half_mib: float = float("nan")
+    rss_growth_mib: float = float("nan")
 
 
 @dataclass
@@ -500,11 +506,13 @@ class MeasuredRun:
 
 @dataclass(frozen=True)
 class _Snapshot:
-    """CPU seconds and bytes written of each process at one moment (perf_counter `at`)."""
+    """CPU seconds, bytes written and resident bytes of each process at one moment
+    (perf_counter `at`)."""
 
     at: float
     cpu: dict[int, float]
     written: dict[int, int]
+    rss: dict[int, int]
 
 
 def _positive_rate(text: str) -> float:
@@ -592,12 +600,13 @@ def _sustained(args: argparse.Namespace) -> int:
 
 
 def _snapshot(pids: list[int]) -> _Snapshot:
-    from stream.sandbox.processes import cpu_seconds, write_bytes
+    from stream.sandbox.processes import cpu_seconds, rss_bytes, write_bytes
 
     return _Snapshot(
         time.perf_counter(),
         {pid: cpu_seconds(pid) for pid in pids},
         {pid: write_bytes(pid) for pid in pids},
+        {pid: rss_bytes(pid) for pid in pids},
     )
 
 
@@ -640,19 +649,18 @@ def _measured_run(args: argparse.Namespace, command: str, rate: float | None) ->
             client.create_stream(name, ensemble=e, write_quorum=w, ack_quorum=a)
             processes = [("client", os.getpid())] + [(b.bookie_id, b.pid) for b in cluster.bookies]
             with client.open_writer(name) as writer:
-                samples, first, last = _drive(writer, args, rate, [pid for _, pid in processes])
+                samples, window = _drive(writer, args, rate, [pid for _, pid in processes])
             peak = {pid: peak_rss_bytes(pid) for _, pid in processes}
-    return _figures(
-        args, command, rate, load_average, samples, first, last, processes, peak, synced
-    )
+    return _figures(args, command, rate, load_average, samples, window, processes, peak, synced)
 
 
 def _drive(
     writer: Any, args: argparse.Namespace, rate: float | None, pids: list[int]
-) -> tuple[list[tuple[float, float]], _Snapshot, _Snapshot]:
+) -> tuple[LatencySamples, list[_Snapshot]]:
     """Appends with `_run_writer` for the warm-up, the window and a tail; returns the latency
-    samples and the processes' snapshots at the window's start and end."""
-    samples: list[tuple[float, float]] = []
+    samples and the processes' snapshots through the window (its start, every
+    `RSS_SAMPLE_INTERVAL_S`, its end)."""
+    samples = LatencySamples()
     counts: list[int] = []
     seconds = args.warmup + args.seconds + _TAIL_S
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
@@ -661,11 +669,13 @@ def _drive(
             _run_writer, writer, _payload(args.size), seconds, rate, samples, counts
         )
         time.sleep(max(0.0, started + args.warmup - time.perf_counter()))
-        first = _snapshot(pids)
-        time.sleep(max(0.0, started + args.warmup + args.seconds - time.perf_counter()))
-        last = _snapshot(pids)
+        window = [_snapshot(pids)]
+        end = started + args.warmup + args.seconds
+        while (left := end - time.perf_counter()) > 0:
+            time.sleep(min(left, RSS_SAMPLE_INTERVAL_S))
+            window.append(_snapshot(pids))
         driving.result()  # a writer that failed fails the run, its figures unprinted
-    return samples, first, last
+    return samples, window
 
 
 def _figures(
@@ -673,9 +683,8 @@ def _figures(
     command: str,
     rate: float | None,
     load_average: float,
-    samples: list[tuple[float, float]],
-    first: _Snapshot,
-    last: _Snapshot,
+    samples: Iterable[tuple[float, float]],
+    window: list[_Snapshot],
     processes: list[tuple[str, int]],
     peak: dict[int, int],
     synced_mb_per_s: float | None,
@@ -683,6 +692,7 @@ def _figures(
     """Computes a window's figures. Acknowledged entries are counted from the sampled ones
     acknowledged within the window (acknowledgments come in entry order, one in
     `_LATENCY_SAMPLE_EVERY` is sampled); latencies are those of appends due within it."""
+    first, last = window[0], window[-1]
     seconds = last.at - first.at
     acked = _LATENCY_SAMPLE_EVERY * sum(
         1 for sent, latency in samples if first.at <= sent + latency < last.at
@@ -702,8 +712,12 @@ def _figures(
             cpu_us_per_entry=_per_entry(last.cpu[pid] - first.cpu[pid], acked),
             peak_rss_mib=round(peak[pid] / (1 << 20), 1),
             written_mb=round((last.written[pid] - first.written[pid]) / 1e6, 1),
+            rss_first_half_mib=round(halves[0] / (1 << 20), 1),
+            rss_last_half_mib=round(halves[1] / (1 << 20), 1),
+            rss_growth_mib=round((halves[1] - halves[0]) / (1 << 20), 1),
         )
         for name, pid in processes
+        for halves in [rss_halves([snapshot.rss[pid] for snapshot in window])]
     ]
     entries_per_s = acked / seconds
     disk = None
@@ -763,8 +777,9 @@ def _print_measured(args: argparse.Namespace, run: MeasuredRun) -> None:
             f"behind schedule: {run.entries_per_s / run.target_rate:.0%} of the target rate",
             highlight=False,
         )
-    table = Table(title="CPU per acknowledged entry, memory, disk writes")
-    for column in ("process", "pid", "CPU s", "CPU us/entry", "peak RSS MiB", "written MB"):
+    table = Table(title="CPU per acknowledged entry, memory (RSS: window halves), disk writes")
+    columns = ("process", "pid", "CPU s", "CPU us/entry", "peak RSS MiB", "RSS 1st half")
+    for column in (*columns, "RSS 2nd half", "RSS growth", "written MB"):
         table.add_column(column, justify="right")
     for p in run.processes:
         table.add_row(
@@ -773,12 +788,20 @@ def _print_measured(args: argparse.Namespace, run: MeasuredRun) -> None:
             f"{p.cpu_s:.2f}",
             f"{p.cpu_us_per_entry:.1f}",
             f"{p.peak_rss_mib:.0f}",
+            f"{p.rss_first_half_mib:.1f}",
+            f"{p.rss_last_half_mib:.1f}",
+            f"{p.rss_growth_mib:+.1f}",
             f"{p.written_mb:.0f}",
         )
     total_cpu = sum(p.cpu_s for p in run.processes)
     total_written = sum(p.written_mb for p in run.processes)
     table.add_row(
-        "total", "", f"{total_cpu:.2f}", f"{run.cpu_us_per_entry:.1f}", "", f"{total_written:.0f}"
+        "total",
+        "",
+        f"{total_cpu:.2f}",
+        f"{run.cpu_us_per_entry:.1f}",
+        *([""] * 4),
+        f"{total_written:.0f}",
     )
     out.print(table)
     since = "sent" if run.target_rate is None else "due"

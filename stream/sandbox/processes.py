@@ -1,5 +1,5 @@
 """The child processes of the sandbox (bookies, retention services): stopping them, and
-reading their CPU time, disk writes and peak memory (for the benchmarks)."""
+reading their CPU time, disk writes and memory (for the benchmarks)."""
 
 from __future__ import annotations
 
@@ -51,3 +51,8 @@ def write_bytes(pid: int) -> int:
 def peak_rss_bytes(pid: int) -> int:
     """Returns the largest resident set process `pid` had so far (VmHWM)."""
     return int(_proc_field(f"/proc/{pid}/status", "VmHWM").split()[0]) * 1024
+
+
+def rss_bytes(pid: int) -> int:
+    """Returns the resident set process `pid` has now (VmRSS)."""
+    return int(_proc_field(f"/proc/{pid}/status", "VmRSS").split()[0]) * 1024

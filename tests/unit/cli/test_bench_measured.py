@@ -4,10 +4,12 @@ sandbox, and the figures and output they make of a window's measurements (no pro
 from __future__ import annotations
 
 import json
+import tracemalloc
 
 import pytest
 
 from stream.cli.bench import MeasuredRun, _figures, _print_measured, _Snapshot
+from stream.cli.bench_memory import LatencySamples, rss_halves
 from stream.cli.main import build_parser, main
 
 
@@ -56,27 +58,45 @@ def test_what_cannot_run_is_refused_before_a_sandbox_starts(
     assert "error" in captured.err and captured.out == ""
 
 
-def _window() -> tuple[list[tuple[float, float]], _Snapshot, _Snapshot]:
+def _window() -> tuple[list[tuple[float, float]], list[_Snapshot]]:
     """Two seconds of samples at 1,000 sampled appends/s (8,000 appends/s), each taking 2 ms
-    but for one of 40 ms in the second second; client pid 1, bookies 2 and 3."""
-    first = _Snapshot(100.0, {1: 10.0, 2: 20.0, 3: 30.0}, {1: 0, 2: 1000, 3: 1000})
+    but for one of 40 ms in the second second; client pid 1, bookies 2 and 3. The client's
+    resident memory grows by 1 MiB a second, the bookies' stays."""
+    mib = 1 << 20
+    first = _Snapshot(
+        100.0,
+        {1: 10.0, 2: 20.0, 3: 30.0},
+        {1: 0, 2: 1000, 3: 1000},
+        {1: 50 * mib, 2: 90 * mib, 3: 90 * mib},
+    )
+    middle = _Snapshot(
+        101.0,
+        {1: 10.08, 2: 20.04, 3: 30.04},
+        {1: 0, 2: 1000, 3: 1000},
+        {1: 51 * mib, 2: 91 * mib, 3: 90 * mib},
+    )
     written = 1000 + 16_384_000
-    last = _Snapshot(102.0, {1: 10.16, 2: 20.08, 3: 30.08}, {1: 0, 2: written, 3: written})
+    last = _Snapshot(
+        102.0,
+        {1: 10.16, 2: 20.08, 3: 30.08},
+        {1: 0, 2: written, 3: written},
+        {1: 52 * mib, 2: 90 * mib, 3: 90 * mib},
+    )
     samples = [(99.5, 0.002)]  # before the window: neither counted nor timed
     # Acknowledged at 100.0005 ... 101.9995, the first two due before the window.
     samples += [(99.9985 + i / 1000, 0.002) for i in range(2000)]
     samples[1500] = (samples[1500][0], 0.040)
     samples.append((101.9995, 0.010))  # due inside, acknowledged after the window
-    return samples, first, last
+    return samples, [first, middle, last]
 
 
 def _measured(command: str, synced: float | None) -> MeasuredRun:
-    samples, first, last = _window()
+    samples, window = _window()
     args = build_parser().parse_args(["bench", command])
     processes = [("client", 1), ("bookie-1", 2), ("bookie-2", 3)]
     peak = {1: 100 << 20, 2: 200 << 20, 3: 300 << 20}
     rate = 8000.0 if command == "paced" else None
-    return _figures(args, command, rate, 1.5, samples, first, last, processes, peak, synced)
+    return _figures(args, command, rate, 1.5, samples, window, processes, peak, synced)
 
 
 def test_a_window_gives_rate_cpu_per_entry_latency_and_each_seconds_maximum() -> None:
@@ -95,14 +115,29 @@ def test_a_window_gives_rate_cpu_per_entry_latency_and_each_seconds_maximum() ->
     assert run.disk is None
 
 
-def test_a_sustained_window_is_set_against_the_disks_ceiling() -> None:
-    run = _measured("sustained", 328.0)
-    assert run.disk is not None
-    # The bookies wrote 2 x 16,384,000 bytes for 16,000 KiB of payload: 2 bytes per byte, so
-    # 328 MB/s of synced writes take 328e6 / 2 / 1024 appends/s.
-    assert run.disk.written_per_payload_byte == 2.0
-    assert run.disk.ceiling_entries_per_s == round(328e6 / 2 / 1024)
-    assert run.disk.fraction == round(8000 / (328e6 / 2 / 1024), 3)
+def test_resident_memory_is_sampled_through_the_window_so_that_growth_shows() -> None:
+    by_name = {p.process: p for p in _measured("paced", None).processes}
+    # Three samples: the first half is the first one, the last half the last one.
+    client = by_name["client"]
+    assert (client.rss_first_half_mib, client.rss_last_half_mib) == (50.0, 52.0)
+    assert client.rss_growth_mib == 2.0
+    assert by_name["bookie-1"].rss_growth_mib == 0.0  # a bump in the middle is no growth
+    assert rss_halves([4, 6, 8, 8]) == (5.0, 8.0)
+    assert rss_halves([7]) == (7.0, 7.0)
+
+
+def test_latency_samples_take_about_16_bytes_each() -> None:
+    # A list of (sent, latency) tuples takes about 130 bytes a sample: a 60 s run's would
+    # pass for the client's growth.
+    tracemalloc.start()
+    try:
+        samples = LatencySamples()
+        for i in range(10_000):
+            samples.append((float(i), i / 1000))
+        assert tracemalloc.get_traced_memory()[0] < 24 * 10_000
+    finally:
+        tracemalloc.stop()
+    assert len(samples) == 10_000 and list(samples)[3] == (3.0, 0.003)
 
 
 def test_json_for_scripts_and_tables_for_people(capsys: pytest.CaptureFixture[str]) -> None:
@@ -115,7 +150,8 @@ def test_json_for_scripts_and_tables_for_people(capsys: pytest.CaptureFixture[st
     assert figures["disk"]["written_per_payload_byte"] == 2.0
     _print_measured(build_parser().parse_args(["bench", "sustained"]), run)
     text = capsys.readouterr().out
-    for expected in ("CPU us/entry", "bookie-2", "p999", "rate / ceiling", "2 40"):
+    assert figures["processes"][0]["rss_growth_mib"] == 2.0
+    for expected in ("CPU us/entry", "bookie-2", "p999", "rate / ceiling", "2 40", "+2.0"):
         assert expected in text
 
 
