@@ -18,11 +18,10 @@ import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 
-from stream.client.accept_loss import LossSurvey, recover_accepting_loss, survey_loss
 from stream.client.answers import answer_or_none
 from stream.client.attributes import HeadersArg
 from stream.client.cursor import (
@@ -38,10 +37,7 @@ from stream.client.info import BookieStatus, FragmentInfo, StreamInfo
 from stream.client.options import ReaderOptions, WriterOptions
 from stream.client.ports import WallClock
 from stream.client.reader import AsyncStreamReader
-from stream.client.recovery import WriterIdentity
-from stream.client.seal import seal
 from stream.client.stream_admin import delete_stream, trim_stream
-from stream.client.writer import AsyncStreamWriter
 from stream.client.zk_metadata import ZkMetadata
 from stream.clock import SystemClock
 from stream.errors import (
@@ -67,6 +63,10 @@ from stream.protocol import (
     recovery_waits_for,
 )
 from stream.security.tls import TLSConfig
+
+if TYPE_CHECKING:
+    from stream.client.accept_loss import LossSurvey
+    from stream.client.writer import AsyncStreamWriter
 
 log = structlog.get_logger(__name__)
 
@@ -276,6 +276,11 @@ class StreamClient:
         again (when `is_leader()`, called on the client's loop thread, still says so). With
         `producer_id` it is an idempotent producer (docs/design.md §11): `last_sequence` says
         where that producer stands, and every append carries a `sequence`."""
+        # The writer's modules are imported by the first writer: a reader's process (a Spark
+        # task's) does not pay for them.
+        from stream.client.recovery import WriterIdentity
+        from stream.client.writer import AsyncStreamWriter
+
         validate_stream_name(name)
         identity = WriterIdentity(
             f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}",
@@ -451,6 +456,9 @@ class StreamClient:
 
     def seal_stream(self, name: str) -> None:
         """Runs a recovery (a takeover) and marks the stream SEALED: no writer ever again."""
+        from stream.client.recovery import WriterIdentity  # a writer's modules: as open_writer
+        from stream.client.seal import seal
+
         identity = WriterIdentity(f"sealer-{uuid.uuid4().hex[:8]}", socket.gethostname(), 0)
         self._run(
             seal(
@@ -468,6 +476,8 @@ class StreamClient:
         """Returns what `recover_accepting_loss` would give up now: which bookies of the last
         fragment are in limbo or unreachable, the last entry some bookie holds, and the range
         of entries that may be lost (docs/design.md §4). Changes nothing."""
+        from stream.client.accept_loss import survey_loss  # a writer's modules: as open_writer
+
         validate_stream_name(name)
         return self._run(
             survey_loss(
@@ -487,6 +497,9 @@ class StreamClient:
         and records that (with `operator`, default user@host, and the time) in the stream's
         metadata. The stream is then OPEN with no writer; the bookies' repairs clear their
         limbo. Returns the record, None when no limbo stood in the way (nothing given up)."""
+        from stream.client.accept_loss import recover_accepting_loss  # as open_writer
+        from stream.client.recovery import WriterIdentity
+
         validate_stream_name(name)
         identity = WriterIdentity(f"recover-{uuid.uuid4().hex[:8]}", socket.gethostname(), 0)
         result = self._run(
