@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -463,6 +463,8 @@ class ProcessFigures:
     rss_first_half_mib: float = float("nan")
     rss_last_half_mib: float = float("nan")
     rss_growth_mib: float = float("nan")
+    anon_growth_mib: float = float("nan")  # of RssAnon: a heap that keeps growing
+    rss_mib_samples: list[float] = field(default_factory=list)  # the window's, in order (JSON)
 
 
 @dataclass
@@ -506,13 +508,14 @@ class MeasuredRun:
 
 @dataclass(frozen=True)
 class _Snapshot:
-    """CPU seconds, bytes written and resident bytes of each process at one moment
-    (perf_counter `at`)."""
+    """CPU seconds, bytes written, resident bytes and resident anonymous bytes of each process
+    at one moment (perf_counter `at`)."""
 
     at: float
     cpu: dict[int, float]
     written: dict[int, int]
     rss: dict[int, int]
+    anon: dict[int, int]
 
 
 def _positive_rate(text: str) -> float:
@@ -600,13 +603,15 @@ def _sustained(args: argparse.Namespace) -> int:
 
 
 def _snapshot(pids: list[int]) -> _Snapshot:
-    from stream.sandbox.processes import cpu_seconds, rss_bytes, write_bytes
+    from stream.sandbox.processes import cpu_seconds, resident_bytes, write_bytes
 
+    resident = {pid: resident_bytes(pid) for pid in pids}
     return _Snapshot(
         time.perf_counter(),
         {pid: cpu_seconds(pid) for pid in pids},
         {pid: write_bytes(pid) for pid in pids},
-        {pid: rss_bytes(pid) for pid in pids},
+        {pid: rss for pid, (rss, _) in resident.items()},
+        {pid: anon for pid, (_, anon) in resident.items()},
     )
 
 
@@ -715,9 +720,12 @@ def _figures(
             rss_first_half_mib=round(halves[0] / (1 << 20), 1),
             rss_last_half_mib=round(halves[1] / (1 << 20), 1),
             rss_growth_mib=round((halves[1] - halves[0]) / (1 << 20), 1),
+            anon_growth_mib=round((anon[1] - anon[0]) / (1 << 20), 1),
+            rss_mib_samples=[round(snapshot.rss[pid] / (1 << 20), 1) for snapshot in window],
         )
         for name, pid in processes
         for halves in [rss_halves([snapshot.rss[pid] for snapshot in window])]
+        for anon in [rss_halves([snapshot.anon[pid] for snapshot in window])]
     ]
     entries_per_s = acked / seconds
     disk = None
@@ -779,7 +787,7 @@ def _print_measured(args: argparse.Namespace, run: MeasuredRun) -> None:
         )
     table = Table(title="CPU per acknowledged entry, memory (RSS: window halves), disk writes")
     columns = ("process", "pid", "CPU s", "CPU us/entry", "peak RSS MiB", "RSS 1st half")
-    for column in (*columns, "RSS 2nd half", "RSS growth", "written MB"):
+    for column in (*columns, "RSS 2nd half", "RSS growth", "anon growth", "written MB"):
         table.add_column(column, justify="right")
     for p in run.processes:
         table.add_row(
@@ -791,6 +799,7 @@ def _print_measured(args: argparse.Namespace, run: MeasuredRun) -> None:
             f"{p.rss_first_half_mib:.1f}",
             f"{p.rss_last_half_mib:.1f}",
             f"{p.rss_growth_mib:+.1f}",
+            f"{p.anon_growth_mib:+.1f}",
             f"{p.written_mb:.0f}",
         )
     total_cpu = sum(p.cpu_s for p in run.processes)
@@ -800,7 +809,7 @@ def _print_measured(args: argparse.Namespace, run: MeasuredRun) -> None:
         "",
         f"{total_cpu:.2f}",
         f"{run.cpu_us_per_entry:.1f}",
-        *([""] * 4),
+        *([""] * 5),
         f"{total_written:.0f}",
     )
     out.print(table)

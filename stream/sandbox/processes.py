@@ -53,6 +53,9 @@ def peak_rss_bytes(pid: int) -> int:
     return int(_proc_field(f"/proc/{pid}/status", "VmHWM").split()[0]) * 1024
 
 
-def rss_bytes(pid: int) -> int:
-    """Returns the resident set process `pid` has now (VmRSS)."""
-    return int(_proc_field(f"/proc/{pid}/status", "VmRSS").split()[0]) * 1024
+def resident_bytes(pid: int) -> tuple[int, int]:
+    """Returns the resident set process `pid` has now (VmRSS) and its anonymous part (RssAnon:
+    the heap, not the pages of mapped files such as an LMDB index, which the kernel can drop)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    fields = dict(line.partition(":")[::2] for line in status.splitlines())
+    return int(fields["VmRSS"].split()[0]) * 1024, int(fields["RssAnon"].split()[0]) * 1024

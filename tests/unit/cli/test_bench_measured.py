@@ -61,26 +61,29 @@ def test_what_cannot_run_is_refused_before_a_sandbox_starts(
 def _window() -> tuple[list[tuple[float, float]], list[_Snapshot]]:
     """Two seconds of samples at 1,000 sampled appends/s (8,000 appends/s), each taking 2 ms
     but for one of 40 ms in the second second; client pid 1, bookies 2 and 3. The client's
-    resident memory grows by 1 MiB a second, the bookies' stays."""
+    heap grows by 1 MiB a second; bookie-3's resident set grows by mapped file pages only."""
     mib = 1 << 20
     first = _Snapshot(
         100.0,
         {1: 10.0, 2: 20.0, 3: 30.0},
         {1: 0, 2: 1000, 3: 1000},
         {1: 50 * mib, 2: 90 * mib, 3: 90 * mib},
+        {1: 30 * mib, 2: 40 * mib, 3: 40 * mib},
     )
     middle = _Snapshot(
         101.0,
         {1: 10.08, 2: 20.04, 3: 30.04},
         {1: 0, 2: 1000, 3: 1000},
-        {1: 51 * mib, 2: 91 * mib, 3: 90 * mib},
+        {1: 51 * mib, 2: 91 * mib, 3: 92 * mib},
+        {1: 31 * mib, 2: 41 * mib, 3: 40 * mib},
     )
     written = 1000 + 16_384_000
     last = _Snapshot(
         102.0,
         {1: 10.16, 2: 20.08, 3: 30.08},
         {1: 0, 2: written, 3: written},
-        {1: 52 * mib, 2: 90 * mib, 3: 90 * mib},
+        {1: 52 * mib, 2: 90 * mib, 3: 94 * mib},
+        {1: 32 * mib, 2: 40 * mib, 3: 40 * mib},
     )
     samples = [(99.5, 0.002)]  # before the window: neither counted nor timed
     # Acknowledged at 100.0005 ... 101.9995, the first two due before the window.
@@ -120,8 +123,11 @@ def test_resident_memory_is_sampled_through_the_window_so_that_growth_shows() ->
     # Three samples: the first half is the first one, the last half the last one.
     client = by_name["client"]
     assert (client.rss_first_half_mib, client.rss_last_half_mib) == (50.0, 52.0)
-    assert client.rss_growth_mib == 2.0
+    assert (client.rss_growth_mib, client.anon_growth_mib) == (2.0, 2.0)
+    assert client.rss_mib_samples == [50.0, 51.0, 52.0]
     assert by_name["bookie-1"].rss_growth_mib == 0.0  # a bump in the middle is no growth
+    bookie = by_name["bookie-2"]  # pages of its mapped files, its heap as it was
+    assert (bookie.rss_growth_mib, bookie.anon_growth_mib) == (4.0, 0.0)
     assert rss_halves([4, 6, 8, 8]) == (5.0, 8.0)
     assert rss_halves([7]) == (7.0, 7.0)
 
