@@ -464,7 +464,9 @@ class ProcessFigures:
     rss_last_half_mib: float = float("nan")
     rss_growth_mib: float = float("nan")
     anon_growth_mib: float = float("nan")  # of RssAnon: a heap that keeps growing
-    rss_mib_samples: list[float] = field(default_factory=list)  # the window's, in order (JSON)
+    # The window's samples, in order (in the JSON only).
+    rss_mib_samples: list[float] = field(default_factory=list)
+    anon_mib_samples: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -722,6 +724,7 @@ def _figures(
             rss_growth_mib=round((halves[1] - halves[0]) / (1 << 20), 1),
             anon_growth_mib=round((anon[1] - anon[0]) / (1 << 20), 1),
             rss_mib_samples=[round(snapshot.rss[pid] / (1 << 20), 1) for snapshot in window],
+            anon_mib_samples=[round(snapshot.anon[pid] / (1 << 20), 1) for snapshot in window],
         )
         for name, pid in processes
         for halves in [rss_halves([snapshot.rss[pid] for snapshot in window])]
