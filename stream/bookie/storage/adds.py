@@ -51,6 +51,7 @@ _REJECT = TermDecision.REJECT
 # tests/unit/bookie/test_storage_add.py checks that both agree.
 _pack_entry_header = ENTRY_HEADER.pack
 _crc32c = crc32c.crc32c
+_serialize = Entry.SerializeToString
 
 
 def _scan_entries(
@@ -339,7 +340,7 @@ class AddPath:
                     or not _entry_is_valid(stream_id, e, self._max_entry_bytes)
                 ):
                     continue
-                cached[entry_id] = e
+                cached[entry_id] = _serialize(e)
                 stored += 1
                 stored_bytes += len(e.payload) + ENTRY_OVERHEAD_BYTES
                 if entry_id > state.last_entry_id:
