@@ -2,16 +2,52 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from collections.abc import Iterable, Sequence
 
-ADD_ENTRIES = Counter("streamkeeper_bookie_add_entries_total", "Entries added", ["code"])
-ADD_BATCHES = Counter("streamkeeper_bookie_add_batches_total", "Add batches received")
-READ_ENTRIES = Counter(
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, Metric
+
+
+class Tally:
+    """A counter family kept as plain numbers by label values, read when scraped. For the
+    counters of every request: a prometheus_client `Counter` takes a lock and checks its state
+    on each increment (~0.7 us, four per Add batch), a dict slot ~0.1 us. Counted by one thread
+    (the event loop); the scrape only reads."""
+
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str] = ()) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._labelnames = list(labelnames)
+        self.counts: dict[tuple[str, ...], float] = {}
+        REGISTRY.register(self)
+
+    def inc(self, labels: tuple[str, ...] = (), amount: float = 1) -> None:
+        """Adds `amount` to the count of `labels` (label values in `labelnames` order)."""
+        counts = self.counts
+        counts[labels] = counts.get(labels, 0) + amount
+
+    def value(self, labels: tuple[str, ...] = ()) -> float:
+        return self.counts.get(labels, 0)
+
+    def _family(self) -> CounterMetricFamily:
+        return CounterMetricFamily(self._name, self._documentation, labels=self._labelnames)
+
+    def describe(self) -> Iterable[Metric]:
+        return [self._family()]
+
+    def collect(self) -> Iterable[Metric]:
+        family = self._family()
+        for labels, value in list(self.counts.items()):  # a C-level copy: no lock needed
+            family.add_metric(list(labels), value)
+        return [family]
+
+
+ADD_ENTRIES = Tally("streamkeeper_bookie_add_entries_total", "Entries added", ["code"])
+ADD_BATCHES = Tally("streamkeeper_bookie_add_batches_total", "Add batches received")
+READ_ENTRIES = Tally(
     "streamkeeper_bookie_read_entries_total", "Entries read (Read and ReadRange)", ["code"]
 )
-REQUESTS = Counter(
-    "streamkeeper_bookie_requests_total", "Requests by RPC and code", ["rpc", "code"]
-)
+REQUESTS = Tally("streamkeeper_bookie_requests_total", "Requests by RPC and code", ["rpc", "code"])
 JOURNAL_SYNC_SECONDS = Histogram(
     "streamkeeper_bookie_journal_sync_seconds",
     "Latency of one journal group commit (write + fdatasync)",

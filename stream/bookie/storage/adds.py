@@ -13,7 +13,6 @@ from concurrent.futures import Future
 import crc32c
 import structlog
 
-from stream.bookie import metrics
 from stream.bookie.codes import (
     BAD_REQUEST,
     FLAG_ATTRIBUTES,
@@ -250,9 +249,7 @@ class AddPath:
             if request.lafr > state.lafr:
                 state.lafr = request.lafr
             store.dirty.add(stream_id)
-        cache_bytes = store.active.bytes
-        metrics.WRITE_CACHE_BYTES.set(cache_bytes + store.snapshot_bytes)
-        if cache_bytes >= self._flush_trigger_bytes:
+        if store.active.bytes >= self._flush_trigger_bytes:
             self._flusher.cache_full()
         if lac_advanced and self.on_lac_advanced is not None:
             self._notify_lac(stream_id, state.lac)

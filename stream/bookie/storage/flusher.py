@@ -275,7 +275,6 @@ class Flusher:
         self.flushes += 1
         self.last_flush_seconds = elapsed
         metrics.FLUSH_SECONDS.observe(elapsed)
-        metrics.WRITE_CACHE_BYTES.set(store.active.bytes)
         log.debug("storage.flushed", entries=len(keys), bytes=written, seconds=round(elapsed, 4))
         for waiter in job.waiters:
             waiter.set_result(None)

@@ -10,7 +10,9 @@ flush wins over the flush's index commit.
 
 from __future__ import annotations
 
+import functools
 import threading
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 
@@ -34,6 +36,12 @@ log = structlog.get_logger(__name__)
 _serialize = pb.Entry.SerializeToString
 _parse = pb.Entry.FromString
 _MAX_ENTRY_ID = (1 << 63) - 1
+
+
+def _cache_bytes(store: weakref.ref[Store]) -> float:
+    """Returns the bytes in `store`'s write caches (0 once it is gone)."""
+    live = store()
+    return live.active.bytes + live.snapshot_bytes if live is not None else 0
 
 
 def failed_future(message: str, **context: object) -> Future[None]:
@@ -87,6 +95,9 @@ class Store:
         self.active = WriteCache()
         self.snapshot: WriteCache | None = None
         self.snapshot_bytes = 0
+        # Read when scraped instead of set on every Add batch (a Gauge.set takes a lock);
+        # the newest store of the process is the one shown.
+        metrics.WRITE_CACHE_BYTES.set_function(functools.partial(_cache_bytes, weakref.ref(self)))
         self.opened = False
         self.closed = False
         self.failure: BaseException | None = None
