@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-# Memory counted per cached entry beyond its payload (wrapper object, dict slot, arena).
+# Memory counted per cached entry beyond its payload (the bytes object, its entry fields,
+# the dict slot and key).
 ENTRY_OVERHEAD_BYTES = 128
 
 
