@@ -34,6 +34,7 @@ from stream.bookie.codes import (
 )
 from stream.bookie.config import BookieConfig
 from stream.bookie.disk import DiskStatus
+from stream.bookie.durable import GroupWaits
 from stream.bookie.lac_polls import LacPolls
 from stream.bookie.malformed import (
     malformed_add,
@@ -143,6 +144,7 @@ class BookieCore:
         self._start_report = start_report
         self._mode = ReadOnlyMode(disk_status, config.disk_usage_threshold)
         self._loop = asyncio.get_running_loop()
+        self._group_waits = GroupWaits()
         self._lac_polls = LacPolls(MAX_LAC_WAITERS)
         storage.on_lac_advanced = self.notify_lac_advanced
         self._log = RequestLog()
@@ -272,7 +274,7 @@ class BookieCore:
         entry when the journal failed to sync: nothing about the batch can be promised)."""
         response, durable, codes = item
         try:
-            await _await_durable(durable)
+            await self._group_waits.wait(durable)
         except Exception as e:
             log.error("add.durability_failed", stream_id=response.stream_id, error=repr(e))
             codes = [INTERNAL] * max(len(response.entry_ids), 1)

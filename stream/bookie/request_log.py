@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from typing import Protocol
 
 import structlog
-from prometheus_client import Counter
 
 from stream.bookie import metrics
 from stream.bookie.access import ANONYMOUS, CALLER
@@ -25,37 +24,37 @@ class Peer(Protocol):
 
 
 class RequestLog:
-    """The counters and refusal events of one bookie. The labelled counters are looked up once
-    per label set: a lookup per answer shows on the add path."""
+    """The counters and refusal events of one bookie. The label values are made once per
+    (rpc, code): a name lookup per answer shows on the add path."""
 
     def __init__(self) -> None:
-        self._add_entries_ok = metrics.ADD_ENTRIES.labels(code="OK")
-        self._request_counters: dict[tuple[str, int], Counter] = {}
-        self._read_counters: dict[int, Counter] = {}
+        self._request_labels: dict[tuple[str, int], tuple[str, str]] = {}
+        self._add_ok = self._labels("Add", OK)
+        self._ok = (code_name(OK),)
+
+    def _labels(self, rpc: str, code: int) -> tuple[str, str]:
+        labels = self._request_labels.get((rpc, code))
+        if labels is None:
+            labels = self._request_labels[(rpc, code)] = (rpc, code_name(code))
+        return labels
 
     def count(self, rpc: str, code: int) -> None:
         """Counts one answer of `rpc` with `code`."""
-        counter = self._request_counters.get((rpc, code))
-        if counter is None:
-            counter = metrics.REQUESTS.labels(rpc=rpc, code=code_name(code))
-            self._request_counters[(rpc, code)] = counter
-        counter.inc()
+        metrics.REQUESTS.inc(self._labels(rpc, code))
 
     def count_read(self, code: int, entries: int) -> None:
         """Counts `entries` entries read (Read, ReadRange) answered with `code`."""
-        counter = self._read_counters.get(code)
-        if counter is None:
-            counter = self._read_counters[code] = metrics.READ_ENTRIES.labels(code=code_name(code))
-        counter.inc(entries)
+        metrics.READ_ENTRIES.inc((code_name(code),), entries)
 
     def count_add(self, codes: Sequence[int]) -> None:
         """Counts one Add batch answered with `codes` (one per entry)."""
         n = len(codes)
         if n and codes.count(OK) == n:
-            self._add_entries_ok.inc(n)
-        else:
-            for code, count in collections.Counter(codes).items():
-                metrics.ADD_ENTRIES.labels(code=code_name(code)).inc(count)
+            metrics.ADD_ENTRIES.inc(self._ok, n)
+            metrics.REQUESTS.inc(self._add_ok)
+            return
+        for code, count in collections.Counter(codes).items():
+            metrics.ADD_ENTRIES.inc((code_name(code),), count)
         self.count("Add", codes[0] if n else OK)
 
     def refused(

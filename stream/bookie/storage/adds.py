@@ -13,7 +13,6 @@ from concurrent.futures import Future
 import crc32c
 import structlog
 
-from stream.bookie import metrics
 from stream.bookie.codes import (
     BAD_REQUEST,
     FLAG_ATTRIBUTES,
@@ -51,6 +50,7 @@ _REJECT = TermDecision.REJECT
 # tests/unit/bookie/test_storage_add.py checks that both agree.
 _pack_entry_header = ENTRY_HEADER.pack
 _crc32c = crc32c.crc32c
+_serialize = Entry.SerializeToString
 
 
 def _scan_entries(
@@ -249,9 +249,7 @@ class AddPath:
             if request.lafr > state.lafr:
                 state.lafr = request.lafr
             store.dirty.add(stream_id)
-        cache_bytes = store.active.bytes
-        metrics.WRITE_CACHE_BYTES.set(cache_bytes + store.snapshot_bytes)
-        if cache_bytes >= self._flush_trigger_bytes:
+        if store.active.bytes >= self._flush_trigger_bytes:
             self._flusher.cache_full()
         if lac_advanced and self.on_lac_advanced is not None:
             self._notify_lac(stream_id, state.lac)
@@ -339,7 +337,7 @@ class AddPath:
                     or not _entry_is_valid(stream_id, e, self._max_entry_bytes)
                 ):
                     continue
-                cached[entry_id] = e
+                cached[entry_id] = _serialize(e)
                 stored += 1
                 stored_bytes += len(e.payload) + ENTRY_OVERHEAD_BYTES
                 if entry_id > state.last_entry_id:

@@ -38,7 +38,6 @@ from stream.wire import bookie_pb2 as pb
 log = structlog.get_logger(__name__)
 
 Entry = pb.Entry
-_serialize = pb.Entry.SerializeToString
 _parse = pb.Entry.FromString
 _pack_key = ENTRY_KEY.pack
 _pack_location = LOCATION.pack
@@ -164,12 +163,13 @@ class EntryLogs:
     # -- writing (holding `lock`) -----------------------------------------------------------
 
     def write_entries(
-        self, streams: Sequence[tuple[int, Sequence[int], Sequence[Entry]]]
+        self, streams: Sequence[tuple[int, Sequence[int], Sequence[bytes]]]
     ) -> tuple[list[bytes], list[bytes], int]:
-        """Appends the entries of `streams` ((stream_id, entry ids ascending, entries)) and
-        returns (index keys, index locations, bytes written) in the same order. Not synced:
-        call `sync()`. The work is done by C-level maps over slices of a stream; only a slice
-        that crosses a log rotation goes entry by entry."""
+        """Appends the entries of `streams` ((stream_id, entry ids ascending, entries
+        serialized, as the write cache holds them)) and returns (index keys, index locations,
+        bytes written) in the same order. Not synced: call `sync()`. The work is done by
+        C-level maps over slices of a stream; only a slice that crosses a log rotation goes
+        entry by entry."""
         keys: list[bytes] = []
         locations: list[bytes] = []
         buffers: list[bytes] = []
@@ -182,7 +182,7 @@ class EntryLogs:
             # the event loop for its whole length.
             for start in range(0, len(all_ids), _SLICE_ENTRIES):
                 entry_ids = all_ids[start : start + _SLICE_ENTRIES]
-                datas = list(map(_serialize, all_entries[start : start + _SLICE_ENTRIES]))
+                datas = all_entries[start : start + _SLICE_ENTRIES]
                 lengths = list(map(len, datas))
                 total = sum(lengths) + record_header * len(lengths)
                 self._ensure_file()

@@ -19,13 +19,11 @@ from stream.bookie.storage.store import Store, failed_future
 from stream.bookie.storage.write_cache import WriteCache
 from stream.errors import StorageError
 from stream.protocol.invariant import invariant
-from stream.wire import bookie_pb2 as pb
 
 log = structlog.get_logger(__name__)
 
-Entry = pb.Entry
-# (stream id, entry ids, entries) of one stream in a flush, in entry id order.
-_Plan = list[tuple[int, list[int], list[Entry]]]
+# (stream id, entry ids, entries serialized) of one stream in a flush, in entry id order.
+_Plan = list[tuple[int, list[int], list[bytes]]]
 # Entry-log bytes written between two fdatasyncs. A journal commit beside a flush waits for
 # the flush's current sync; 2 MiB takes a few ms to write back.
 _FLUSH_SYNC_BYTES = 2 << 20
@@ -67,7 +65,7 @@ def _flush_parts(plan: _Plan, snapshot: WriteCache, part_bytes: int) -> Iterator
 
 def _drop_deleted(
     snapshot: WriteCache,
-    streams: list[tuple[int, dict[int, Entry]]],
+    streams: list[tuple[int, dict[int, bytes]]],
     plan: _Plan,
     keys: list[bytes],
     locations: list[bytes],
@@ -277,7 +275,6 @@ class Flusher:
         self.flushes += 1
         self.last_flush_seconds = elapsed
         metrics.FLUSH_SECONDS.observe(elapsed)
-        metrics.WRITE_CACHE_BYTES.set(store.active.bytes)
         log.debug("storage.flushed", entries=len(keys), bytes=written, seconds=round(elapsed, 4))
         for waiter in job.waiters:
             waiter.set_result(None)

@@ -74,8 +74,8 @@ def _parse_locations(located: list[bytes]) -> Locations:
 
 def _index_run(
     located: list[bytes],
-    active: dict[int, Entry],
-    snap: dict[int, Entry],
+    active: dict[int, bytes],
+    snap: dict[int, bytes],
     entry_id: int,
     budget: int,
 ) -> Locations:
@@ -219,12 +219,12 @@ class ReadPath:
         located: list[bytes] = []  # index locations of ids located_first, located_first + 1...
         located_first = entry_id
         while entry_id <= last and (size < max_bytes or not batch):
-            entry = active.get(entry_id)
-            if entry is None:
-                entry = snap.get(entry_id)
-            if entry is not None:
-                batch.append(_serialize_entry(entry) if raw else entry)
-                size += len(entry.payload) + _ENTRY_OVERHEAD_BYTES
+            data = active.get(entry_id)
+            if data is None:
+                data = snap.get(entry_id)
+            if data is not None:  # the caches hold entries serialized
+                batch.append(data if raw else Entry.FromString(data))
+                size += len(data) + _ENTRY_OVERHEAD_BYTES
                 entry_id += 1
                 continue
             if entry_id - located_first >= len(located):

@@ -10,7 +10,9 @@ flush wins over the flush's index commit.
 
 from __future__ import annotations
 
+import functools
 import threading
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 
@@ -30,7 +32,16 @@ from stream.wire import bookie_pb2 as pb
 
 log = structlog.get_logger(__name__)
 
+# The write cache holds entries serialized (`stream.bookie.storage.write_cache`).
+_serialize = pb.Entry.SerializeToString
+_parse = pb.Entry.FromString
 _MAX_ENTRY_ID = (1 << 63) - 1
+
+
+def _cache_bytes(store: weakref.ref[Store]) -> float:
+    """Returns the bytes in `store`'s write caches (0 once it is gone)."""
+    live = store()
+    return live.active.bytes + live.snapshot_bytes if live is not None else 0
 
 
 def failed_future(message: str, **context: object) -> Future[None]:
@@ -84,6 +95,9 @@ class Store:
         self.active = WriteCache()
         self.snapshot: WriteCache | None = None
         self.snapshot_bytes = 0
+        # Read when scraped instead of set on every Add batch (a Gauge.set takes a lock);
+        # the newest store of the process is the one shown.
+        metrics.WRITE_CACHE_BYTES.set_function(functools.partial(_cache_bytes, weakref.ref(self)))
         self.opened = False
         self.closed = False
         self.failure: BaseException | None = None
@@ -183,13 +197,15 @@ class Store:
         entries: list[pb.Entry],
         truncates: bool,
     ) -> None:
-        """Puts entries into the active cache in order; a TRUNCATE entry deletes every higher
-        entry (cache, snapshot, index) before the entries after it are stored."""
+        """Puts entries into the active cache in order, serialized; a TRUNCATE entry deletes
+        every higher entry (cache, snapshot, index) before the entries after it are stored."""
         cached = self.active.streams.get(stream_id)
         if cached is None:
             cached = self.active.streams[stream_id] = {}
+        # One C-level map for the batch: no per-entry Python.
+        datas = list(map(_serialize, entries))
         if not truncates:
-            cached.update(zip(ids, entries, strict=True))
+            cached.update(zip(ids, datas, strict=True))
             top = max(ids)
             if top > state.last_entry_id:
                 state.last_entry_id = top
@@ -198,20 +214,20 @@ class Store:
         for position, e in enumerate(entries):
             if e.flags & FLAG_TRUNCATE:
                 cached.update(
-                    zip(ids[start : position + 1], entries[start : position + 1], strict=True)
+                    zip(ids[start : position + 1], datas[start : position + 1], strict=True)
                 )
                 state.last_entry_id = max(state.last_entry_id, ids[position])
                 self.delete_above(stream_id, state, ids[position])
                 start = position + 1
         if start < len(entries):
-            cached.update(zip(ids[start:], entries[start:], strict=True))
+            cached.update(zip(ids[start:], datas[start:], strict=True))
             state.last_entry_id = max(state.last_entry_id, max(ids[start:]))
 
     # -- lookups --------------------------------------------------------------------------
 
-    def cached(self, stream_id: int) -> tuple[dict[int, pb.Entry], dict[int, pb.Entry]]:
-        """Returns the stream's entries in the active cache and in the snapshot (empty dicts
-        when none), in the order lookups go: active, snapshot, then the index."""
+    def cached(self, stream_id: int) -> tuple[dict[int, bytes], dict[int, bytes]]:
+        """Returns the stream's entries (serialized) in the active cache and in the snapshot
+        (empty dicts when none), in the order lookups go: active, snapshot, then the index."""
         active = self.active.streams.get(stream_id) or {}
         snapshot = self.snapshot
         snap = (snapshot.streams.get(stream_id) if snapshot is not None else None) or {}
@@ -225,16 +241,16 @@ class Store:
         # is always in one of the places looked at later.
         cached = self.active.streams.get(stream_id)
         if cached is not None:
-            entry = cached.get(entry_id)
-            if entry is not None:
-                return entry
+            data = cached.get(entry_id)
+            if data is not None:
+                return _parse(data)
         snapshot = self.snapshot
         if snapshot is not None:
             cached = snapshot.streams.get(stream_id)
             if cached is not None:
-                entry = cached.get(entry_id)
-                if entry is not None:
-                    return entry
+                data = cached.get(entry_id)
+                if data is not None:
+                    return _parse(data)
         for _ in range(3):
             location = self.index.get(stream_id, entry_id)
             if location is None:

@@ -14,12 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from stream.bookie.config import BookieConfig
 from stream.bookie.core import BookieCore
 from stream.bookie.disk import DiskStatus
 from stream.bookie.server import StartReport
 from stream.bookie.storage import StreamStorage
+from stream.bookie.storage.write_cache import ENTRY_OVERHEAD_BYTES
 from stream.sim.disk import SimDisk
 from stream.sim.loop import run_simulated
 from stream.wire import bookie_pb2 as pb
@@ -181,3 +183,47 @@ def test_the_core_serves_without_grpc_or_threads_on_virtual_time() -> None:
     assert list(stale.codes) == [pb.INVALID_TERM] and stale.bookie_term == 2
     assert missing.code == pb.NO_SUCH_ENTRY
     assert fenced.code == pb.OK and fenced.bookie_term == 3 and fenced.last_entry_id == 2
+
+
+def test_add_answers_are_counted_and_scraped() -> None:
+    """The Add counters (plain numbers read when scraped) and the write cache gauge (read
+    from the storage when scraped) show what the adds did."""
+    disk = SimDisk(random.Random(2))
+    config = BookieConfig(
+        bookie_id="b2", listen="127.0.0.1:1", metadata="127.0.0.1:2181/x", data_dir="/sim/b2"
+    )
+
+    def sample(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    before = {
+        "batches": sample("streamkeeper_bookie_add_batches_total"),
+        "ok": sample("streamkeeper_bookie_add_entries_total", code="OK"),
+        "term": sample("streamkeeper_bookie_add_entries_total", code="INVALID_TERM"),
+        "requests": sample("streamkeeper_bookie_requests_total", rpc="Add", code="OK"),
+    }
+
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        storage = StreamStorage(config, disk=disk, clock=loop.time, threads=False)
+        storage.open()
+        core = BookieCore(config, storage, instance_id="i", start_report=_START)
+        answered = asyncio.ensure_future(core.add(add(1, 2, range(3), lac=-1)))
+        await asyncio.sleep(0)
+        storage.commit_journal()
+        await answered
+        await core.add(add(1, 1, range(3, 5)))  # a lower term: two entries refused
+        cached = sample("streamkeeper_bookie_write_cache_bytes")
+        storage.close()
+        return cached
+
+    cached = run_simulated(main())
+    assert sample("streamkeeper_bookie_add_batches_total") - before["batches"] == 2
+    assert sample("streamkeeper_bookie_add_entries_total", code="OK") - before["ok"] == 3
+    assert (
+        sample("streamkeeper_bookie_add_entries_total", code="INVALID_TERM") - before["term"] == 2
+    )
+    assert (
+        sample("streamkeeper_bookie_requests_total", rpc="Add", code="OK") - before["requests"] == 1
+    )
+    assert cached >= 3 * ENTRY_OVERHEAD_BYTES

@@ -3,6 +3,7 @@ per-entry checks, LAC/LAFR, the LAC hook, range reads and back-pressure."""
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 
@@ -305,3 +306,17 @@ def test_attributes_are_checked_against_the_checksum(storage: StreamStorage) -> 
     )
     assert outcome.codes == [pb.BAD_REQUEST] * 4
     assert storage.stream_state(7).last_entry_id == -1
+
+
+def test_write_cache_holds_nothing_the_cyclic_gc_walks(storage: StreamStorage) -> None:
+    """The write cache keeps entries as bytes, not protobuf objects: a second of adds kept as
+    `Entry` objects made every full collection walk them all (30-85 ms stalls of the event
+    loop). Adds and repair copies both land in the cache that way, and read back whole."""
+    entries = [entry(7, i) for i in range(5)]
+    wait(storage.add_batch(add_request(7, 1, entries)).durable)
+    assert storage.store_copies(7, [entry(7, 5)]) == 1
+    cached = storage._store.active.streams[7]
+    assert sorted(cached) == list(range(6))
+    assert not any(map(gc.is_tracked, cached.values()))
+    assert not gc.is_tracked(cached)
+    assert [storage.read(7, i).entry for i in range(6)] == [*entries, entry(7, 5)]
