@@ -39,6 +39,7 @@ from stream.protocol import EntryFlag, fragment_index_for
 from stream.sim.bookie import BookieProtections, SimBookie
 from stream.sim.checker import LIVENESS, PROGRESS, Checker, Violation, write_quorum_gap
 from stream.sim.disk import DiskFault
+from stream.sim.loop import close_when_done
 from stream.sim.network import NetworkFaults, SimClock, SimNetwork, SimTransport, SkewedClock
 from stream.sim.services import InlineExecutor, SimServices
 from stream.sim.trace import Trace
@@ -608,7 +609,8 @@ class Simulation:
             if isinstance(pending, asyncio.Future):
                 pending.add_done_callback(functools.partial(self._acked, name, writer, payload))
             else:
-                self.spawn(self._await_ack(name, writer, payload, pending))
+                waiting = self.spawn(self._await_ack(name, writer, payload, pending))
+                close_when_done(waiting, pending)
         self.trace.record("append", c=name, n=queued)
         return queued
 

@@ -19,6 +19,7 @@ from stream.client.stream_admin import delete_stream, trim_stream
 from stream.metadata.model import RetentionPolicy
 from stream.sim.buggify import Knobs
 from stream.sim.cluster import STREAM_NAME, SimStream, Simulation
+from stream.sim.loop import close_when_done
 
 # A bookie's write cache this small, flushed this late, fills with a few writers' batches: the
 # next ones are answered TOO_BUSY until the flush empties it.
@@ -180,5 +181,6 @@ class FaultSpace:
         sim = self.sim
         sim.faults += 1
         task = sim.spawn(sim.guarded(name, what, f"{what}_failed", call))
+        close_when_done(task, call)  # cancelled before it ran, at the run's end
         sim.stream_ops.add(task)
         task.add_done_callback(sim.stream_ops.discard)

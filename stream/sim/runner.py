@@ -37,7 +37,7 @@ from stream.sim.checker import Violation
 from stream.sim.cluster import CLIENT_ERROR, PROTECTIONS, SimConfig, Simulation
 from stream.sim.disk import POWER_CUT, DiskFault
 from stream.sim.fault_space import TOO_BUSY_CACHE_BYTES, TOO_BUSY_FLUSH_S, FaultSpace
-from stream.sim.loop import VirtualTimeLoop
+from stream.sim.loop import VirtualTimeLoop, drain
 from stream.sim.network import NetworkFaults
 from stream.sim.shapes import Shapes
 
@@ -619,18 +619,9 @@ def run_simulation(
 
     try:
         loop.run_until_complete(main())
-        # Callbacks that ran as `main` returned may have started tasks: cancel them here, so
-        # that none is finalized later on another run's loop.
-        for _ in range(20):
-            pending = asyncio.all_tasks(loop)
-            if not pending:
-                break
-            for task in pending:
-                task.cancel()
-            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-        # Async generators left suspended (a reader's range read cancelled midway) are
-        # closed here, on their own loop, not when garbage collected later.
-        loop.run_until_complete(loop.shutdown_asyncgens())
+        # Callbacks that ran as `main` returned may have started tasks: none is left to be
+        # finalized later on another run's loop.
+        drain(loop)
     finally:
         _current = None
         loop.close()
