@@ -70,10 +70,7 @@ class FaultSpace:
         sim = self.sim
         if self.knobs.services or self.knobs.retention:
             policy = retention_policy(self.rng) if self.knobs.retention else None
-            await sim.start_services(retention_policy=policy)
-            if policy is not None:
-                for stream in self._live()[1:]:
-                    sim.admin.set_retention(stream.id, policy)
+            await sim.start_services(retention_policy=policy)  # on every stream
         for writers in self.writers.values():
             sim.start_takeover(writers[0], reengage=self.reengage)
 
