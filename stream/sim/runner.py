@@ -209,7 +209,7 @@ class RandomWorkload:
         if knobs.spare_churn:
             self._actions.append((30, shapes.spare_churn))
         # The storage jobs' faults.
-        if knobs.torn_jobs:
+        if knobs.torn_jobs or knobs.torn_journal_less:
             self._actions.append((5, self.crash_mid_job))
         self._weights = [w for w, _ in self._actions]
 
@@ -451,25 +451,31 @@ class RandomWorkload:
             sim.crash(bookie_id, downtime_s=downtime_s)
 
     def crash_mid_job(self) -> None:
-        """BUGGIFY `torn_jobs`: a bookie (most often the one with the longest log) crashes in
-        the middle of its storage work, at one of its disk's next syncs: between a journal
-        group's writes and its fdatasync, an entry log's writes and its sync, the entry logs
-        and the index commit."""
-        sim = self.sim
-        # Journaled bookies only: they promise to lose nothing they acknowledged, wherever
-        # the crash lands (a journal-less one's crashes are lossy, the loss budget's).
-        up = [b for b in self._crashable() if sim.bookies[b].journal_write_data]
+        """BUGGIFY `torn_jobs` (journaled bookies) and `torn_journal_less` (the others): a
+        bookie (most often the one with the longest log) crashes in the middle of its storage
+        work, at one of its disk's next syncs: between a journal group's writes and its
+        fdatasync, an entry log's writes and its sync, the entry logs and the index commit."""
+        up = [b for b in self._crashable() if self._tearable(b)]
         target = self._target()
         bookie_id = target if target in up else self.rng.choice(up) if up else None
         if bookie_id is None:
             return
-        sim.crash_at_sync(
+        self.sim.crash_at_sync(
             bookie_id,
             # Most often the next sync: the group commit of the adds arriving now.
             self.rng.choice((0, 0, 0, 1, 2, 3)),
             downtime_s=self.rng.uniform(0.05, 1.0),
             within_s=self.rng.uniform(0.05, 0.5),
         )
+
+    def _tearable(self, bookie_id: str) -> bool:
+        """Returns whether the knobs let a power cut land on `bookie_id`. A journaled bookie
+        promises to lose nothing it acknowledged, wherever the cut lands; a journal-less one
+        only to forget no term it served (`stream.sim.answered_terms`): what it had not
+        flushed is the loss budget's."""
+        if self.sim.bookies[bookie_id].journal_write_data:
+            return self.knobs.torn_jobs
+        return self.knobs.torn_journal_less and self.sim.may_lose_data(bookie_id)
 
     def hold_adds(self) -> None:
         """A writer's Add streams to all but one bookie of its ensemble (or to one) are held
