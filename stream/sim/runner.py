@@ -228,6 +228,8 @@ class RandomWorkload:
             await asyncio.sleep(self.rng.uniform(0.002, 0.04))
             sim.check()
         self._done = True
+        if self.space is not None:
+            self.space.stopped = True
         for bookie_id in sorted(sim.read_only):
             sim.set_read_only(bookie_id, False)  # the final takeover needs its placement
 
