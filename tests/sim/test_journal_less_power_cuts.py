@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from stream.sim.answered_terms import BOOKIE_TERMS, AnsweredTerms
 from stream.sim.buggify import Knobs
 from stream.sim.cluster import SimConfig, Simulation
@@ -64,3 +66,18 @@ def test_answered_terms_report_only_terms_replay_lost() -> None:
     assert terms.forgotten(replayed.get) == [(3, 4, 0)]
     terms.forget()  # a lost disk
     assert terms.forgotten(lambda _: None) == []
+
+
+# Found once the oracle existed (`streamctl sim --seeds 300 --knob recreate`, then
+# `--knob torn_jobs`): a bookie served a second request of a new term before the journal record
+# of that term, appended for the first, was synced; a crash at that sync took the term back
+# (seed 68: journal-less b3; seed 83: a journaled bookie). The bookie now waits for that sync
+# (`unsynced_term` switches it off).
+@pytest.mark.parametrize(("seed", "knob"), [(68, "recreate"), (83, "torn_jobs")])
+def test_a_second_request_of_a_new_term_answered_before_its_sync_is_caught(
+    seed: int, knob: str
+) -> None:
+    broken = run_seed(seed, knobs={knob}, bookie_switches={"unsynced_term"})
+    assert BOOKIE_TERMS in {v.property for v in broken.violations}, broken.violations
+    fixed = run_seed(seed, knobs={knob})
+    assert fixed.ok, fixed.violations
