@@ -22,6 +22,9 @@ simulator passes them directly.
   truncate);
 - "journal_sync" acknowledges a journal group once written, before its fdatasync (the
   simulator shows a crash in the middle of the group commit then loses acknowledged data);
+- "unsynced_term" answers a request of a stream's new term while the journal record of that
+  term is not synced yet (another request raised it and waits): the simulator shows a crash
+  then forgets a term the bookie served (`stream.sim.answered_terms`);
 - "truncate_order" applies every Truncate of the stream's term, even a late one below the point
   the bookie already truncated at (which deletes what the term wrote since).
 """
@@ -49,6 +52,7 @@ UNSAFE_SWITCHES = frozenset(
         "limbo_unknown",
         "truncate_order",
         "journal_sync",
+        "unsynced_term",
     }
 )
 

@@ -3,13 +3,12 @@ what an accept-loss recovery would give up, and run it."""
 
 from __future__ import annotations
 
-import asyncio
 import random
 from dataclasses import dataclass
 
 import structlog
 
-from stream.client.answers import answer_or_none
+from stream.client.answers import answers_or_none
 from stream.client.explicit_lac import take_over_publishing_lac
 from stream.client.options import WriterOptions
 from stream.client.ports import BookieTransport, MetadataPort, WallClock
@@ -71,11 +70,8 @@ async def survey_loss(
         raise StreamSealedError("stream is sealed", stream=name)
     _, _, fragments = await metadata.get_snapshot(meta.id)
     ensemble = fragments[-1].ensemble if fragments else ()
-    answers = await asyncio.gather(
-        *(
-            answer_or_none(transport.stream_state(b, meta.id, timeout_s=options.fence_timeout_s))
-            for b in ensemble
-        )
+    answers = await answers_or_none(
+        transport.stream_state(b, meta.id, timeout_s=options.fence_timeout_s) for b in ensemble
     )
     states: list[BookieLimboState] = []
     for bookie_id, answer in zip(ensemble, answers, strict=True):

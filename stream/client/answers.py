@@ -4,7 +4,7 @@ no longer needed."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Iterable, Sequence
 from typing import Any, TypeVar
 
 import structlog
@@ -24,6 +24,25 @@ async def answer_or_none(call: Awaitable[T]) -> T | None:
     except Exception as e:
         log.debug("client.request_failed", error=repr(e))
         return None
+
+
+async def answers_or_none(calls: Iterable[Awaitable[T]]) -> list[T | None]:
+    """Runs `calls` at once and returns each one's answer, None for each that raised (as
+    `answer_or_none`). Cancellation still propagates.
+
+    Each call is gathered as it is, not wrapped in `answer_or_none`: a wrapper task cancelled
+    before its first step (its caller cancelled in the same loop turn) never awaits the call
+    it was handed, and Python warns about that coroutine when it is dropped."""
+    answers: list[T | None] = []
+    for answer in await asyncio.gather(*calls, return_exceptions=True):
+        if isinstance(answer, BaseException):
+            if not isinstance(answer, Exception):
+                raise answer  # a cancelled call: the caller is being cancelled
+            log.debug("client.request_failed", error=repr(answer))
+            answers.append(None)
+        else:
+            answers.append(answer)
+    return answers
 
 
 async def cancel_all(calls: Sequence[asyncio.Future[Any]]) -> None:

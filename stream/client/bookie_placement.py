@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from stream.client.answers import answer_or_none
+from stream.client.answers import answers_or_none
 from stream.client.options import WriterOptions
 from stream.client.pipeline import AddPipeline
 from stream.client.ports import BookieTransport, MetadataPort
@@ -227,15 +227,9 @@ async def truncate_members(
     parallel; returns those that did not take it (an INVALID_TERM raises `Fenced`)."""
     if not enabled or not bookies:
         return []
-    answers = await asyncio.gather(
-        *(
-            answer_or_none(
-                transport.truncate(
-                    b, stream_id, term, after_entry_id, timeout_s=options.truncate_timeout_s
-                )
-            )
-            for b in bookies
-        )
+    answers = await answers_or_none(
+        transport.truncate(b, stream_id, term, after_entry_id, timeout_s=options.truncate_timeout_s)
+        for b in bookies
     )
     refused = []
     for bookie_id, answer in zip(bookies, answers, strict=True):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from stream.client.answers import answer_or_none
+from stream.client.answers import answers_or_none
 from stream.client.options import WriterOptions
 from stream.client.ports import AddBatch, BookieTransport
 from stream.client.recovery import Takeover, TakeoverResult
@@ -32,7 +32,7 @@ async def send_lac(
         finally:
             stream.close()
 
-    await asyncio.gather(*(answer_or_none(one(b)) for b in ensemble))
+    await answers_or_none(one(b) for b in ensemble)
 
 
 async def take_over_publishing_lac(

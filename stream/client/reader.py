@@ -13,7 +13,7 @@ from typing import Any
 
 import structlog
 
-from stream.client.answers import answer_or_none
+from stream.client.answers import answer_or_none, answers_or_none
 from stream.client.entry import Entry, EntryColumns, verified_columns
 from stream.client.options import ReaderOptions
 from stream.client.ports import BookieTransport, MetadataPort
@@ -159,19 +159,11 @@ class AsyncStreamReader:
         if not self._fragments:
             return floor
         ensemble = self._fragments[-1].ensemble
-        answers = await asyncio.gather(
-            *(
-                answer_or_none(
-                    self._transport.read_lac(
-                        b,
-                        self.meta.id,
-                        -1,
-                        wait_ms=0,
-                        timeout_s=self._options.speculative_timeout_s * 5,
-                    )
-                )
-                for b in ensemble
+        answers = await answers_or_none(
+            self._transport.read_lac(
+                b, self.meta.id, -1, wait_ms=0, timeout_s=self._options.speculative_timeout_s * 5
             )
+            for b in ensemble
         )
         found = [a.lac for a in answers if a is not None and a.code == _OK]
         return max([floor, *found])

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import structlog
 
-from stream.client.answers import answer_or_none, cancel_all
+from stream.client.answers import answers_or_none, cancel_all
 from stream.client.bookie_placement import (
     MAX_CANDIDATES_TRIED,
     BookiePlacement,
@@ -323,8 +323,8 @@ class WriteBack:
                     BookieError("the truncate no-op did not reach the ensemble", stream=self.name)
                 )
             futures = [pipeline.send_extra(b, noop) for b in extras]
-            answers = await asyncio.gather(
-                *(answer_or_none(asyncio.wait_for(f, self._options.add_timeout_s)) for f in futures)
+            answers = await answers_or_none(
+                asyncio.wait_for(f, self._options.add_timeout_s) for f in futures
             )
             for bookie_id, answer in zip(extras, answers, strict=True):
                 code = None if answer is None or not answer.codes else int(answer.codes[0])

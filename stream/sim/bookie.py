@@ -44,6 +44,7 @@ from stream.clock import Clock
 from stream.errors import StreamNotFoundError
 from stream.metadata.model import Fragment, StreamMeta
 from stream.sim.acknowledged import BOOKIE_DURABILITY, AnsweredAdds
+from stream.sim.answered_terms import BOOKIE_TERMS, AnsweredTerms
 from stream.sim.disk import DiskFault, SimDisk
 from stream.sim.trace import Trace
 from stream.sim.zookeeper import FakeKazooClient, SimMetadataSession
@@ -176,6 +177,8 @@ class SimBookie:
         # What this bookie answered OK for, judged at each start (a journaled bookie loses
         # none of it in a crash); violations go to `on_violation(property, details)`.
         self.answered = AnsweredAdds()
+        # The terms it served, judged at each start too, journal or not.
+        self.answered_terms = AnsweredTerms()
         self.on_violation: Callable[[str, str], None] | None = None
         # On the disk, in the index directory (lost with it): the journal-bypass marker and
         # the stream id below which terms may have been forgotten.
@@ -209,6 +212,7 @@ class SimBookie:
         report = storage.open()
         self._storage = storage
         self._check_answered(storage)
+        self._check_terms(storage)
         reason = phase_one_reason(
             unclean=bool(report.unclean),
             journal_bypassed=journal_bypassed_before,
@@ -290,6 +294,25 @@ class SimBookie:
             )
             self.answered.forget()  # reported once
 
+    def _check_terms(self, storage: StreamStorage) -> None:
+        """Reports the terms this bookie served and forgot (replay must bring back every one,
+        journal or not, wherever the crash landed)."""
+        if self.on_violation is None:
+            return
+
+        def term_of(stream_id: int) -> int | None:
+            state = storage.stream_state(stream_id)
+            return None if state is None else state.term
+
+        forgotten = self.answered_terms.forgotten(term_of)
+        if forgotten:
+            self.on_violation(
+                BOOKIE_TERMS,
+                f"{self.bookie_id} (journal_write_data={self.journal_write_data}) forgot terms "
+                f"it served (stream, served, replayed): {forgotten[:5]}",
+            )
+            self.answered_terms.forget()  # reported once
+
     async def _repair(self, storage: StreamStorage, bounds: dict[int, int]) -> None:
         repairer = Repairer(
             bookie_id=self.bookie_id,
@@ -343,6 +366,7 @@ class SimBookie:
         if lose_disk or not self.journal_write_data:
             self.answered.forget()
         if lose_disk:
+            self.answered_terms.forget()
             self.disk.wipe()
             self._journal_bypassed = False
             self.forgotten_below = 0
@@ -480,14 +504,31 @@ class SimBookie:
         return task
 
     def _serve(
-        self, kind: str, call: Callable[[BookieCore], Coroutine[Any, Any, R]], **fields: object
+        self,
+        kind: str,
+        call: Callable[[BookieCore], Coroutine[Any, Any, R]],
+        *,
+        served: tuple[int, int] | None = None,
+        **fields: object,
     ) -> asyncio.Task[R]:
+        """Runs `call` on the serving core; `served` is the `(stream_id, term)` of a
+        term-bearing request (its OK answer is noted in `answered_terms`)."""
         core = self._core
         if core is None:
             raise ConnectionRefusedError(f"{self.bookie_id} is not serving")
         task: asyncio.Task[R] = self._spawn(call(core))
         task.add_done_callback(lambda t: self._traced(kind, t, fields))
+        if served is not None and served[1] > 0:
+            task.add_done_callback(lambda t: self._served(t, *served))
         return task
+
+    def _served(self, task: asyncio.Task[Any], stream_id: int, term: int) -> None:
+        if task.cancelled() or task.exception() is not None:
+            return
+        response = task.result()
+        codes = response.codes if hasattr(response, "codes") else [response.code]
+        if pb.OK in codes:
+            self.answered_terms.on_served(stream_id, term)
 
     def _traced(self, kind: str, task: asyncio.Task[Any], fields: dict[str, object]) -> None:
         if task.cancelled() or task.exception() is not None:
@@ -502,7 +543,13 @@ class SimBookie:
 
     def add(self, request: pb.AddRequest) -> asyncio.Future[pb.AddResponse]:
         ids = [e.entry_id for e in request.entries]
-        task = self._serve("add", lambda core: core.add(request), t=request.term, ids=ids)
+        task = self._serve(
+            "add",
+            lambda core: core.add(request),
+            served=(request.stream_id, request.term),
+            t=request.term,
+            ids=ids,
+        )
         if self.journal_write_data:
             arrival = self.answered.add_arrived(request)
             task.add_done_callback(
@@ -515,11 +562,20 @@ class SimBookie:
         return task
 
     def fence(self, request: pb.FenceRequest) -> asyncio.Future[pb.FenceResponse]:
-        return self._serve("fence", lambda core: core.fence(request), t=request.term)
+        return self._serve(
+            "fence",
+            lambda core: core.fence(request),
+            served=(request.stream_id, request.term),
+            t=request.term,
+        )
 
     def read(self, request: pb.ReadRequest) -> asyncio.Future[pb.ReadResponse]:
         return self._serve(
-            "read", lambda core: core.read(request), e=request.entry_id, t=request.term
+            "read",
+            lambda core: core.read(request),
+            served=(request.stream_id, request.term),
+            e=request.entry_id,
+            t=request.term,
         )
 
     def read_lac(self, request: pb.ReadLacRequest) -> asyncio.Future[pb.ReadLacResponse]:
@@ -529,6 +585,7 @@ class SimBookie:
         task = self._serve(
             "truncate",
             lambda core: core.truncate(request),
+            served=(request.stream_id, request.term),
             t=request.term,
             after=request.after_entry_id,
         )

@@ -57,6 +57,12 @@ class Knobs:
       replaces it fails right after it joined (`stream.sim.shapes`).
     - `torn_jobs`: bookies crash in the middle of their storage jobs (a power cut at a sync of
       a journal group commit, a flush or GC): replay meets torn tails and unsynced files.
+      Journaled bookies only (they promise to lose nothing they acknowledged).
+    - `torn_journal_less`: the same power cuts on journal-less bookies, within the loss
+      budget: they may lose what they had not flushed, never a term they served
+      (`stream.sim.answered_terms`).
+    - `recreate`: a deleted stream is created again under its name while the old one's
+      writers, readers and bookie entries may still be around (`stream.sim.incarnations`).
     """
 
     hold_adds: bool = False
@@ -80,6 +86,8 @@ class Knobs:
     spare_churn: bool = False
     # The storage jobs' knobs.
     torn_jobs: bool = False
+    torn_journal_less: bool = False
+    recreate: bool = False
 
     def names(self) -> list[str]:
         """Returns the names of the knobs that are on (for the trace and reports)."""
@@ -111,6 +119,9 @@ _ODDS = {
     "spare_churn": 0.3,
     # The storage jobs' knobs.
     "torn_jobs": 0.5,
+    # Drawn last (in this order): a run with them off is the run it was before they existed.
+    "torn_journal_less": 0.3,
+    "recreate": 0.2,
 }
 
 
@@ -122,10 +133,14 @@ def draw_knobs(rng: random.Random) -> Knobs:
 KNOBS = tuple(_ODDS)
 # The knobs of issue 15's fault space (`stream.sim.fault_space`): a seed found before they
 # existed replays its old run with them off (`run_seed(..., knobs_off=...)`).
-FAULT_SPACE_KNOBS = frozenset({"streams", "trim", "delete", "too_busy", "services", "retention"})
+FAULT_SPACE_KNOBS = frozenset(
+    {"streams", "trim", "delete", "too_busy", "services", "retention", "recreate"}
+)
 # The knobs of `stream.sim.shapes`, added after the regression seeds of the late Truncate were
 # found (drawn last: a run with them off is the run it was before they existed).
 SHAPE_KNOBS = frozenset({"dirty_tail", "spare_churn"})
+# The knobs added after the storage jobs' (a seed found before them replays with them off).
+LATE_KNOBS = frozenset({"torn_journal_less", "recreate"})
 
 # The knobs a run switches on whatever its draw while a protection is off: the shapes that
 # protection's directed scenario (`stream.sim.scenarios`) shows it guards, so that a search

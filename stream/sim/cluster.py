@@ -39,6 +39,7 @@ from stream.protocol import EntryFlag, fragment_index_for
 from stream.sim.bookie import BookieProtections, SimBookie
 from stream.sim.checker import LIVENESS, PROGRESS, Checker, Violation, write_quorum_gap
 from stream.sim.disk import DiskFault
+from stream.sim.loop import close_when_done
 from stream.sim.network import NetworkFaults, SimClock, SimNetwork, SimTransport, SkewedClock
 from stream.sim.services import InlineExecutor, SimServices
 from stream.sim.trace import Trace
@@ -202,8 +203,10 @@ class SimClient:
     def __init__(self, sim: Simulation, name: str, stream: str = STREAM_NAME) -> None:
         self.name = name
         self.sim = sim
-        # The stream this client writes and reads.
+        # The stream this client writes and reads, and its incarnation then (None before the
+        # stream exists): the one that judges what the client gets.
         self.stream = stream
+        self.incarnation = sim.streams.get(stream)
         self.rng = random.Random(sim.rng.getrandbits(64))
         self.transport = SimTransport(sim.network, name)
         self.zk = FakeKazooClient(sim.zk, now=sim.loop.time, lose_reply=self._lose_reply)
@@ -597,7 +600,7 @@ class Simulation:
         if writer is None:
             return 0
         for _ in range(count):
-            payload = f"{name}#{client.sequence}".encode().ljust(size, b".")
+            payload = payload_of(name, client.sequence, size)
             client.sequence += 1
             try:
                 pending = writer.append_nowait(payload)
@@ -608,7 +611,8 @@ class Simulation:
             if isinstance(pending, asyncio.Future):
                 pending.add_done_callback(functools.partial(self._acked, name, writer, payload))
             else:
-                self.spawn(self._await_ack(name, writer, payload, pending))
+                waiting = self.spawn(self._await_ack(name, writer, payload, pending))
+                close_when_done(waiting, pending)
         self.trace.record("append", c=name, n=queued)
         return queued
 
@@ -636,8 +640,11 @@ class Simulation:
         self._checker_of(name).on_ack(name, writer.term, entry_id, payload)
 
     def _checker_of(self, name: str) -> Checker:
-        """Returns the checker of client `name`'s stream."""
-        return self.streams[self.client(name).stream].checker
+        """Returns the checker of client `name`'s stream: of the incarnation it was created
+        for (a stream deleted and created again under its name is judged apart, and what
+        the old one's writers and readers get belongs to the old one)."""
+        client = self.client(name)
+        return (client.incarnation or self.streams[client.stream]).checker
 
     # ------------------------------------------------------------------ scripting
 
@@ -1091,6 +1098,12 @@ class Simulation:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
         log.warning("sim.tasks_left_running", seed=self.seed)
+
+
+def payload_of(name: str, sequence: int, size: int = 0) -> bytes:
+    """Returns the payload client `name` appends as its `sequence`th (padded to `size` bytes):
+    unique within a run."""
+    return f"{name}#{sequence}".encode().ljust(size, b".")
 
 
 def _abort(writer: AsyncStreamWriter) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import selectors
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -73,10 +73,43 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         return self.clock.now_s
 
 
+# Cancelled tasks may start new ones (a writer's `finally` restarting its roll): this many
+# rounds of cancelling end any run's.
+_DRAIN_ROUNDS = 20
+
+
+def drain(loop: asyncio.AbstractEventLoop) -> None:
+    """Ends what a run left on `loop`, before it is closed: cancels every task, again while
+    cancelled tasks start new ones, and closes the async generators left suspended (a
+    reader's range read cancelled midway). Left to the garbage collector, they would be
+    finalized later, during another run, and Python would print a warning about each (a
+    library prints nothing)."""
+    for _ in range(_DRAIN_ROUNDS):
+        pending = asyncio.all_tasks(loop)
+        if not pending:
+            break
+        for task in pending:
+            task.cancel()
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    loop.run_until_complete(loop.shutdown_asyncgens())
+
+
+def close_when_done(task: asyncio.Future[Any], handed: Awaitable[Any]) -> None:
+    """Closes `handed`, a coroutine that `task`'s coroutine was handed to await, once `task`
+    is done. A task cancelled before its first step never awaits what it was handed, and
+    Python warns about a coroutine dropped unawaited; closing one that ran is a no-op (it
+    ended with the task that awaited it), and closing an unstarted one warns of nothing."""
+    if isinstance(handed, Coroutine):
+        task.add_done_callback(lambda _: handed.close())
+
+
 def run_simulated(coro: Coroutine[Any, Any, T], clock: VirtualClock | None = None) -> T:
-    """Runs `coro` to completion on a fresh virtual-time loop and returns its result."""
+    """Runs `coro` to completion on a fresh virtual-time loop and returns its result; what it
+    left running is cancelled (`drain`)."""
     loop = VirtualTimeLoop(clock)
     try:
-        return loop.run_until_complete(coro)
+        result = loop.run_until_complete(coro)
+        drain(loop)
+        return result
     finally:
         loop.close()

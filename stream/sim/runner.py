@@ -37,7 +37,7 @@ from stream.sim.checker import Violation
 from stream.sim.cluster import CLIENT_ERROR, PROTECTIONS, SimConfig, Simulation
 from stream.sim.disk import POWER_CUT, DiskFault
 from stream.sim.fault_space import TOO_BUSY_CACHE_BYTES, TOO_BUSY_FLUSH_S, FaultSpace
-from stream.sim.loop import VirtualTimeLoop
+from stream.sim.loop import VirtualTimeLoop, drain
 from stream.sim.network import NetworkFaults
 from stream.sim.shapes import Shapes
 
@@ -209,7 +209,7 @@ class RandomWorkload:
         if knobs.spare_churn:
             self._actions.append((30, shapes.spare_churn))
         # The storage jobs' faults.
-        if knobs.torn_jobs:
+        if knobs.torn_jobs or knobs.torn_journal_less:
             self._actions.append((5, self.crash_mid_job))
         self._weights = [w for w, _ in self._actions]
 
@@ -228,6 +228,8 @@ class RandomWorkload:
             await asyncio.sleep(self.rng.uniform(0.002, 0.04))
             sim.check()
         self._done = True
+        if self.space is not None:
+            self.space.stopped = True
         for bookie_id in sorted(sim.read_only):
             sim.set_read_only(bookie_id, False)  # the final takeover needs its placement
 
@@ -451,25 +453,31 @@ class RandomWorkload:
             sim.crash(bookie_id, downtime_s=downtime_s)
 
     def crash_mid_job(self) -> None:
-        """BUGGIFY `torn_jobs`: a bookie (most often the one with the longest log) crashes in
-        the middle of its storage work, at one of its disk's next syncs: between a journal
-        group's writes and its fdatasync, an entry log's writes and its sync, the entry logs
-        and the index commit."""
-        sim = self.sim
-        # Journaled bookies only: they promise to lose nothing they acknowledged, wherever
-        # the crash lands (a journal-less one's crashes are lossy, the loss budget's).
-        up = [b for b in self._crashable() if sim.bookies[b].journal_write_data]
+        """BUGGIFY `torn_jobs` (journaled bookies) and `torn_journal_less` (the others): a
+        bookie (most often the one with the longest log) crashes in the middle of its storage
+        work, at one of its disk's next syncs: between a journal group's writes and its
+        fdatasync, an entry log's writes and its sync, the entry logs and the index commit."""
+        up = [b for b in self._crashable() if self._tearable(b)]
         target = self._target()
         bookie_id = target if target in up else self.rng.choice(up) if up else None
         if bookie_id is None:
             return
-        sim.crash_at_sync(
+        self.sim.crash_at_sync(
             bookie_id,
             # Most often the next sync: the group commit of the adds arriving now.
             self.rng.choice((0, 0, 0, 1, 2, 3)),
             downtime_s=self.rng.uniform(0.05, 1.0),
             within_s=self.rng.uniform(0.05, 0.5),
         )
+
+    def _tearable(self, bookie_id: str) -> bool:
+        """Returns whether the knobs let a power cut land on `bookie_id`. A journaled bookie
+        promises to lose nothing it acknowledged, wherever the cut lands; a journal-less one
+        only to forget no term it served (`stream.sim.answered_terms`): what it had not
+        flushed is the loss budget's."""
+        if self.sim.bookies[bookie_id].journal_write_data:
+            return self.knobs.torn_jobs
+        return self.knobs.torn_journal_less and self.sim.may_lose_data(bookie_id)
 
     def hold_adds(self) -> None:
         """A writer's Add streams to all but one bookie of its ensemble (or to one) are held
@@ -619,18 +627,9 @@ def run_simulation(
 
     try:
         loop.run_until_complete(main())
-        # Callbacks that ran as `main` returned may have started tasks: cancel them here, so
-        # that none is finalized later on another run's loop.
-        for _ in range(20):
-            pending = asyncio.all_tasks(loop)
-            if not pending:
-                break
-            for task in pending:
-                task.cancel()
-            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-        # Async generators left suspended (a reader's range read cancelled midway) are
-        # closed here, on their own loop, not when garbage collected later.
-        loop.run_until_complete(loop.shutdown_asyncgens())
+        # Callbacks that ran as `main` returned may have started tasks: none is left to be
+        # finalized later on another run's loop.
+        drain(loop)
     finally:
         _current = None
         loop.close()

@@ -17,7 +17,8 @@ simulated network with its own session on the simulated ZooKeeper, on the virtua
 What the checker cannot know, services add: entries retention trimmed legitimately are not
 lost (they leave the checker's acknowledged set when the services stop), and a trim past the
 lowest durable cursor of a `keep_unconsumed` policy is a violation of `RETENTION_HOLDS`, judged
-from the metadata writes themselves (not from the service's own plan).
+on every stream of the run from the metadata writes themselves (the policy they carry, not the
+service's own plan).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from stream.sim.network import SimTransport
 from stream.sim.zookeeper import FakeKazooClient, SimMetadata, SimMetadataSession
 
 if TYPE_CHECKING:
-    from stream.sim.cluster import Simulation
+    from stream.sim.cluster import SimStream, Simulation
 
 log = structlog.get_logger(__name__)
 
@@ -184,21 +185,27 @@ class SimServices:
             self.retention_node.session,  # type: ignore[arg-type]
             clock_ms=sim.network.now_ms,
         )
-        self._first_retained = 0
+        # Per stream id: the highest first retained entry its metadata named.
+        self._first_retained: dict[int, int] = {}
         self._tasks: list[asyncio.Task[Any]] = []
-        self.trims: list[int] = []
+        # Per stream name: every move of its first retained entry, in order.
+        self.trims_of: dict[str, list[int]] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
+    @property
+    def trims(self) -> list[int]:
+        """Returns the first stream's trims (every move of its first retained entry)."""
+        return self.trims_of.setdefault(next(iter(self.sim.streams)), [])
+
     async def start(self) -> None:
-        """Sets the stream's retention policy and runs the services (when `periodic`)."""
+        """Sets the retention policy on every stream and runs the services (when
+        `periodic`)."""
         sim = self.sim
         sim.zk.on_write.append(self._on_zk_write)
-        if self.retention_policy is not None:
-            sim.admin.set_retention(sim.stream_id, self.retention_policy)
-            # Created at -1: the consumer has read nothing yet, so a keep_unconsumed policy
-            # holds everything until `consume` moves it.
-            self._cursors.commit(sim.stream_id, CURSOR, -1)
+        for stream in sim.streams.values():
+            if not sim.deleted(stream):
+                self.apply_policy(stream)
         # The workers always run (markers wake them); the auditor and retention run on their
         # own schedule only when periodic, otherwise when the actions say.
         self._tasks = [sim.spawn(self.autorecovery.serve())]
@@ -219,6 +226,14 @@ class SimServices:
         first = self.sim.first_retained_entry()
         self.sim.trace.record("services_stopped", first_retained=first)
 
+    def apply_policy(self, stream: SimStream) -> None:
+        """Sets the run's retention policy (if any) on `stream` (a stream created after
+        `start` too), with the simulated consumer's cursor at -1: it has read nothing yet,
+        so a keep_unconsumed policy holds everything until `consume` moves it."""
+        if self.retention_policy is not None:
+            self.sim.admin.set_retention(stream.id, self.retention_policy)
+            self._cursors.commit(stream.id, CURSOR, -1)
+
     # ------------------------------------------------------------------ actions
 
     async def run_retention_once(self) -> RoundReport:
@@ -237,13 +252,15 @@ class SimServices:
             worker.wake_up()
         return report
 
-    async def consume(self, entry_id: int) -> None:
-        """Moves the simulated consumer's durable cursor to `entry_id` (never back)."""
-        current = self._cursors.get(self.sim.stream_id, CURSOR)
+    async def consume(self, entry_id: int, stream: SimStream | None = None) -> None:
+        """Moves the simulated consumer's durable cursor on `stream` (default the first) to
+        `entry_id` (never back)."""
+        stream_id = self.sim.stream_id if stream is None else stream.id
+        current = self._cursors.get(stream_id, CURSOR)
         if current is not None and current[0].entry_id >= entry_id:
             return
-        self._cursors.commit(self.sim.stream_id, CURSOR, entry_id)
-        self.sim.trace.record("consumed", e=entry_id)
+        self._cursors.commit(stream_id, CURSOR, entry_id)
+        self.sim.trace.record("consumed", s=stream_id, e=entry_id)
 
     def expire_session(self, node: str, reconnect_after_s: float) -> None:
         """Expires the ZooKeeper session of service `node` (`RETENTION_NODE` or
@@ -256,23 +273,28 @@ class SimServices:
     # ------------------------------------------------------------------ the oracle
 
     def _on_zk_write(self, path: str, data: bytes) -> None:
-        """Judges every move of the stream's first retained entry as it lands: with
-        `keep_unconsumed` and no size bound, nothing a cursor has not consumed may go."""
-        if path != paths.stream_meta(self.sim.stream_id):
+        """Judges every move of a stream's first retained entry as it lands, on every stream
+        of the run: under a `keep_unconsumed` policy with no size bound (the one its metadata
+        carries), nothing the cursor has not consumed may go."""
+        stream = next(
+            (s for s in self.sim.streams.values() if path == paths.stream_meta(s.id)), None
+        )
+        if stream is None:
             return
-        first = StreamMeta.from_json(data).first_entry_id
-        if first <= self._first_retained:
+        meta = StreamMeta.from_json(data)
+        first = meta.first_entry_id
+        if first <= self._first_retained.get(stream.id, 0):
             return
-        self._first_retained = first
-        self.trims.append(first)
-        self.sim.trace.record("trimmed", first=first)
-        policy = self.retention_policy
+        self._first_retained[stream.id] = first
+        self.trims_of.setdefault(stream.name, []).append(first)
+        self.sim.trace.record("trimmed", s=stream.id, first=first)
+        policy = meta.retention
         if policy is None or not policy.keep_unconsumed or policy.max_bytes is not None:
             return
-        found = self._cursors.get(self.sim.stream_id, CURSOR)
+        found = self._cursors.get(stream.id, CURSOR)
         position = -1 if found is None else found[0].entry_id
         if first > position + 1:
-            self.sim.checker.violate(
+            stream.checker.violate(
                 RETENTION_HOLDS,
                 f"the first retained entry moved to {first}, past what the durable cursor "
                 f"{CURSOR!r} consumed ({position}) under a keep_unconsumed policy",

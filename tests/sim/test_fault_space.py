@@ -57,7 +57,8 @@ class _Seen:
 def _run_all_knobs(seeds: range, seen: _Seen) -> None:
     """Random runs with every fault-space knob on (and the others off), tallying in `seen`
     what they did."""
-    knobs = Knobs(**dict.fromkeys(FAULT_SPACE_KNOBS, True))
+    # `recreate` deletes far more often (tests/sim/test_recreate.py runs it).
+    knobs = Knobs(**dict.fromkeys(FAULT_SPACE_KNOBS - {"recreate"}, True))
     for seed in seeds:
         config = SimConfig(
             write_cache_max_bytes=TOO_BUSY_CACHE_BYTES, flush_delay_s=TOO_BUSY_FLUSH_S

@@ -11,7 +11,7 @@ import os
 import pytest
 
 # Seeds found before issue 15's fault space replay their old runs with its knobs off.
-from stream.sim.buggify import FAULT_SPACE_KNOBS, SHAPE_KNOBS, guarded_shapes
+from stream.sim.buggify import FAULT_SPACE_KNOBS, LATE_KNOBS, SHAPE_KNOBS, guarded_shapes
 from stream.sim.cluster import (
     GWQ,
     KEEP_FAILED,
@@ -156,7 +156,7 @@ def test_recovery_publishes_no_lafr_from_its_local_ensemble() -> None:
     # A regression (random seed 3649): a paused recovery had replaced a bookie locally and its
     # no-op reached the new write set, so the LAFR it carried named the no-op; the next takeover
     # started after it while the committed write set still held the old writer's dirty entry.
-    result = run_seed(3649, knobs_off=FAULT_SPACE_KNOBS | SHAPE_KNOBS)
+    result = run_seed(3649, knobs_off=FAULT_SPACE_KNOBS | SHAPE_KNOBS | LATE_KNOBS)
     assert result.ok, f"seed 3649: {_first(result)}"
 
 
@@ -168,7 +168,7 @@ def test_time_never_goes_backwards_across_skewed_writers(seed: int) -> None:
     # fell back to its own clock (now it reads again before it does). Seed 8640: no holder of
     # that entry answered in any read round (one cut off, one in limbo after a wipe), and the
     # new term fell back to its clock again (now the whole takeover is tried again).
-    result = run_seed(seed, knobs_off=FAULT_SPACE_KNOBS | SHAPE_KNOBS)
+    result = run_seed(seed, knobs_off=FAULT_SPACE_KNOBS | SHAPE_KNOBS | LATE_KNOBS)
     assert result.ok, f"seed {seed}: {_first(result)}"
 
 
@@ -210,4 +210,4 @@ def test_a_member_replaced_away_by_a_recovery_is_not_truncated_back_in() -> None
     for seed in SCENARIO_SEEDS:
         off = run_scenario("replaced-member-returns", seed, {"spare-holders"})
         assert not off.ok, f"replaced-member-returns seed {seed} found nothing"
-    assert run_seed(3813, knobs_off=FAULT_SPACE_KNOBS | SHAPE_KNOBS).ok
+    assert run_seed(3813, knobs_off=FAULT_SPACE_KNOBS | SHAPE_KNOBS | LATE_KNOBS).ok

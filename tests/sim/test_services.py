@@ -74,6 +74,43 @@ def test_retention_that_ignores_the_cursors_is_caught() -> None:
     assert {v.property for v in result.violations} == {RETENTION_HOLDS}
 
 
+# Writer "k" of the second stream lags about as much (about 98 s).
+OTHER_STREAM, OTHER_WRITER = "sim2", "k"
+
+
+def _two_stream_run(seed: int, unsafe: frozenset[str]) -> tuple[RunResult, SimServices]:
+    """Retention with `KEEP_UNCONSUMED` on two streams, a lagging writer on each; the
+    consumer keeps up with the first stream and stays 15 entries behind on the second."""
+    seen: list[SimServices] = []
+
+    async def script(sim: Simulation) -> None:
+        other = sim.add_stream(OTHER_STREAM)
+        sim.client(OTHER_WRITER, OTHER_STREAM)
+        services = await sim.start_services(retention_policy=KEEP_UNCONSUMED, unsafe=unsafe)
+        seen.append(services)
+        await sim.open_writer(LAGGING_WRITER)
+        await sim.open_writer(OTHER_WRITER)
+        for _ in range(30):
+            sim.append(LAGGING_WRITER, 4)
+            sim.append(OTHER_WRITER, 4)
+            await asyncio.sleep(0.25)
+            if sim.checker.acked:
+                await services.consume(max(sim.checker.acked))
+            if other.checker.acked:
+                await services.consume(max(other.checker.acked) - 15, other)
+
+    return _run(seed, script), seen[0]
+
+
+def test_retention_is_judged_on_every_stream() -> None:
+    result, services = _two_stream_run(3, frozenset())
+    assert result.ok, result.violations
+    assert len(services.trims_of[OTHER_STREAM]) >= 2, services.trims_of
+    result, _ = _two_stream_run(3, frozenset({"ignore-cursors"}))
+    others = [v for v in result.violations if v.details.startswith(f"stream {OTHER_STREAM}:")]
+    assert {v.property for v in others} == {RETENTION_HOLDS}, result.violations
+
+
 def _named(sim: Simulation, bookie_id: str) -> bool:
     return any(bookie_id in f.ensemble for f in sim.snapshot()[2])
 

@@ -239,6 +239,10 @@ class AddPath:
                             request if all_stored else _with_entries(request, stored)
                         ).SerializeToString(),
                     )
+            if new_term:
+                store.term_recorded(stream_id, durable)
+            elif durable is None:
+                durable = store.unsynced_term(stream_id)
             if stored:
                 store.put_entries(stream_id, state, stored_ids, stored, truncates)
                 # Read under the lock: the flusher may have swapped the caches meanwhile.

@@ -128,12 +128,15 @@ class ReadPath:
                 return ReadResult(
                     code, None, state.lac, state.term, state.first_entry_id, None, message
                 )
-            if decision is TermDecision.ACCEPT_NEW:
-                with store.lock:
+            with store.lock:
+                if decision is TermDecision.ACCEPT_NEW:
                     state = store.apply_term(stream_id, term)
                     durable = store.journal.append(
                         codec.REC_TERM, codec.TERM_BODY.pack(stream_id, term)
                     )
+                    store.term_recorded(stream_id, durable)
+                else:
+                    durable = store.unsynced_term(stream_id)
         if state is None:
             return ReadResult(NO_SUCH_STREAM, None, -1, 0, 0, None, "unknown stream")
         if entry_id < 0:

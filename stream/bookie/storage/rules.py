@@ -70,6 +70,10 @@ class RequestRules:
                 durable = store.journal.append(
                     codec.REC_TERM, codec.TERM_BODY.pack(stream_id, term)
                 )
+                store.term_recorded(stream_id, durable)
+        elif decision.serves:
+            with store.lock:
+                durable = store.unsynced_term(stream_id)
         if state is None:  # rejected (BAD) for a stream never seen
             return FenceResult(code, 0, -1, -1, -1, False, None, "term must be >= 1")
         message = "" if decision.serves else term_message(decision, term, state.term)
@@ -100,18 +104,20 @@ class RequestRules:
         if not decision.serves:
             message = term_message(decision, term, local_term)
             return TruncateOutcome(wire_code(decision.code), local_term, None, message)
-        late = self._late_truncate(state, term, after_entry_id)
+        late = self._late_truncate(stream_id, state, term, after_entry_id)
         if late is not None:
             return late
         with store.lock:
             durable = store.journal.append(
                 codec.REC_TRUNCATE, codec.TRUNCATE_BODY.pack(stream_id, term, after_entry_id)
             )
+            if term > local_term:
+                store.term_recorded(stream_id, durable)
             state = store.apply_truncate(stream_id, term, after_entry_id)
         return TruncateOutcome(OK, state.term, durable)
 
     def _late_truncate(
-        self, state: LocalStreamState | None, term: int, after_entry_id: int
+        self, stream_id: int, state: LocalStreamState | None, term: int, after_entry_id: int
     ) -> TruncateOutcome | None:
         """The answer to a Truncate that must delete nothing (`truncate_decision`: a repeat
         of, or older than, the one the stream last applied in its term), or None to apply it.
@@ -124,7 +130,8 @@ class RequestRules:
         if decision is TruncateDecision.APPLY:
             return None
         if decision is TruncateDecision.ALREADY_APPLIED:
-            return TruncateOutcome(OK, state.term, None)
+            with self._store.lock:
+                return TruncateOutcome(OK, state.term, self._store.unsynced_term(stream_id))
         message = stale_truncate_message(term, after_entry_id, state.truncate_after)
         return TruncateOutcome(BAD_REQUEST, state.term, None, message)
 
@@ -162,6 +169,7 @@ class RequestRules:
         with store.lock:
             durable = store.journal.append(codec.REC_TERM, codec.TERM_BODY.pack(stream_id, term))
             store.apply_term(stream_id, term)
+            store.term_recorded(stream_id, durable)
         return durable
 
     def set_limbo(self, stream_id: int, limbo: bool, term: int | None = None) -> Future[None]:

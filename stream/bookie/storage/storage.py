@@ -88,6 +88,7 @@ class StreamStorage:
             clock=clock,
             threaded=threads,
             ack_before_sync="journal_sync" in unsafe,
+            wait_unsynced_terms="unsynced_term" not in unsafe,
         )
         self._rules = RequestRules(store, unsafe)
         self._flusher = Flusher(store)

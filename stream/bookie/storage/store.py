@@ -65,9 +65,12 @@ class Store:
         clock: Callable[[], float],
         threaded: bool,
         ack_before_sync: bool = False,
+        wait_unsynced_terms: bool = True,
     ) -> None:
         """`ack_before_sync` (tests only: the `journal_sync` switch of `stream.bookie.unsafe`)
-        acknowledges journal groups once written, before their fdatasync."""
+        acknowledges journal groups once written, before their fdatasync;
+        `wait_unsynced_terms` off (tests only: the `unsynced_term` switch) answers a request
+        of a stream's new term before that term's journal record is synced."""
         self.config = config
         self.disk = disk
         self.clock = clock
@@ -101,6 +104,27 @@ class Store:
         self.opened = False
         self.closed = False
         self.failure: BaseException | None = None
+        # Per stream: the journal record that raised its term last, until it is synced.
+        self._unsynced_terms: dict[int, Future[None]] = {}
+        self._wait_unsynced_terms = wait_unsynced_terms
+
+    def term_recorded(self, stream_id: int, durable: Future[None] | None) -> None:
+        """Notes `durable`, the sync of a journal record raising the stream's term (call
+        holding `lock`)."""
+        if durable is not None and not durable.done():
+            self._unsynced_terms[stream_id] = durable
+
+    def unsynced_term(self, stream_id: int) -> Future[None] | None:
+        """Returns the sync a request of the stream's current term waits for before its
+        answer, None when that term is durable (call holding `lock`). The term raised in
+        memory at once: a second request of the new term, served while the first waits for
+        the journal, must not answer with a term a crash could take back (docs/design.md §4,
+        "a bookie never answers with a term it may have forgotten")."""
+        pending = self._unsynced_terms.get(stream_id)
+        if pending is not None and pending.done():
+            del self._unsynced_terms[stream_id]
+            return None
+        return pending if self._wait_unsynced_terms else None
 
     def note_work(self) -> None:
         """Tells the caller that a background job has work (without threads)."""
