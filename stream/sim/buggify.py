@@ -57,6 +57,8 @@ class Knobs:
       replaces it fails right after it joined (`stream.sim.shapes`).
     - `torn_jobs`: bookies crash in the middle of their storage jobs (a power cut at a sync of
       a journal group commit, a flush or GC): replay meets torn tails and unsynced files.
+    - `pinned_pair`: two members of a writer's ensemble fail, the first in ensemble order
+      pinned, the other not (`stream.sim.shapes`).
     """
 
     hold_adds: bool = False
@@ -80,6 +82,7 @@ class Knobs:
     spare_churn: bool = False
     # The storage jobs' knobs.
     torn_jobs: bool = False
+    pinned_pair: bool = False
 
     def names(self) -> list[str]:
         """Returns the names of the knobs that are on (for the trace and reports)."""
@@ -111,6 +114,7 @@ _ODDS = {
     "spare_churn": 0.3,
     # The storage jobs' knobs.
     "torn_jobs": 0.5,
+    "pinned_pair": 0.2,
 }
 
 
@@ -125,7 +129,7 @@ KNOBS = tuple(_ODDS)
 FAULT_SPACE_KNOBS = frozenset({"streams", "trim", "delete", "too_busy", "services", "retention"})
 # The knobs of `stream.sim.shapes`, added after the regression seeds of the late Truncate were
 # found (drawn last: a run with them off is the run it was before they existed).
-SHAPE_KNOBS = frozenset({"dirty_tail", "spare_churn"})
+SHAPE_KNOBS = frozenset({"dirty_tail", "spare_churn", "pinned_pair"})
 
 # The knobs a run switches on whatever its draw while a protection is off: the shapes that
 # protection's directed scenario (`stream.sim.scenarios`) shows it guards, so that a search
@@ -141,7 +145,7 @@ GUARDED_SHAPES: dict[str, frozenset[str]] = {
     # replaced-member-returns: write-backs held, the replacement failing, placement moving.
     SPARE_HOLDERS: frozenset({"spare_churn"}),
     # pinned-first: a member held (it acks committed entries late) while another fails.
-    UNPINNED_FIRST: frozenset({"hold_adds", "slow_bookie"}),
+    UNPINNED_FIRST: frozenset({"pinned_pair"}),
 }
 
 # The bookie's own test-only switches (`stream.bookie.unsafe`), for the tests that break a rule

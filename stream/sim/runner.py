@@ -211,6 +211,8 @@ class RandomWorkload:
         # The storage jobs' faults.
         if knobs.torn_jobs:
             self._actions.append((5, self.crash_mid_job))
+        if knobs.pinned_pair:
+            self._actions.append((30, shapes.pinned_pair))
         self._weights = [w for w, _ in self._actions]
 
     async def run(self, steps: int) -> None:
