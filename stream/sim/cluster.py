@@ -38,8 +38,8 @@ from stream.metadata.streams import StreamStore
 from stream.protocol import EntryFlag, fragment_index_for, journal_required
 from stream.sim.bookie import BookieProtections, SimBookie
 from stream.sim.checker import LIVENESS, PROGRESS, Checker, Violation, write_quorum_gap
-from stream.sim.give_up import GiveUp, PinWatch
 from stream.sim.disk import DiskFault
+from stream.sim.give_up import GiveUp, PinWatch
 from stream.sim.network import NetworkFaults, SimClock, SimNetwork, SimTransport, SkewedClock
 from stream.sim.services import InlineExecutor, SimServices
 from stream.sim.trace import Trace

@@ -63,7 +63,9 @@ class FaultHistory:
     def link_clear(self, a: str, b: str, start_s: float, end_s: float) -> bool:
         """Returns whether the links between nodes `a` and `b` (both ways) and both nodes
         themselves were unfaulted for the whole of `[start_s, end_s]`."""
-        keys = [(kind, src, dst) for kind in LINK_FAULTS for src, dst in ((a, b), (b, a))]
+        keys: list[Key] = [
+            (kind, src, dst) for kind in LINK_FAULTS for src, dst in ((a, b), (b, a))
+        ]
         keys += [(PAUSE, a), (PAUSE, b)]
         return all(self.clear(key, start_s, end_s) for key in keys)
 

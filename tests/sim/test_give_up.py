@@ -50,7 +50,9 @@ def _sampled(pinned_from: float, unpinned_from: float, last: float) -> Sampled:
     watch, pipeline = PinWatch(), _Pipeline()
     now = 0.0
     while now <= last + 1e-9:
-        pipeline.failed = {b for b, since in (("b1", pinned_from), ("b3", unpinned_from)) if now >= since}
+        pipeline.failed = {
+            b for b, since in (("b1", pinned_from), ("b3", unpinned_from)) if now >= since
+        }
         pipeline.pending = _Pending(frozenset({"b1"}))
         watch.sample("c1", pipeline, now)  # type: ignore[arg-type]  # the pipeline's duck type
         now = round(now + 0.01, 6)
@@ -138,7 +140,10 @@ def test_a_member_pinned_only_after_the_other_failed_is_not_judged() -> None:
 
 
 def test_a_sample_that_misses_the_state_starts_it_again() -> None:
-    watch, pipeline = PinWatch(), _Pipeline(failed={"b1", "b3"}, pending=_Pending(frozenset({"b1"})))
+    watch, pipeline = (
+        PinWatch(),
+        _Pipeline(failed={"b1", "b3"}, pending=_Pending(frozenset({"b1"}))),
+    )
     watch.sample("c1", pipeline, 0.1)  # type: ignore[arg-type]
     pipeline.pending = _Pending(frozenset({"b1", "b3"}))  # b3 pinned for a moment
     watch.sample("c1", pipeline, 0.2)  # type: ignore[arg-type]
