@@ -130,6 +130,10 @@ FAULT_SPACE_KNOBS = frozenset({"streams", "trim", "delete", "too_busy", "service
 # The knobs of `stream.sim.shapes`, added after the regression seeds of the late Truncate were
 # found (drawn last: a run with them off is the run it was before they existed).
 SHAPE_KNOBS = frozenset({"dirty_tail", "spare_churn", "pinned_pair"})
+# Knobs that came after every search's first failing seed was measured: off in a search (a
+# protection or a bookie switch off) unless the search guards them (`GUARDED_SHAPES`), so
+# that the others' searches stay the runs they were; drawn as any knob with everything on.
+LATE_KNOBS = frozenset({"pinned_pair"})
 
 # The knobs a run switches on whatever its draw while a protection is off: the shapes that
 # protection's directed scenario (`stream.sim.scenarios`) shows it guards, so that a search
