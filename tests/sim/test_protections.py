@@ -35,8 +35,8 @@ SCENARIO_SEEDS = range(5)
 # shapes of `stream.sim.shapes`), each protection switched off lets random faults alone break a
 # property within this many seeds (what `streamctl sim --seeds 400 --disable P` runs), and that
 # run passes with it on. First failing seeds measured (they move whenever the workload does):
-# term-fencing 10, truncate-noop 7, new-member-truncation 79, gwq 43, phase-one-fence 0,
-# limbo 42, wiped-term-check 291, spare-holders 67, keep-failed 23, unpinned-first 14.
+# term-fencing 5, truncate-noop 29, new-member-truncation 183, gwq 5, phase-one-fence 132,
+# limbo 99, wiped-term-check 371, spare-holders 46, keep-failed 41, unpinned-first 14.
 # Unpinned-first off, the writer waits on a pinned failed bookie and gives up with
 # NotEnoughBookiesError, an error random faults also cause with it on: the needless-give-up
 # property (`stream.sim.give_up`) tells them apart from the pipeline's samples and the run's
