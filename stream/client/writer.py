@@ -110,6 +110,12 @@ class AsyncStreamWriter:
         return -1 if pipeline is None else pipeline.lac
 
     @property
+    def pipeline(self) -> AddPipeline | None:
+        """Returns the current term's add pipeline (None before the takeover), for observers
+        only: the simulator's checker reads its failed and pinned bookies."""
+        return self._state.pipeline
+
+    @property
     def producer_id(self) -> str | None:
         """Returns the writer's producer id (None: not an idempotent producer)."""
         return self._producer_id

@@ -42,6 +42,8 @@ from dataclasses import dataclass
 
 from stream.metadata.model import Fragment, StreamMeta
 from stream.protocol import EntryFlag, QuorumConfig, fragment_index_for
+from stream.sim.fault_history import FaultHistory
+from stream.sim.give_up import GiveUp, Sampled, needless_give_up
 from stream.sim.trace import Trace
 from stream.wire import bookie_pb2 as pb
 
@@ -56,6 +58,10 @@ LOG_DIVERGENCE = "log-divergence"
 # Not a safety property (docs/design.md §10 progress): with every fault healed and E writable
 # bookies up, a writer left appends neither acknowledged nor failed: a stall with no error.
 PROGRESS = "progress"
+# Not a safety property (docs/design.md §10 progress): a writer failed its ensemble change with
+# NotEnoughBookiesError, waiting on a pinned member, while an unpinned failed member could have
+# been replaced the whole time (`stream.sim.give_up`).
+NEEDLESS_GIVE_UP = "needless-give-up"
 # Not a safety property: the run could not finish its final takeover or read with every
 # fault healed (a bug or a protocol that cannot make progress).
 LIVENESS = "liveness"
@@ -228,6 +234,19 @@ class Checker:
                     f"{before} ({earlier})",
                 )
                 return
+
+    def on_give_up(
+        self, give_up: GiveUp, seen: Sampled, history: FaultHistory, spares: Collection[str]
+    ) -> None:
+        """Judges a writer's failed ensemble change once (`needless_give_up`): a needless
+        one violates `NEEDLESS_GIVE_UP`."""
+        if seen.judged:
+            return
+        self._trace.record("give_up", w=give_up.writer, t=give_up.term, b=give_up.waited_on)
+        details = needless_give_up(give_up, seen, history, spares)
+        seen.judged = True
+        if details is not None:
+            self.violate(NEEDLESS_GIVE_UP, details)
 
     # ------------------------------------------------------------------ bookie scans
 

@@ -30,15 +30,16 @@ from stream.client.recovery import WriterIdentity
 from stream.client.seal import seal
 from stream.client.writer import AsyncStreamWriter
 from stream.clock import LoopClock
-from stream.errors import StreamError
+from stream.errors import NotEnoughBookiesError, StreamError
 from stream.metadata import paths
 from stream.metadata.bookies import BookieRegistration, BookieRegistry
 from stream.metadata.model import Fragment, StreamMeta, StreamState
 from stream.metadata.streams import StreamStore
-from stream.protocol import EntryFlag, fragment_index_for
+from stream.protocol import EntryFlag, fragment_index_for, journal_required
 from stream.sim.bookie import BookieProtections, SimBookie
 from stream.sim.checker import LIVENESS, PROGRESS, Checker, Violation, write_quorum_gap
 from stream.sim.disk import DiskFault
+from stream.sim.give_up import GiveUp, PinWatch
 from stream.sim.loop import close_when_done
 from stream.sim.network import NetworkFaults, SimClock, SimNetwork, SimTransport, SkewedClock
 from stream.sim.services import InlineExecutor, SimServices
@@ -236,17 +237,22 @@ class SimClient:
             return False
         if self.replies_to_lose > 0:
             self.replies_to_lose -= 1
-            self.sim.trace.record("zk_reply_lost", c=self.name)
+            self._lost()
             return True
         for armed in self.lost_replies:
             when, meanwhile = armed
             if when():
                 self.lost_replies.remove(armed)
-                self.sim.trace.record("zk_reply_lost", c=self.name)
+                self._lost()
                 if meanwhile is not None:
                     meanwhile()
                 return True
         return False
+
+    def _lost(self) -> None:
+        self.sim.trace.record("zk_reply_lost", c=self.name)
+        if self.replies_to_lose == 0 and not self.lost_replies:
+            self.sim.history.end("lost_reply", self.name)
 
 
 class Simulation:
@@ -261,6 +267,7 @@ class Simulation:
         self.network = SimNetwork(
             self.loop, random.Random(self.rng.getrandbits(64)), self.trace, config.faults
         )
+        self.history = self.network.history
         self.clock = SimClock(self.network)
         self.zk = FakeZooKeeper(clock_ms=self.network.now_ms, schedule=self.loop.call_soon)
         # Blocking metadata calls that production runs in a thread (the bookies' reconcilers,
@@ -282,6 +289,8 @@ class Simulation:
         self.disk_faults: set[str] = set()
         # Appends each writer took and has neither acknowledged nor failed (progress).
         self._unresolved: Counter[AsyncStreamWriter] = Counter()
+        # Each writer's failed and pinned members, sampled at every check (needless give-up).
+        self.pins = PinWatch()
         self._bookie_sessions: dict[str, SimMetadataSession] = {}
         bookie_rng = random.Random(self.rng.getrandbits(64))
         for bookie_id in config.bookie_ids():
@@ -389,6 +398,7 @@ class Simulation:
         return self.zk.exists(paths.stream_meta(stream.id)) is None
 
     def _register(self, bookie_id: str) -> None:
+        self.history.end("unregistered", bookie_id)
         session = SimMetadataSession(FakeKazooClient(self.zk, now=self.loop.time))
         self._bookie_sessions[bookie_id] = session
         BookieRegistry(session).register(  # type: ignore[arg-type]
@@ -407,6 +417,10 @@ class Simulation:
         path = paths.bookie_available(bookie_id)
         data = self._registration(bookie_id, read_only).to_json()
         (self.read_only.add if read_only else self.read_only.discard)(bookie_id)
+        if read_only:
+            self.history.start("read_only", bookie_id)
+        else:
+            self.history.end("read_only", bookie_id)
         # A bookie that is down publishes its state when it registers again.
         if not session.zk.closed and session.zk.exists(path) is not None:
             session.zk.set(path, data)
@@ -625,6 +639,8 @@ class Simulation:
         error = future.exception()
         if error is None:
             self._checker_of(name).on_ack(name, writer.term, future.result(), payload)
+        elif isinstance(error, NotEnoughBookiesError):
+            self._gave_up(name, writer, error)
         elif not isinstance(error, StreamError):
             self._unexpected(f"{name}'s append", error)
 
@@ -633,11 +649,31 @@ class Simulation:
     ) -> None:
         try:
             entry_id = await pending
+        except NotEnoughBookiesError as e:
+            self._gave_up(name, writer, e)
+            return
         except StreamError:
             return
         finally:
             self._unresolved[writer] -= 1
         self._checker_of(name).on_ack(name, writer.term, entry_id, payload)
+
+    def _gave_up(self, name: str, writer: AsyncStreamWriter, error: NotEnoughBookiesError) -> None:
+        """Judges a writer whose ensemble change gave up (its error names the member it was
+        replacing) by the needless-give-up property, once."""
+        seen = self.pins.sampled(writer)
+        waited = error.context.get("bookie")
+        if seen is None or not isinstance(waited, str) or "ensemble" not in error.context:
+            return  # not an ensemble change's error (a placement, a takeover)
+        if self.config.write_cache_max_bytes is not None:
+            return  # every bookie may answer TOO_BUSY: no spare is surely usable
+        spares = [
+            b
+            for b in self.bookies
+            if b not in self.config.journal_less or not journal_required(self.config.ack_quorum)
+        ]
+        give_up = GiveUp(name, writer.term, self.loop.time(), waited)
+        self._checker_of(name).on_give_up(give_up, seen, self.history, spares)
 
     def _checker_of(self, name: str) -> Checker:
         """Returns the checker of client `name`'s stream: of the incarnation it was created
@@ -722,6 +758,7 @@ class Simulation:
             self.lossy_crashes += 1
             self.lossy_bookies.add(bookie_id)
         bookie.crash(lose_disk=lose_disk)
+        self._went_down(bookie_id)
         self.network.break_streams(bookie_id, "bookie crashed")
         # Its registration goes when its ZooKeeper session times out (a little later).
         session = self._bookie_sessions[bookie_id]
@@ -783,9 +820,16 @@ class Simulation:
             return
         self.faults += 1
         bookie.stop_cleanly()
+        self._went_down(bookie_id)
         self.network.break_streams(bookie_id, "bookie stopped")
         self._bookie_sessions[bookie_id].close()
         self._restarts[bookie_id] = self.loop.call_later(downtime_s, self.restart, bookie_id)
+
+    def _went_down(self, bookie_id: str) -> None:
+        """Notes in the fault history that `bookie_id` is down and, until it registers
+        again, absent from the registrations (its session goes a little later)."""
+        self.history.start("down", bookie_id)
+        self.history.start("unregistered", bookie_id)
 
     def _expire_if_down(self, bookie_id: str, session: SimMetadataSession) -> None:
         if self._bookie_sessions.get(bookie_id) is session and not self.bookies[bookie_id].up:
@@ -807,6 +851,7 @@ class Simulation:
             return
         self._bookie_sessions[bookie_id].close()
         bookie.start()
+        self.history.end("down", bookie_id)
         self._register(bookie_id)
 
     def pause(self, name: str, duration_s: float) -> None:
@@ -818,6 +863,7 @@ class Simulation:
         """Expires client `name`'s ZooKeeper session; it gets a new one later."""
         self.faults += 1
         self.trace.record("expire", c=name)
+        self.history.start("session", name, duration_s=reconnect_after_s)
         self.client(name).zk.expire(reconnect_after_s)
 
     def expire_bookie_session(self, bookie_id: str, reconnect_after_s: float) -> None:
@@ -827,6 +873,7 @@ class Simulation:
         self.faults += 1
         session = self._bookie_sessions[bookie_id]
         session.close()
+        self.history.start("unregistered", bookie_id)
         self.trace.record("bookie_expire", b=bookie_id)
 
         def reconnect() -> None:
@@ -848,6 +895,7 @@ class Simulation:
         another client's change that lands first."""
         self.faults += 1
         client = self.client(name)
+        self.history.start("lost_reply", name)
         if when is None and meanwhile is None:
             client.replies_to_lose += 1
         else:
@@ -870,7 +918,12 @@ class Simulation:
 
     def check(self) -> None:
         """Checks properties 2 and 8 over every bookie now (the checker's scans), on every
-        stream not deleted."""
+        stream not deleted, and samples every live writer's pipeline (`PinWatch`)."""
+        now = self.loop.time()
+        for client in self.clients.values():
+            for writer in client.writers:
+                if writer.error is None:
+                    self.pins.sample(writer, writer.pipeline, now)
         for stream in self.streams.values():
             if self.deleted(stream):
                 continue
@@ -924,6 +977,7 @@ class Simulation:
         for client in self.clients.values():
             client.replies_to_lose = 0
             client.lost_replies.clear()
+            self.history.end("lost_reply", client.name)
         for bookie_id in sorted(self.disk_faults):
             self.set_disk_fault(bookie_id, None)
         for bookie_id in sorted(self.bookies):

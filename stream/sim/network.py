@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from stream.client.ports import AddBatch
+from stream.sim.fault_history import LINK_FAULTS, PAUSE, FaultHistory
 from stream.sim.trace import Trace
 from stream.wire import bookie_pb2 as pb
 
@@ -92,6 +93,9 @@ class SimNetwork:
         self._streams: dict[str, dict[SimAddStream, None]] = {}
         self.messages = 0
         self.lost = 0
+        # Every link and node fault, as spans of virtual time (the checker's needless-give-up
+        # property asks it; the bookies' and clients' faults are added by `Simulation`).
+        self.history = FaultHistory(loop.time)
 
     # ------------------------------------------------------------------ time
 
@@ -109,6 +113,7 @@ class SimNetwork:
         until = self.now() + duration_s
         for link in ((a, b), (b, a)) if both else ((a, b),):
             self._cut[link] = until
+            self.history.start("cut", *link, duration_s=duration_s)
             self._break_streams_on(link)
         self.trace.record("cut", a=a, b=b, both=int(both), d=round(duration_s, 4))
 
@@ -118,6 +123,8 @@ class SimNetwork:
             self._cut.pop(link, None)
             self._clog.pop(link, None)
             self._extra_latency.pop(link, None)
+            for kind in ("cut", "clog", "slow"):
+                self.history.end(kind, *link)
         self.trace.record("restore", a=a, b=b)
         self._release_parked()
 
@@ -126,6 +133,7 @@ class SimNetwork:
         until = self.now() + duration_s
         for link in ((a, b), (b, a)) if both else ((a, b),):
             self._clog[link] = max(self._clog.get(link, 0.0), until)
+            self.history.start("clog", *link, duration_s=duration_s)
         self.trace.record("clog", a=a, b=b, both=int(both), d=round(duration_s, 4))
         if duration_s != math.inf:
             self.loop.call_at(until + _TICK_S, self._release_parked)
@@ -134,6 +142,7 @@ class SimNetwork:
         """Holds every message to and from `node` for `duration_s` (a paused process)."""
         until = self.now() + duration_s
         self._node_clog[node] = max(self._node_clog.get(node, 0.0), until)
+        self.history.start(PAUSE, node, duration_s=duration_s)
         self.trace.record("pause", n=node, d=round(duration_s, 4))
         if duration_s != math.inf:
             self.loop.call_at(until + _TICK_S, self._release_parked)
@@ -141,6 +150,7 @@ class SimNetwork:
     def unclog_node(self, node: str) -> None:
         """Ends `node`'s pause: its held messages are delivered."""
         self._node_clog.pop(node, None)
+        self.history.end(PAUSE, node)
         self.trace.record("resume", n=node)
         self._release_parked()
 
@@ -148,6 +158,9 @@ class SimNetwork:
         """Adds `extra_s` of latency to the links between `a` and `b` for `duration_s`."""
         self._extra_latency[(a, b)] = extra_s
         self._extra_latency[(b, a)] = extra_s
+        for link in ((a, b), (b, a)):
+            # Its end is `_unslow`'s, or an earlier restore (a later slow outlives the span).
+            self.history.start("slow", *link, duration_s=duration_s)
         self.trace.record("slow", a=a, b=b, d=extra_s)
         if duration_s != math.inf:
             self.loop.call_later(duration_s, self._unslow, a, b, extra_s)
@@ -165,6 +178,7 @@ class SimNetwork:
         """Holds the Add stream batches from `src` to `dst` (unary requests still pass) until
         `release_adds`, `heal` or `duration_s` passed."""
         self._held_adds.add((src, dst))
+        self.history.start("hold_adds", src, dst)
         self.trace.record("hold_adds", a=src, b=dst)
         if duration_s != math.inf:
             self.loop.call_later(duration_s, self.release_adds, src, dst)
@@ -172,6 +186,7 @@ class SimNetwork:
     def release_adds(self, src: str, dst: str) -> None:
         """Delivers the held Add stream batches from `src` to `dst`."""
         self._held_adds.discard((src, dst))
+        self.history.end("hold_adds", src, dst)
         self.trace.record("release_adds", a=src, b=dst)
         self._release_parked()
 
@@ -179,11 +194,13 @@ class SimNetwork:
         """Holds the unary messages from `src` to `dst` (Add streams still flow) until
         `release_unary` or `heal` (directed scripts)."""
         self._held_unary.add((src, dst))
+        self.history.start("hold_unary", src, dst)
         self.trace.record("hold_unary", a=src, b=dst)
 
     def release_unary(self, src: str, dst: str) -> None:
         """Delivers the held unary messages from `src` to `dst`."""
         self._held_unary.discard((src, dst))
+        self.history.end("hold_unary", src, dst)
         self.trace.record("release_unary", a=src, b=dst)
         self._release_parked()
 
@@ -195,6 +212,7 @@ class SimNetwork:
         self._extra_latency.clear()
         self._held_adds.clear()
         self._held_unary.clear()
+        self.history.end_all((*LINK_FAULTS, PAUSE))
         self.trace.record("heal")
         self._release_parked()
 

@@ -28,6 +28,7 @@ from stream.bookie.unsafe import UNSAFE_SWITCHES
 from stream.errors import InvalidArgumentError, StorageError
 from stream.sim.buggify import (
     FAULT_SPACE_KNOBS,
+    LATE_KNOBS,
     Knobs,
     check_knobs,
     draw_knobs,
@@ -211,6 +212,8 @@ class RandomWorkload:
         # The storage jobs' faults.
         if knobs.torn_jobs or knobs.torn_journal_less:
             self._actions.append((5, self.crash_mid_job))
+        if knobs.pinned_pair:
+            self._actions.append((30, shapes.pinned_pair))
         self._weights = [w for w, _ in self._actions]
 
     async def run(self, steps: int) -> None:
@@ -668,6 +671,8 @@ def run_seed(
     drawn = draw_knobs(random.Random(master.getrandbits(64))) if buggify else Knobs()
     if buggify:
         forced |= guarded_shapes(off)
+    if buggify and off:
+        unset |= LATE_KNOBS
     if buggify and disabled_protections:
         # A search with a protection off spends its seeds on the shapes it guards: the wider
         # fault space (`FAULT_SPACE_KNOBS`) only dilutes them, unless asked for by name.

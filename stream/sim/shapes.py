@@ -241,3 +241,40 @@ class Shapes:
                 if bookie_id != member:
                     sim.network.slow(taker, bookie_id, 0.02, rng.uniform(0.1, 0.5))
             sim.start_takeover(taker)
+
+    def pinned_pair(self) -> None:
+        """BUGGIFY (`pinned_pair`): docs/design.md §5's pinning with two failed members. A
+        writer's Add stream to one member is held: the entries the others acknowledge are
+        committed but not on their whole write set, so those others are pinned. Then the
+        first member in ensemble order is cut off: it fails at once, pinned, and the held one
+        fails at its add timeout, not pinned. Replacing the held one first (unpinned-first)
+        lets LAFR advance, which frees the first; waiting on the first instead ends past the
+        ensemble change's deadline in NotEnoughBookiesError, with spares free (the
+        needless-give-up property, `stream.sim.give_up`)."""
+        self._start(self._pinned_pair)
+
+    async def _pinned_pair(self) -> None:
+        wl = self.workload
+        sim, rng = wl.sim, wl.rng
+        calm = await sim.until(self._calm_writers, timeout_s=0.3, step_s=0.005)
+        active = self._calm_writers()
+        if not calm or not active or wl._done:
+            return
+        name = rng.choice(active)
+        writer = sim.client(name).writer
+        pipeline = None if writer is None else writer.pipeline
+        if pipeline is None or pipeline.closed or pipeline.failed:
+            return
+        first, *others = pipeline.ensemble
+        held = rng.choice(others)
+        sim.faults += 1
+        sim.trace.record("pinned_pair", c=name, first=first, held=held)
+        # Both outlast the ensemble change's deadline: waiting on `first` cannot end well.
+        duration_s = rng.uniform(0.8, 1.5)
+        sim.network.hold_adds(name, held, duration_s)
+        acks = sim.checker.ack_count + sim.append(name, rng.randint(2, 6))
+        await sim.until(lambda: sim.checker.ack_count >= acks, timeout_s=0.1, step_s=0.001)
+        if wl._done:
+            return
+        sim.network.cut(name, first, duration_s)
+        sim.append(name, rng.randint(1, 5))

@@ -22,6 +22,7 @@ from stream.sim.cluster import (
     SPARE_HOLDERS,
     TERM_FENCING,
     TRUNCATE_NOOP,
+    UNPINNED_FIRST,
     WIPED_TERM_CHECK,
 )
 from stream.sim.runner import RunResult, run_many, run_seed
@@ -34,12 +35,12 @@ SCENARIO_SEEDS = range(5)
 # shapes of `stream.sim.shapes`), each protection switched off lets random faults alone break a
 # property within this many seeds (what `streamctl sim --seeds 400 --disable P` runs), and that
 # run passes with it on. First failing seeds measured (they move whenever the workload does):
-# term-fencing 10, truncate-noop 7, new-member-truncation 79, gwq 43, phase-one-fence 0,
-# limbo 42, wiped-term-check 291, spare-holders 67, keep-failed 23.
-# Not unpinned-first: switched off, the writer waits on a pinned failed bookie and gives up with
-# NotEnoughBookiesError, an error random faults also cause with it on (its shape is reached: a
-# few more writers fail so in 400 seeds with it off), and the progress property judges only a
-# stall without an error; only its directed scenario (which knows its spares) judges it.
+# term-fencing 5, truncate-noop 29, new-member-truncation 183, gwq 5, phase-one-fence 132,
+# limbo 99, wiped-term-check 371, spare-holders 46, keep-failed 41, unpinned-first 14.
+# Unpinned-first off, the writer waits on a pinned failed bookie and gives up with
+# NotEnoughBookiesError, an error random faults also cause with it on: the needless-give-up
+# property (`stream.sim.give_up`) tells them apart from the pipeline's samples and the run's
+# fault history, and the `pinned_pair` shape makes the two failed members common.
 RANDOM_FINDS = (
     TERM_FENCING,
     TRUNCATE_NOOP,
@@ -50,6 +51,7 @@ RANDOM_FINDS = (
     WIPED_TERM_CHECK,
     SPARE_HOLDERS,
     KEEP_FAILED,
+    UNPINNED_FIRST,
 )
 RANDOM_SEEDS = 400
 # At least 1,000 seeds with every protection on inside the suite (`--workers 2`).
