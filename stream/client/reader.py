@@ -17,6 +17,7 @@ from stream.client.answers import answer_or_none
 from stream.client.entry import Entry, EntryColumns, verified_columns
 from stream.client.options import ReaderOptions
 from stream.client.ports import BookieTransport, MetadataPort
+from stream.client.range_answer import range_answer
 from stream.client.timeseek import first_at_or_after, search_range
 from stream.errors import (
     BookieError,
@@ -295,7 +296,7 @@ class AsyncStreamReader:
             upto = min(last, position + options.range_max_entries - 1)
             progressed = False
             try:
-                async for response in self._transport.read_range(
+                async for answer in self._transport.read_range_raw(
                     bookie_id,
                     stream_id,
                     position,
@@ -303,14 +304,13 @@ class AsyncStreamReader:
                     max_batch_bytes=options.range_batch_bytes,
                     timeout_s=options.read_timeout_s,
                 ):
-                    entries = response.entries
-                    columns = EntryColumns.empty()
-                    count = verified_columns(stream_id, position, entries, *columns)
-                    if count:
-                        position += count
+                    # Serialized answers are walked by the compiled walker (range_answer).
+                    got = range_answer(stream_id, position, answer)
+                    if got.accepted:
+                        position += got.accepted
                         progressed = True
-                        yield position - 1, columns
-                    if count != len(entries) or response.code != _OK:
+                        yield position - 1, got.columns
+                    if got.accepted != got.entries or got.code != _OK:
                         break
             except Exception as e:  # an unknown answer: try elsewhere
                 log.debug("reader.range_failed", bookie=bookie_id, error=repr(e))
