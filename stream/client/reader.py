@@ -202,7 +202,7 @@ class AsyncStreamReader:
                 "entry not written yet", stream=self.name, entry_id=last, lac=lac
             )
         async for _, columns in self._read_committed(first, last):
-            if columns.ids:
+            if len(columns):  # not `.ids`: that would unpack the buffers
                 yield columns
 
     def _check_trimmed(self, entry_id: int) -> None:
@@ -557,7 +557,7 @@ class AsyncStreamReader:
                         upto = min(known_lac, position + self._options.range_max_entries - 1)
                         async for covered, columns in self._read_committed(position, upto):
                             position = covered + 1
-                            if columns.ids:
+                            if len(columns):
                                 if idle_timeout_s is not None:
                                     idle_deadline = loop.time() + idle_timeout_s
                                 entries = columns.to_entries(self.name)
