@@ -391,6 +391,16 @@ walk_range(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     int status = DONE;
     Py_ssize_t body_start = 0, body_end = 0;
     int failed = 0;
+    /* Room up front, so the columns are not copied as they grow: the payloads take at most
+     * the bytes left; for the entry columns, a guess (an entry of 256 bytes) that doubling
+     * corrects. */
+    Py_ssize_t left = view.len - position, guess = left / 256 + 16;
+    if (column_reserve(data, left) < 0 || column_reserve(ids, 8 * guess) < 0 ||
+        column_reserve(stamps, 8 * guess) < 0 || column_reserve(offsets, 4 * guess) < 0) {
+        PyBuffer_Release(&view);
+        columns_trim(columns, 4);
+        return NULL;
+    }
 
     while (p < end) {
         uint32_t field, wire_type;
