@@ -243,6 +243,7 @@ class GrpcTransport:
         deserializer: Callable[[bytes], pb.ReadRangeResponse] | None,
         timeout_s: float,
     ) -> AsyncIterator[Any]:
+        """One ReadRange call, its responses through `deserializer` (None: as sent)."""
         channel = await self.channel(bookie_id)
         call = channel.unary_stream(
             READ_RANGE_METHOD,
