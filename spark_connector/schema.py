@@ -48,21 +48,28 @@ def columns_to_batch(
 ) -> pa.RecordBatch:
     """Returns the entries of `stream` given as columns (as the client's `read_columns`
     yields them) as one Arrow record batch of ARROW_SCHEMA (ARROW_HEADERS_SCHEMA with
-    `include_headers`). Each column is built from its list in one call; the stream name is
-    repeated and the milliseconds widened to microseconds inside Arrow, not per entry in
-    Python; keys and headers of a batch whose entries have none are all-null columns."""
-    count = len(columns.ids)
+    `include_headers`). The ids, payloads and timestamps are the columns' packed buffers
+    (`EntryColumns.packed()`: as the compiled walker filled them, wrapped without a copy);
+    the stream name is repeated and the milliseconds widened to microseconds inside Arrow, not
+    per entry in Python; keys and headers of a batch whose entries have none are all-null
+    columns."""
+    packed = columns.packed()
+    count = len(packed)
     arrays: list[pa.Array[Any]] = [
         pa.repeat(pa.scalar(stream, pa.string()), count),
-        pa.array(columns.ids, pa.int64()),
-        pa.array(columns.payloads, pa.binary()),
-        pa.array(columns.timestamps_ms, _TIMESTAMP_MS_TYPE).cast(_TIMESTAMP_TYPE),
+        pa.Array.from_buffers(pa.int64(), count, [None, pa.py_buffer(packed.ids)]),
+        pa.Array.from_buffers(
+            pa.binary(), count, [None, pa.py_buffer(packed.offsets), pa.py_buffer(packed.data)]
+        ),
+        pa.Array.from_buffers(
+            _TIMESTAMP_MS_TYPE, count, [None, pa.py_buffer(packed.timestamps_ms)]
+        ).cast(_TIMESTAMP_TYPE),
     ]
+    schema = ARROW_HEADERS_SCHEMA if include_headers else ARROW_SCHEMA
     if not columns.attributes:
         arrays.append(pa.nulls(count, pa.binary()))
         if include_headers:
             arrays.append(pa.nulls(count, HEADERS_TYPE))
-        schema = ARROW_HEADERS_SCHEMA if include_headers else ARROW_SCHEMA
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
     arrays.append(pa.array(columns.key_column(), pa.binary()))
     if include_headers:
@@ -71,5 +78,4 @@ def columns_to_batch(
             for headers in columns.headers_column()
         ]
         arrays.append(pa.array(rows, HEADERS_TYPE))
-    schema = ARROW_HEADERS_SCHEMA if include_headers else ARROW_SCHEMA
     return pa.RecordBatch.from_arrays(arrays, schema=schema)

@@ -4,13 +4,17 @@ for bulk readers, and the reader's check of which entries read from a bookie it 
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable
-from itertools import repeat
-from typing import NamedTuple
+from array import array
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from itertools import accumulate, pairwise, repeat
+from typing import Any
 
 import crc32c
 
+from stream.framing import native
 from stream.framing.encoding import NO_HEADERS, Attributes, Headers
+from stream.framing.native import Buffer
 from stream.framing.verify import wire_attributes, wire_checksum
 from stream.protocol import EntryFlag
 from stream.protocol.checksum import ENTRY_HEADER
@@ -23,40 +27,147 @@ _pack_header = ENTRY_HEADER.pack
 _crc32c = crc32c.crc32c
 
 
-class EntryColumns(NamedTuple):
-    """Entries as three parallel lists, no-ops left out: what bulk readers (the Spark
-    connector) turn into columns without an `Entry` object per entry. The key and headers of
-    the few entries that have some are kept aside, by position in the lists (`attributes`),
-    so entries without attributes cost nothing more; `key_column()` and `headers_column()`
-    give them as columns."""
+@dataclass(frozen=True, slots=True)
+class PackedColumns:
+    """Entries' ids, timestamps and payloads laid out as Arrow lays out columns, one buffer
+    each: `ids` and `timestamps_ms` native int64s, `offsets` native int32s (one more than the
+    entries, the first 0) into `data`, the payloads end to end. What the compiled walker of
+    ReadRange answers fills, and what the Spark connector wraps as Arrow arrays without a copy."""
 
-    ids: list[int]
-    payloads: list[bytes]
-    timestamps_ms: list[int]
-    attributes: dict[int, Attributes]
+    ids: Buffer
+    timestamps_ms: Buffer
+    offsets: Buffer
+    data: Buffer
+
+    def __len__(self) -> int:
+        """Returns how many entries the columns hold."""
+        return memoryview(self.offsets).nbytes // 4 - 1
+
+    @classmethod
+    def from_lists(
+        cls, ids: list[int], payloads: list[bytes], timestamps_ms: list[int]
+    ) -> PackedColumns:
+        offsets = array("i", [0])
+        offsets.extend(accumulate(map(len, payloads)))
+        return cls(array("q", ids), array("q", timestamps_ms), offsets, b"".join(payloads))
+
+    def to_lists(self) -> tuple[list[int], list[bytes], list[int]]:
+        """Returns (ids, payloads, timestamps_ms) as lists."""
+        if native.BUILT:
+            payloads = native.split_payloads(self.offsets, self.data)
+        else:
+            data = bytes(self.data)
+            offsets = memoryview(self.offsets).cast("B").cast("i").tolist()
+            payloads = [data[a:b] for a, b in pairwise(offsets)]
+        return (
+            memoryview(self.ids).cast("B").cast("q").tolist(),
+            payloads,
+            memoryview(self.timestamps_ms).cast("B").cast("q").tolist(),
+        )
+
+
+class EntryColumns:
+    """Entries as three parallel columns, no-ops left out: what bulk readers (the Spark
+    connector) turn into columns without an `Entry` object per entry. `ids`, `payloads` and
+    `timestamps_ms` give them as lists; `packed()` as one buffer each (`PackedColumns`). The
+    key and headers of the few entries that have some are kept aside, by position in the
+    columns (`attributes`), so entries without attributes cost nothing more; `key_column()`
+    and `headers_column()` give them as columns.
+
+    Held in one of the two forms at a time: columns walked from a ReadRange answer come
+    packed and become lists the first time a list is asked for (the lists may then be changed
+    in place); `packed()` packs lists again each time it is asked."""
+
+    __slots__ = ("_lists", "_packed", "attributes")
+
+    def __init__(
+        self,
+        ids: list[int],
+        payloads: list[bytes],
+        timestamps_ms: list[int],
+        attributes: dict[int, Attributes],
+    ) -> None:
+        self._lists: tuple[list[int], list[bytes], list[int]] | None = (
+            ids,
+            payloads,
+            timestamps_ms,
+        )
+        self._packed: PackedColumns | None = None
+        self.attributes = attributes
 
     @classmethod
     def empty(cls) -> EntryColumns:
         return cls([], [], [], {})
 
+    @classmethod
+    def from_packed(cls, packed: PackedColumns, attributes: dict[int, Attributes]) -> EntryColumns:
+        columns = cls.__new__(cls)
+        columns._lists = None
+        columns._packed = packed
+        columns.attributes = attributes
+        return columns
+
+    def _as_lists(self) -> tuple[list[int], list[bytes], list[int]]:
+        if self._lists is None:
+            assert self._packed is not None
+            self._lists = self._packed.to_lists()
+            self._packed = None
+        return self._lists
+
+    @property
+    def ids(self) -> list[int]:
+        return self._as_lists()[0]
+
+    @property
+    def payloads(self) -> list[bytes]:
+        return self._as_lists()[1]
+
+    @property
+    def timestamps_ms(self) -> list[int]:
+        return self._as_lists()[2]
+
+    def packed(self) -> PackedColumns:
+        """Returns the columns as one buffer each (as they came, or packed from the lists)."""
+        if self._packed is not None:
+            return self._packed
+        assert self._lists is not None
+        return PackedColumns.from_lists(*self._lists)
+
+    def __len__(self) -> int:
+        return len(self._packed) if self._packed is not None else len(self.ids)
+
+    def __iter__(self) -> Iterator[Any]:
+        """Unpacks as (ids, payloads, timestamps_ms, attributes), the lists `verified_columns`
+        appends to."""
+        return iter((*self._as_lists(), self.attributes))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, EntryColumns):
+            return NotImplemented
+        return (self._as_lists(), self.attributes) == (other._as_lists(), other.attributes)
+
+    def __repr__(self) -> str:
+        ids, payloads, timestamps_ms = self._as_lists()
+        return f"EntryColumns({ids!r}, {payloads!r}, {timestamps_ms!r}, {self.attributes!r})"
+
     def extend(self, other: EntryColumns) -> None:
         """Appends `other`'s entries (which follow these)."""
+        ids, payloads, timestamps_ms = self._as_lists()
         if other.attributes:
-            offset = len(self.ids)
+            offset = len(ids)
             self.attributes.update(
                 (offset + position, value) for position, value in other.attributes.items()
             )
-        self.ids.extend(other.ids)
-        self.payloads.extend(other.payloads)
-        self.timestamps_ms.extend(other.timestamps_ms)
+        ids.extend(other.ids)
+        payloads.extend(other.payloads)
+        timestamps_ms.extend(other.timestamps_ms)
 
     def take(self, count: int) -> EntryColumns:
         """Removes the first `count` entries and returns them."""
+        ids, payloads, timestamps_ms = self._as_lists()
         attributes = self.attributes
-        taken = EntryColumns(
-            self.ids[:count], self.payloads[:count], self.timestamps_ms[:count], {}
-        )
-        del self.ids[:count], self.payloads[:count], self.timestamps_ms[:count]
+        taken = EntryColumns(ids[:count], payloads[:count], timestamps_ms[:count], {})
+        del ids[:count], payloads[:count], timestamps_ms[:count]
         if attributes:
             kept = {}
             for position, value in attributes.items():
@@ -70,21 +181,22 @@ class EntryColumns(NamedTuple):
 
     def key_column(self) -> list[bytes | None]:
         """Returns each entry's key (None: it has none)."""
-        keys: list[bytes | None] = [None] * len(self.ids)
+        keys: list[bytes | None] = [None] * len(self)
         for position, (key, _) in self.attributes.items():
             keys[position] = key
         return keys
 
     def headers_column(self) -> list[Headers]:
         """Returns each entry's headers (empty: it has none)."""
-        headers: list[Headers] = [NO_HEADERS] * len(self.ids)
+        headers: list[Headers] = [NO_HEADERS] * len(self)
         for position, (_, entry_headers) in self.attributes.items():
             headers[position] = entry_headers
         return headers
 
     def to_entries(self, stream: str) -> list[Entry]:
         """Returns the entries as `Entry`s of `stream`."""
-        entries = list(map(Entry, repeat(stream), self.ids, self.payloads, self.timestamps_ms))
+        ids, payloads, timestamps_ms = self._as_lists()
+        entries = list(map(Entry, repeat(stream), ids, payloads, timestamps_ms))
         for position, (key, headers) in self.attributes.items():
             entry = entries[position]
             entry.key = key

@@ -21,6 +21,7 @@ from stream.wire import bookie_pb2_grpc
 log = structlog.get_logger(__name__)
 
 ADD_METHOD = "/streamkeeper.v1.Bookie/Add"
+READ_RANGE_METHOD = "/streamkeeper.v1.Bookie/ReadRange"
 
 CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
@@ -197,7 +198,7 @@ class GrpcTransport:
         response: pb.ReadResponse = await stub.Read(request, timeout=timeout_s)
         return response
 
-    async def read_range(
+    def read_range(
         self,
         bookie_id: str,
         stream_id: int,
@@ -207,14 +208,48 @@ class GrpcTransport:
         max_batch_bytes: int = 0,
         timeout_s: float,
     ) -> AsyncIterator[pb.ReadRangeResponse]:
-        stub = await self._stub(bookie_id)
         request = pb.ReadRangeRequest(
             stream_id=stream_id,
             first_entry_id=first_entry_id,
             last_entry_id=last_entry_id,
             max_batch_bytes=max_batch_bytes,
         )
-        call = stub.ReadRange(request, timeout=timeout_s)
+        return self._read_range(bookie_id, request, pb.ReadRangeResponse.FromString, timeout_s)
+
+    def read_range_raw(
+        self,
+        bookie_id: str,
+        stream_id: int,
+        first_entry_id: int,
+        last_entry_id: int,
+        *,
+        max_batch_bytes: int = 0,
+        timeout_s: float,
+    ) -> AsyncIterator[bytes | pb.ReadRangeResponse]:
+        """`read_range` with the responses left serialized (no deserializer): the reader walks
+        their bytes without a protobuf message per entry."""
+        request = pb.ReadRangeRequest(
+            stream_id=stream_id,
+            first_entry_id=first_entry_id,
+            last_entry_id=last_entry_id,
+            max_batch_bytes=max_batch_bytes,
+        )
+        return self._read_range(bookie_id, request, None, timeout_s)
+
+    async def _read_range(
+        self,
+        bookie_id: str,
+        request: pb.ReadRangeRequest,
+        deserializer: Callable[[bytes], pb.ReadRangeResponse] | None,
+        timeout_s: float,
+    ) -> AsyncIterator[Any]:
+        """One ReadRange call, its responses through `deserializer` (None: as sent)."""
+        channel = await self.channel(bookie_id)
+        call = channel.unary_stream(
+            READ_RANGE_METHOD,
+            request_serializer=pb.ReadRangeRequest.SerializeToString,
+            response_deserializer=deserializer,
+        )(request, timeout=timeout_s)
         try:
             async for response in call:
                 yield response

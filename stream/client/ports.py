@@ -113,6 +113,20 @@ class BookieTransport(Protocol):
         """Yields the ReadRange responses; `timeout_s` bounds the whole range."""
         ...
 
+    def read_range_raw(
+        self,
+        bookie_id: str,
+        stream_id: int,
+        first_entry_id: int,
+        last_entry_id: int,
+        *,
+        max_batch_bytes: int = 0,
+        timeout_s: float,
+    ) -> AsyncIterator[bytes | pb.ReadRangeResponse]:
+        """As `read_range`, but each response may come serialized, as the bookie sent it (the
+        reader walks its bytes: `stream.client.range_answer`), or as the message."""
+        ...
+
     async def read_lac(
         self, bookie_id: str, stream_id: int, known_lac: int, *, wait_ms: int, timeout_s: float
     ) -> pb.ReadLacResponse:

@@ -17,6 +17,7 @@ from stream.client.answers import answer_or_none, answers_or_none
 from stream.client.entry import Entry, EntryColumns, verified_columns
 from stream.client.options import ReaderOptions
 from stream.client.ports import BookieTransport, MetadataPort
+from stream.client.range_answer import range_answer
 from stream.client.timeseek import first_at_or_after, search_range
 from stream.errors import (
     BookieError,
@@ -193,7 +194,7 @@ class AsyncStreamReader:
                 "entry not written yet", stream=self.name, entry_id=last, lac=lac
             )
         async for _, columns in self._read_committed(first, last):
-            if columns.ids:
+            if len(columns):  # not `.ids`: that would unpack the buffers
                 yield columns
 
     def _check_trimmed(self, entry_id: int) -> None:
@@ -287,7 +288,7 @@ class AsyncStreamReader:
             upto = min(last, position + options.range_max_entries - 1)
             progressed = False
             try:
-                async for response in self._transport.read_range(
+                async for answer in self._transport.read_range_raw(
                     bookie_id,
                     stream_id,
                     position,
@@ -295,14 +296,13 @@ class AsyncStreamReader:
                     max_batch_bytes=options.range_batch_bytes,
                     timeout_s=options.read_timeout_s,
                 ):
-                    entries = response.entries
-                    columns = EntryColumns.empty()
-                    count = verified_columns(stream_id, position, entries, *columns)
-                    if count:
-                        position += count
+                    # Serialized answers are walked by the compiled walker (range_answer).
+                    got = range_answer(stream_id, position, answer)
+                    if got.accepted:
+                        position += got.accepted
                         progressed = True
-                        yield position - 1, columns
-                    if count != len(entries) or response.code != _OK:
+                        yield position - 1, got.columns
+                    if got.accepted != got.entries or got.code != _OK:
                         break
             except Exception as e:  # an unknown answer: try elsewhere
                 log.debug("reader.range_failed", bookie=bookie_id, error=repr(e))
@@ -549,7 +549,7 @@ class AsyncStreamReader:
                         upto = min(known_lac, position + self._options.range_max_entries - 1)
                         async for covered, columns in self._read_committed(position, upto):
                             position = covered + 1
-                            if columns.ids:
+                            if len(columns):
                                 if idle_timeout_s is not None:
                                     idle_deadline = loop.time() + idle_timeout_s
                                 entries = columns.to_entries(self.name)

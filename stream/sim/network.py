@@ -621,6 +621,29 @@ class SimTransport:
         for response in responses:
             yield response
 
+    async def read_range_raw(
+        self,
+        bookie_id: str,
+        stream_id: int,
+        first_entry_id: int,
+        last_entry_id: int,
+        *,
+        max_batch_bytes: int = 0,
+        timeout_s: float,
+    ) -> AsyncIterator[bytes | pb.ReadRangeResponse]:
+        """`read_range` with each response serialized, as the gRPC transport hands them over:
+        simulated readers walk the bytes as real ones do."""
+        responses = self.read_range(
+            bookie_id,
+            stream_id,
+            first_entry_id,
+            last_entry_id,
+            max_batch_bytes=max_batch_bytes,
+            timeout_s=timeout_s,
+        )
+        async for response in responses:
+            yield response.SerializeToString()
+
     async def read_lac(
         self, bookie_id: str, stream_id: int, known_lac: int, *, wait_ms: int, timeout_s: float
     ) -> pb.ReadLacResponse:

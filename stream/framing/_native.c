@@ -1,0 +1,654 @@
+/* The reader's per-entry loop over ReadRange answers, compiled (docs/design.md, "Reading";
+ * docs/operations.md, "The compiled walker").
+ *
+ * `walk_range` reads the serialized ReadRangeResponse a bookie sent and applies, entry by
+ * entry, the rule of `stream.client.entry.verified_columns` (the Python definition, which
+ * stays the reference; tests/unit/client/test_native_walk.py holds this file to it): ids
+ * `first`, `first + 1`... each with the crc32c of its header and payload, counted up to the
+ * first that is not; no-ops counted but left out. The accepted entries go into four
+ * bytearrays laid out as Arrow lays out columns (ids and timestamps as native int64, payloads
+ * as int32 offsets into one data blob), so no Python object is made per entry.
+ *
+ * It decides only what it can decide exactly as protobuf (upb) and the Python definition do.
+ * Everything else is handed back: an entry with flag ATTRIBUTES, or with any field besides
+ * the five plain ones, is returned as DEFER (the caller parses that one entry with protobuf,
+ * applies the Python definition to it and resumes after it); an answer whose framing is
+ * broken, or that carries something the walker does not check (the `message` string, group
+ * fields, a known field with another wire type), is returned as FALLBACK (the caller parses
+ * the whole answer with protobuf, which raises on a malformed one). It never reads outside
+ * the answer: every length is checked against the bytes left before it is used. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <nmmintrin.h>
+#define HAVE_SSE42 1
+#endif
+
+enum { DONE = 0, DEFER = 1, FALLBACK = 2 };
+
+/* EntryFlag (stream/protocol/codes.py): part of the wire format; exported, and a test checks
+ * them against the Python values. */
+#define FLAG_NOOP 1u
+#define FLAG_ATTRIBUTES 4u
+
+/* ------------------------------------------------------------------ crc32c (Castagnoli) */
+
+static uint32_t crc_table[8][256];
+static int use_hardware = 0;
+
+static void
+crc_init(void)
+{
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) {
+            c = (c >> 1) ^ (0x82F63B78u & (0u - (c & 1u)));
+        }
+        crc_table[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = crc_table[0][i];
+        for (int t = 1; t < 8; t++) {
+            c = crc_table[0][c & 0xff] ^ (c >> 8);
+            crc_table[t][i] = c;
+        }
+    }
+}
+
+/* Both variants continue a raw (not inverted) crc over `n` bytes at `p`. */
+static uint32_t
+crc_software(uint32_t crc, const uint8_t *p, size_t n)
+{
+#if PY_LITTLE_ENDIAN
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        w ^= crc;
+        crc = crc_table[7][w & 0xff] ^ crc_table[6][(w >> 8) & 0xff] ^
+              crc_table[5][(w >> 16) & 0xff] ^ crc_table[4][(w >> 24) & 0xff] ^
+              crc_table[3][(w >> 32) & 0xff] ^ crc_table[2][(w >> 40) & 0xff] ^
+              crc_table[1][(w >> 48) & 0xff] ^ crc_table[0][w >> 56];
+        p += 8;
+        n -= 8;
+    }
+#endif
+    while (n--) {
+        crc = crc_table[0][(crc ^ *p++) & 0xff] ^ (crc >> 8);
+    }
+    return crc;
+}
+
+#ifdef HAVE_SSE42
+__attribute__((target("sse4.2"))) static uint32_t
+crc_hardware(uint32_t crc, const uint8_t *p, size_t n)
+{
+    uint64_t c = crc;
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        c = _mm_crc32_u64(c, w);
+        p += 8;
+        n -= 8;
+    }
+    uint32_t c32 = (uint32_t)c;
+    while (n--) {
+        c32 = _mm_crc32_u8(c32, *p++);
+    }
+    return c32;
+}
+#endif
+
+static inline uint32_t
+crc_update(uint32_t crc, const uint8_t *p, size_t n)
+{
+#ifdef HAVE_SSE42
+    if (use_hardware) {
+        return crc_hardware(crc, p, n);
+    }
+#endif
+    return crc_software(crc, p, n);
+}
+
+/* The entry checksum of stream/protocol/checksum.py without attributes: crc32c over the
+ * big-endian header (stream id u64, entry id i64, flags u32, timestamp i64), then the
+ * payload. */
+static uint32_t
+entry_checksum(uint64_t stream_id, int64_t entry_id, uint32_t flags, int64_t timestamp_ms,
+               const uint8_t *payload, size_t payload_len)
+{
+    uint8_t header[28];
+    uint64_t id = (uint64_t)entry_id, stamp = (uint64_t)timestamp_ms;
+    for (int i = 0; i < 8; i++) {
+        header[i] = (uint8_t)(stream_id >> (56 - 8 * i));
+        header[8 + i] = (uint8_t)(id >> (56 - 8 * i));
+        header[20 + i] = (uint8_t)(stamp >> (56 - 8 * i));
+    }
+    for (int i = 0; i < 4; i++) {
+        header[16 + i] = (uint8_t)(flags >> (24 - 8 * i));
+    }
+    uint32_t crc = crc_update(0xFFFFFFFFu, header, sizeof header);
+    return ~crc_update(crc, payload, payload_len);
+}
+
+/* ------------------------------------------------------------------ protobuf wire format */
+
+/* Reads a varint as upb does: at most 10 bytes, bits past the 64th dropped. Returns 0 when
+ * the bytes end first or the 10th byte still continues. */
+static inline int
+read_varint(const uint8_t **p, const uint8_t *end, uint64_t *out)
+{
+    const uint8_t *q = *p;
+    uint64_t value = 0;
+    for (int i = 0; i < 10; i++) {
+        if (q >= end) {
+            return 0;
+        }
+        uint8_t byte = *q++;
+        value |= (uint64_t)(byte & 0x7f) << (7 * i);
+        if (!(byte & 0x80)) {
+            *p = q;
+            *out = value;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Reads a field tag; returns 0 on anything protobuf might read otherwise (a tag past 32 bits,
+ * field number 0): the caller hands such bytes to protobuf. */
+static inline int
+read_tag(const uint8_t **p, const uint8_t *end, uint32_t *field, uint32_t *wire_type)
+{
+    uint64_t tag;
+    const uint8_t *start = *p;
+    if (!read_varint(p, end, &tag) || *p - start > 5 || tag > 0xFFFFFFFFu || (tag >> 3) == 0) {
+        return 0;
+    }
+    *field = (uint32_t)(tag >> 3);
+    *wire_type = (uint32_t)(tag & 7);
+    return 1;
+}
+
+/* Skips an unknown field's value of `wire_type`; returns 0 when it is not one the walker skips
+ * (groups, invalid types) or runs past the end. */
+static inline int
+skip_value(const uint8_t **p, const uint8_t *end, uint32_t wire_type)
+{
+    uint64_t value;
+    switch (wire_type) {
+    case 0:
+        return read_varint(p, end, &value);
+    case 1:
+        if (end - *p < 8) {
+            return 0;
+        }
+        *p += 8;
+        return 1;
+    case 2:
+        if (!read_varint(p, end, &value) || value > (uint64_t)(end - *p)) {
+            return 0;
+        }
+        *p += value;
+        return 1;
+    case 5:
+        if (end - *p < 4) {
+            return 0;
+        }
+        *p += 4;
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+typedef struct {
+    int64_t entry_id;
+    uint32_t flags;
+    int64_t timestamp_ms;
+    const uint8_t *payload;
+    size_t payload_len;
+    uint32_t crc32c;
+} Entry;
+
+/* Reads an `Entry` message of only the plain fields (entry_id 1, flags 2, timestamp_ms 3,
+ * payload 4, crc32c 5, each with its own wire type; the last of a repeated one wins, as in
+ * protobuf). Returns 0 for anything else, broken bytes included: protobuf decides those. */
+static int
+read_plain_entry(const uint8_t *p, const uint8_t *end, Entry *entry)
+{
+    static const uint8_t empty[1] = {0};
+    entry->entry_id = 0;
+    entry->flags = 0;
+    entry->timestamp_ms = 0;
+    entry->payload = empty;
+    entry->payload_len = 0;
+    entry->crc32c = 0;
+    while (p < end) {
+        uint32_t field, wire_type;
+        uint64_t value;
+        if (!read_tag(&p, end, &field, &wire_type)) {
+            return 0;
+        }
+        if (field == 4 && wire_type == 2) {
+            if (!read_varint(&p, end, &value) || value > (uint64_t)(end - p)) {
+                return 0;
+            }
+            entry->payload = p;
+            entry->payload_len = (size_t)value;
+            p += value;
+            continue;
+        }
+        if (wire_type != 0 || field > 5 || field == 4 || !read_varint(&p, end, &value)) {
+            return 0;
+        }
+        switch (field) {
+        case 1:
+            entry->entry_id = (int64_t)value;
+            break;
+        case 2:
+            entry->flags = (uint32_t)value;
+            break;
+        case 3:
+            entry->timestamp_ms = (int64_t)value;
+            break;
+        default:
+            entry->crc32c = (uint32_t)value;
+            break;
+        }
+    }
+    return 1;
+}
+
+/* ------------------------------------------------------------------ the output columns */
+
+/* A bytearray written from `used`; its size is the capacity while the walk runs and is cut
+ * back to `used` when it returns. */
+typedef struct {
+    PyObject *array;
+    Py_ssize_t used;
+} Column;
+
+static int
+column_reserve(Column *column, Py_ssize_t extra)
+{
+    Py_ssize_t size = PyByteArray_GET_SIZE(column->array);
+    if (extra > PY_SSIZE_T_MAX - column->used) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_ssize_t needed = column->used + extra;
+    if (needed <= size) {
+        return 0;
+    }
+    Py_ssize_t grown = size < PY_SSIZE_T_MAX / 2 ? size * 2 + 256 : PY_SSIZE_T_MAX;
+    return PyByteArray_Resize(column->array, grown > needed ? grown : needed);
+}
+
+static inline void
+column_put(Column *column, const void *bytes, size_t count)
+{
+    memcpy(PyByteArray_AS_STRING(column->array) + column->used, bytes, count);
+    column->used += (Py_ssize_t)count;
+}
+
+static int
+columns_trim(Column *columns, int count)
+{
+    int failed = 0;
+    for (int i = 0; i < count; i++) {
+        if (PyByteArray_GET_SIZE(columns[i].array) != columns[i].used &&
+            PyByteArray_Resize(columns[i].array, columns[i].used) < 0) {
+            failed = 1;
+        }
+    }
+    return failed ? -1 : 0;
+}
+
+/* ------------------------------------------------------------------ walk_range */
+
+PyDoc_STRVAR(walk_range_doc,
+"walk_range(answer, stream_id, first, accepted, stopped, position, code, entries,\n"
+"           ids, timestamps, offsets, data)\n"
+"--\n\n"
+"Walks a serialized ReadRangeResponse from byte `position` (stream_id: u64, first: the id\n"
+"asked for, accepted: entries of the run accepted so far, stopped: whether the run ended,\n"
+"code: the answer's code so far, entries: entries walked so far). Appends the accepted\n"
+"entries that are not no-ops to the bytearrays `ids` and `timestamps` (native int64),\n"
+"`offsets` (int32, one per entry after the first 0 already there) and `data`. Returns\n"
+"(status, position, accepted, stopped, code, entries, body_start, body_end): status 0 DONE,\n"
+"1 DEFER (the entry at answer[body_start:body_end] is left to the caller; resume at\n"
+"`position`), 2 FALLBACK (parse the whole answer with protobuf instead).");
+
+static PyObject *
+walk_range(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 12) {
+        PyErr_SetString(PyExc_TypeError, "walk_range takes 12 arguments");
+        return NULL;
+    }
+    unsigned long long stream_id = PyLong_AsUnsignedLongLong(args[1]);
+    if (stream_id == (unsigned long long)-1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    long long first = PyLong_AsLongLong(args[2]);
+    if (first == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    unsigned long long accepted = PyLong_AsUnsignedLongLong(args[3]);
+    if (accepted == (unsigned long long)-1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    int stopped = PyObject_IsTrue(args[4]);
+    if (stopped < 0) {
+        return NULL;
+    }
+    Py_ssize_t position = PyLong_AsSsize_t(args[5]);
+    if (position == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    long code = PyLong_AsLong(args[6]);
+    if (code == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_ssize_t entries = PyLong_AsSsize_t(args[7]);
+    if (entries == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    Column columns[4];
+    for (int i = 0; i < 4; i++) {
+        if (!PyByteArray_Check(args[8 + i])) {
+            PyErr_SetString(PyExc_TypeError, "the columns must be bytearrays");
+            return NULL;
+        }
+        columns[i].array = args[8 + i];
+        columns[i].used = PyByteArray_GET_SIZE(args[8 + i]);
+    }
+    Column *ids = &columns[0], *stamps = &columns[1], *offsets = &columns[2], *data = &columns[3];
+    if (ids->used % 8 || stamps->used != ids->used || offsets->used != ids->used / 2 + 4 ||
+        data->used > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "the columns do not line up");
+        return NULL;
+    }
+
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    if (position < 0 || position > view.len) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "position outside the answer");
+        return NULL;
+    }
+    const uint8_t *base = (const uint8_t *)view.buf;
+    const uint8_t *end = base + view.len;
+    const uint8_t *p = base + position;
+    int status = DONE;
+    Py_ssize_t body_start = 0, body_end = 0;
+    int failed = 0;
+    /* Room up front, so the columns are not copied as they grow: the payloads take at most
+     * the bytes left; for the entry columns, a guess (an entry of 256 bytes) that doubling
+     * corrects. */
+    Py_ssize_t left = view.len - position, guess = left / 256 + 16;
+    if (column_reserve(data, left) < 0 || column_reserve(ids, 8 * guess) < 0 ||
+        column_reserve(stamps, 8 * guess) < 0 || column_reserve(offsets, 4 * guess) < 0) {
+        PyBuffer_Release(&view);
+        columns_trim(columns, 4);
+        return NULL;
+    }
+
+    while (p < end) {
+        uint32_t field, wire_type;
+        uint64_t value;
+        if (!read_tag(&p, end, &field, &wire_type)) {
+            status = FALLBACK;
+            break;
+        }
+        if (field == 2 && wire_type == 2) {
+            if (!read_varint(&p, end, &value) || value > (uint64_t)(end - p)) {
+                status = FALLBACK;
+                break;
+            }
+            const uint8_t *body = p;
+            p += value;
+            entries++;
+            Entry entry;
+            int plain = read_plain_entry(body, p, &entry);
+            if (!plain || (!stopped && (entry.flags & FLAG_ATTRIBUTES))) {
+                status = DEFER;
+                body_start = body - base;
+                body_end = p - base;
+                break;
+            }
+            if (stopped) {
+                continue; /* past the run: only counted (and its framing checked) */
+            }
+            if (entry.entry_id < first ||
+                (uint64_t)entry.entry_id - (uint64_t)first != accepted ||
+                entry_checksum(stream_id, entry.entry_id, entry.flags, entry.timestamp_ms,
+                               entry.payload, entry.payload_len) != entry.crc32c) {
+                stopped = 1;
+                continue;
+            }
+            accepted++;
+            if (entry.flags & FLAG_NOOP) {
+                continue;
+            }
+            if (entry.payload_len > (size_t)(INT32_MAX - data->used)) {
+                PyErr_SetString(PyExc_OverflowError, "more than 2 GiB of payloads");
+                failed = 1;
+                break;
+            }
+            if (column_reserve(ids, 8) < 0 || column_reserve(stamps, 8) < 0 ||
+                column_reserve(offsets, 4) < 0 ||
+                column_reserve(data, (Py_ssize_t)entry.payload_len) < 0) {
+                failed = 1;
+                break;
+            }
+            column_put(ids, &entry.entry_id, 8);
+            column_put(stamps, &entry.timestamp_ms, 8);
+            column_put(data, entry.payload, entry.payload_len);
+            int32_t offset = (int32_t)data->used;
+            column_put(offsets, &offset, 4);
+        }
+        else if (field == 1 && wire_type == 0) {
+            if (!read_varint(&p, end, &value)) {
+                status = FALLBACK;
+                break;
+            }
+            code = (long)(int32_t)(uint32_t)value; /* an open enum: int32, as protobuf keeps it */
+        }
+        else if ((field == 3 || field == 4) && wire_type == 0) {
+            if (!read_varint(&p, end, &value)) {
+                status = FALLBACK;
+                break;
+            }
+        }
+        else if (field <= 5 || !skip_value(&p, end, wire_type)) {
+            /* The message string (protobuf checks its UTF-8), a known field with another wire
+             * type, a group, broken bytes. */
+            status = FALLBACK;
+            break;
+        }
+    }
+    Py_ssize_t resume = p - base;
+    PyBuffer_Release(&view);
+    if (columns_trim(columns, 4) < 0 || failed) {
+        return NULL;
+    }
+    return Py_BuildValue("(inKOlnnn)", status, resume, accepted, stopped ? Py_True : Py_False,
+                         code, entries, body_start, body_end);
+}
+
+/* ------------------------------------------------------------------ helpers */
+
+PyDoc_STRVAR(split_payloads_doc,
+"split_payloads(offsets, data)\n"
+"--\n\n"
+"Returns the payloads of packed columns as a list of bytes: data[offsets[i]:offsets[i+1]]\n"
+"for each entry (offsets: int32, native order, starting at 0).");
+
+static PyObject *
+split_payloads(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "split_payloads takes 2 arguments");
+        return NULL;
+    }
+    Py_buffer offsets, data;
+    if (PyObject_GetBuffer(args[0], &offsets, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[1], &data, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&offsets);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t count = offsets.len / 4 - 1;
+    if (offsets.len % 4 || count < 0) {
+        PyErr_SetString(PyExc_ValueError, "offsets must hold int32s, the first 0");
+        goto done;
+    }
+    const char *at = (const char *)offsets.buf;
+    int32_t previous;
+    memcpy(&previous, at, 4);
+    if (previous != 0) {
+        PyErr_SetString(PyExc_ValueError, "offsets must start at 0");
+        goto done;
+    }
+    result = PyList_New(count);
+    if (result == NULL) {
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        int32_t next;
+        memcpy(&next, at + 4 * (i + 1), 4);
+        if (next < previous || next > data.len) {
+            Py_CLEAR(result);
+            PyErr_SetString(PyExc_ValueError, "offsets out of order or past the data");
+            goto done;
+        }
+        PyObject *payload =
+            PyBytes_FromStringAndSize((const char *)data.buf + previous, next - previous);
+        if (payload == NULL) {
+            Py_CLEAR(result);
+            goto done;
+        }
+        PyList_SET_ITEM(result, i, payload);
+        previous = next;
+    }
+done:
+    PyBuffer_Release(&offsets);
+    PyBuffer_Release(&data);
+    return result;
+}
+
+PyDoc_STRVAR(crc32c_doc,
+"crc32c(data, value=0)\n"
+"--\n\n"
+"Returns the crc32c of `data` continued from `value` (a previous result), as the crc32c\n"
+"package's function does.");
+
+static PyObject *
+crc32c(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "crc32c takes 1 or 2 arguments");
+        return NULL;
+    }
+    unsigned long value = 0;
+    if (nargs == 2) {
+        value = PyLong_AsUnsignedLong(args[1]);
+        if (value == (unsigned long)-1 && PyErr_Occurred()) {
+            return NULL;
+        }
+        if (value > 0xFFFFFFFFul) {
+            PyErr_SetString(PyExc_OverflowError, "value must fit in 32 bits");
+            return NULL;
+        }
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    uint32_t crc = ~crc_update(~(uint32_t)value, (const uint8_t *)view.buf, (size_t)view.len);
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLong(crc);
+}
+
+PyDoc_STRVAR(set_hardware_crc_doc,
+"set_hardware_crc(on)\n"
+"--\n\n"
+"Uses the processor's crc32c instruction (when it has one) or the table; returns whether\n"
+"the instruction is now used. For tests, which check both ways.");
+
+static PyObject *
+set_hardware_crc(PyObject *module, PyObject *on)
+{
+    (void)module;
+    int wanted = PyObject_IsTrue(on);
+    if (wanted < 0) {
+        return NULL;
+    }
+#ifdef HAVE_SSE42
+    use_hardware = wanted && __builtin_cpu_supports("sse4.2");
+#else
+    (void)wanted;
+    use_hardware = 0;
+#endif
+    return PyBool_FromLong(use_hardware);
+}
+
+static PyMethodDef methods[] = {
+    {"walk_range", (PyCFunction)(void (*)(void))walk_range, METH_FASTCALL, walk_range_doc},
+    {"split_payloads", (PyCFunction)(void (*)(void))split_payloads, METH_FASTCALL,
+     split_payloads_doc},
+    {"crc32c", (PyCFunction)(void (*)(void))crc32c, METH_FASTCALL, crc32c_doc},
+    {"set_hardware_crc", set_hardware_crc, METH_O, set_hardware_crc_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static int
+module_exec(PyObject *module)
+{
+    crc_init();
+#ifdef HAVE_SSE42
+    __builtin_cpu_init();
+    use_hardware = __builtin_cpu_supports("sse4.2");
+#endif
+    if (PyModule_AddIntConstant(module, "DONE", DONE) < 0 ||
+        PyModule_AddIntConstant(module, "DEFER", DEFER) < 0 ||
+        PyModule_AddIntConstant(module, "FALLBACK", FALLBACK) < 0 ||
+        PyModule_AddIntConstant(module, "FLAG_NOOP", FLAG_NOOP) < 0 ||
+        PyModule_AddIntConstant(module, "FLAG_ATTRIBUTES", FLAG_ATTRIBUTES) < 0) {
+        return -1;
+    }
+    return 0;
+}
+
+static PyModuleDef_Slot slots[] = {
+    {Py_mod_exec, module_exec},
+    {0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "stream.framing._native",
+    .m_doc = "The reader's per-entry loop over ReadRange answers, compiled (see _native.c).",
+    .m_size = 0,
+    .m_methods = methods,
+    .m_slots = slots,
+};
+
+PyMODINIT_FUNC
+PyInit__native(void)
+{
+    return PyModuleDef_Init(&module_def);
+}

@@ -1,0 +1,27 @@
+# The compiled walker (_native.c); see stream/framing/native.py.
+from typing import Final
+
+DONE: Final[int]
+DEFER: Final[int]
+FALLBACK: Final[int]
+FLAG_NOOP: Final[int]
+FLAG_ATTRIBUTES: Final[int]
+
+def walk_range(
+    answer: bytes | bytearray | memoryview,
+    stream_id: int,
+    first: int,
+    accepted: int,
+    stopped: bool,
+    position: int,
+    code: int,
+    entries: int,
+    ids: bytearray,
+    timestamps: bytearray,
+    offsets: bytearray,
+    data: bytearray,
+    /,
+) -> tuple[int, int, int, bool, int, int, int, int]: ...
+def split_payloads(offsets: object, data: object, /) -> list[bytes]: ...
+def crc32c(data: bytes | bytearray | memoryview, value: int = 0, /) -> int: ...
+def set_hardware_crc(on: bool, /) -> bool: ...

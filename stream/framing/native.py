@@ -1,0 +1,43 @@
+"""The compiled walker of ReadRange answers (`_native`, built from _native.c by the package's
+own build, docs/operations.md), where it was built: `BUILT` says whether it was. Callers fall
+back to the Python definitions it is held to (`stream.client.entry.verified_columns`), so a
+tree without it still reads, only slower; tests/unit/client/test_native_walk.py fails there."""
+
+from __future__ import annotations
+
+from array import array
+from typing import TypeAlias
+
+# What the walker's columns are held in (anything with the buffer protocol).
+Buffer: TypeAlias = "bytes | bytearray | memoryview | array[int]"
+
+try:
+    from stream.framing._native import (
+        DEFER,
+        DONE,
+        FALLBACK,
+        FLAG_ATTRIBUTES,
+        FLAG_NOOP,
+        crc32c,
+        set_hardware_crc,
+        split_payloads,
+        walk_range,
+    )
+
+    BUILT = True
+except ImportError:  # not built (a source tree without `setup.py build_ext --inplace`)
+    BUILT = False
+
+__all__ = [
+    "BUILT",
+    "DEFER",
+    "DONE",
+    "FALLBACK",
+    "FLAG_ATTRIBUTES",
+    "FLAG_NOOP",
+    "Buffer",
+    "crc32c",
+    "set_hardware_crc",
+    "split_payloads",
+    "walk_range",
+]
