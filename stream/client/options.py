@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stream.settings import POSITIVE, Settings, setting
+from stream.settings import NON_NEGATIVE, POSITIVE, Settings, setting
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +93,19 @@ class WriterOptions(Settings):
         256,
         check=POSITIVE,
         doc="entries that must wait before a batch goes out beside one in flight",
+    )
+    # Fewer, larger batches when answers come back fast (a quiet machine): without it every
+    # answer sends whatever arrived meanwhile, so the batches shrink and their per-batch cost
+    # (gRPC writes, the bookies' journal writes and syncs) grows to fill the CPU whatever the
+    # rate. Measured from the link's previous batch, not from the first waiting entry: an
+    # append after a quiet spell goes at once (Kafka's linger.ms and Pulsar's
+    # batchingMaxPublishDelay delay every batch).
+    batch_linger_s: float = setting(
+        0.002,
+        unit="s",
+        check=NON_NEGATIVE,
+        doc="a batch smaller than pipelined_batch_min_entries goes out no sooner than this "
+        "after the bookie's previous batch (0: at once)",
     )
     add_timeout_s: float = setting(
         10.0,
