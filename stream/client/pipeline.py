@@ -267,14 +267,19 @@ class AddPipeline:
                 self._flush_link(link)
 
     def _flush_link(self, link: _Link) -> None:
-        if link.busy_timer is not None or link.linger_timer is not None:
-            return  # backing off after TOO_BUSY, or lingering; the timer flushes
+        if link.busy_timer is not None:
+            return  # backing off after TOO_BUSY; the timer flushes
         linger = self._options.batch_linger_s
         max_inflight = self._options.inflight_batches_per_bookie
         max_entries = self._options.batch_max_entries
         max_bytes = self._options.batch_max_bytes
         pipelined_min = self._options.pipelined_batch_min_entries
         outbox = link.outbox
+        if link.linger_timer is not None:
+            if len(outbox) < pipelined_min:
+                return  # lingering; the timer flushes
+            link.linger_timer.cancel()  # a full batch does not wait
+            link.linger_timer = None
         inflight = link.inflight
         while outbox and (
             not inflight or (len(inflight) < max_inflight and len(outbox) >= pipelined_min)

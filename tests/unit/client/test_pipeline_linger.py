@@ -71,7 +71,7 @@ class _Owner:
 
 def _run(linger_s: float) -> tuple[list[tuple[float, int]], list[float], list[int]]:
     """Adds 1 entry, 3 right after its answer, a full batch of 4 later and 1 right after it,
-    and 1 after a quiet spell; returns the batches one bookie got (time, entries), the times
+    1 after a quiet spell, then 1 and 4 (a full batch with the lingering one); returns the batches one bookie got (time, entries), the times
     of the adds, and the acknowledged ids."""
 
     async def main() -> tuple[list[tuple[float, int]], list[float], list[int]]:
@@ -102,6 +102,9 @@ def _run(linger_s: float) -> tuple[list[tuple[float, int]], list[float], list[in
             add(count)
         await asyncio.sleep(LINGER_S * 3)
         add(1)
+        for pause_s, count in ((0.001, 1), (0.001, 4)):
+            await asyncio.sleep(pause_s)
+            add(count)
         await asyncio.sleep(LINGER_S * 2)
         pipeline.close()
         sent = [(t, n) for t, bookie, n in transport.sent if bookie == BOOKIES[0]]
@@ -112,17 +115,18 @@ def _run(linger_s: float) -> tuple[list[tuple[float, int]], list[float], list[in
 
 def test_small_batches_linger_after_the_previous_one() -> None:
     sent, added, acknowledged = _run(LINGER_S)
-    assert acknowledged == list(range(10))
-    assert [n for _, n in sent] == [1, 3, 4, 1, 1]
+    assert acknowledged == list(range(15))
+    assert [n for _, n in sent] == [1, 3, 4, 1, 1, 5]
     times = [t for t, _ in sent]
     assert times[0] == added[0]  # the first add goes at once
     assert times[1] == times[0] + LINGER_S  # the next small batch waits for the linger
     assert times[2] == added[2]  # a full batch does not wait
     assert times[3] == times[2] + LINGER_S
     assert times[4] == added[4]  # after a quiet spell: at once
+    assert times[5] == added[6]  # the lingering entry goes with a full batch, at once
 
 
 def test_no_linger_sends_at_once() -> None:
     sent, added, acknowledged = _run(0.0)
-    assert acknowledged == list(range(10))
-    assert sent == [(t, n) for t, n in zip(added, [1, 3, 4, 1, 1], strict=True)]
+    assert acknowledged == list(range(15))
+    assert sent == [(t, n) for t, n in zip(added, [1, 3, 4, 1, 1, 1, 4], strict=True)]
