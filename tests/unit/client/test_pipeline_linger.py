@@ -71,8 +71,8 @@ class _Owner:
 
 def _run(linger_s: float) -> tuple[list[tuple[float, int]], list[float], list[int]]:
     """Adds 1 entry, 3 right after its answer, a full batch of 4 later and 1 right after it,
-    1 after a quiet spell, then 1 and 4 (a full batch with the lingering one); returns the batches one bookie got (time, entries), the times
-    of the adds, and the acknowledged ids."""
+    1 after a quiet spell, then 1 and 4 (a full batch with the lingering one); returns the
+    batches one bookie got (time, entries), the times of the adds, and the acknowledged ids."""
 
     async def main() -> tuple[list[tuple[float, int]], list[float], list[int]]:
         loop = asyncio.get_running_loop()
