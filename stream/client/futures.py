@@ -2,8 +2,10 @@
 
 A standard Future builds a `threading.Condition` in its constructor and takes it to resolve: about
 9 µs per entry on a small machine, more than the rest of the append path. `AppendFuture` builds
-the condition only when someone waits on it or registers a callback (most appends are never
-waited on one by one), and resolves without it while nobody has. It behaves like a Future in
+the condition only when someone waits on it (`result`, `exception`, `concurrent.futures.wait`),
+and resolves without it while nobody has. Done callbacks need no condition: they are kept under
+a module lock (registering one on a fresh future and resolving it cost ~1 µs instead of ~5 µs
+with a condition; callers that time appends register one on many). It behaves like a Future in
 every respect; it starts RUNNING (it cannot be cancelled once queued).
 
 It relies on `concurrent.futures.Future` keeping its state in `_state`, `_result`,
@@ -15,23 +17,26 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
-from concurrent.futures._base import FINISHED, RUNNING
+from collections.abc import Callable, Sequence
+from concurrent.futures._base import FINISHED, LOGGER, RUNNING
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-# Guards the lazy creation of conditions against a racing resolution; held for a few bytecodes.
+# Guards the lazy creation of conditions and the callbacks registered without one against a
+# racing resolution; held for a few bytecodes.
 _LAZY = threading.Lock()
 
 
 class AppendFuture(concurrent.futures.Future[T]):
     """A running Future whose condition is created on first use (see the module doc)."""
 
-    # Until the condition exists nobody waits or listens: these class-level empty tuples stand
-    # for the lists, which are created with the condition (every append to them happens while
-    # holding it). One GC-tracked object per append instead of three: the futures of the
-    # entries in flight are long-lived enough to reach the older GC generations, and each
-    # full collection walks them all while the client's loop waits.
+    # Until the condition exists nobody waits: this class-level empty tuple stands for the list
+    # of waiters, created with the condition (every append to it happens while holding it).
+    # The callbacks' list is created by the first callback, under _LAZY while there is no
+    # condition. One GC-tracked object per append instead of three: the futures of the entries
+    # in flight are long-lived enough to reach the older GC generations, and each full
+    # collection walks them all while the client's loop waits.
     _waiters: list[Any] = ()  # type: ignore[assignment]
     _done_callbacks: list[Any] = ()  # type: ignore[assignment]
 
@@ -51,9 +56,57 @@ class AppendFuture(concurrent.futures.Future[T]):
                 cond = self._cond
                 if cond is None:
                     self._waiters = []
-                    self._done_callbacks = []
+                    if not self._done_callbacks:
+                        self._done_callbacks = []
                     cond = self._cond = threading.Condition()
         return cond
+
+    def add_done_callback(self, fn: Callable[[concurrent.futures.Future[T]], object]) -> None:
+        """Calls `fn(self)` once the future is done (now, when it already is), like a Future,
+        without building a condition while nobody waits."""
+        with _LAZY:
+            if self._cond is None:
+                if self._state != FINISHED:
+                    if self._done_callbacks:
+                        self._done_callbacks.append(fn)
+                    else:
+                        self._done_callbacks = [fn]
+                    return
+                done = True
+            else:
+                done = False
+        if not done:
+            super().add_done_callback(fn)
+            return
+        self._run_callbacks((fn,))
+
+    def _run_callbacks(
+        self, callbacks: Sequence[Callable[[concurrent.futures.Future[T]], object]]
+    ) -> None:
+        """Calls each of `callbacks` with the done future; one that raises is logged (as a
+        Future does) and the others still run."""
+        for fn in callbacks:
+            try:
+                fn(self)
+            except Exception:
+                LOGGER.exception("exception calling callback for %r", self)
+
+    def result(self, timeout: float | None = None) -> T:
+        """Returns the result (raises the exception) once done, like a Future; without taking
+        the condition when already done (a callback reading the result)."""
+        if self._state == FINISHED:
+            if self._exception is not None:
+                raise self._exception
+            result: T = self._result
+            return result
+        return super().result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """Returns the exception (None after a result) once done, like a Future; without taking
+        the condition when already done."""
+        if self._state == FINISHED:
+            return self._exception
+        return super().exception(timeout)
 
     def set_result(self, result: T) -> None:
         """Resolves the future with `result` (without a condition while nobody waits)."""
@@ -61,12 +114,17 @@ class AppendFuture(concurrent.futures.Future[T]):
             if self._cond is None:
                 if self._state == FINISHED:
                     raise concurrent.futures.InvalidStateError(f"{self!r} is already done")
-                # Nobody waits or listens yet; whoever comes later takes the condition under
-                # _LAZY, after this, and sees FINISHED.
+                # Nobody waits yet; whoever comes later takes the condition (or registers a
+                # callback) under _LAZY, after this, and sees FINISHED.
                 self._result = result
                 self._state = FINISHED
-                return
-        super().set_result(result)
+                callbacks = self._done_callbacks
+            else:
+                callbacks = None
+        if callbacks is None:
+            super().set_result(result)
+        elif callbacks:
+            self._run_callbacks(callbacks)
 
     def set_exception(self, exception: BaseException | None) -> None:
         """Fails the future with `exception` (without a condition while nobody waits)."""
@@ -76,5 +134,10 @@ class AppendFuture(concurrent.futures.Future[T]):
                     raise concurrent.futures.InvalidStateError(f"{self!r} is already done")
                 self._exception = exception
                 self._state = FINISHED
-                return
-        super().set_exception(exception)
+                callbacks = self._done_callbacks
+            else:
+                callbacks = None
+        if callbacks is None:
+            super().set_exception(exception)
+        elif callbacks:
+            self._run_callbacks(callbacks)

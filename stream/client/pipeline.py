@@ -91,6 +91,8 @@ class _Link:
         "busy_since",
         "busy_backoff_s",
         "busy_timer",
+        "last_sent",
+        "linger_timer",
     )
 
     def __init__(self, bookie_id: str, stream: AddStream, blocked: bool) -> None:
@@ -107,6 +109,10 @@ class _Link:
         self.busy_since: float | None = None
         self.busy_backoff_s = 0.0
         self.busy_timer: asyncio.TimerHandle | None = None
+        # When the last batch of entries was sent, and the timer that sends the next one once
+        # `batch_linger_s` passed since.
+        self.last_sent = float("-inf")
+        self.linger_timer: asyncio.TimerHandle | None = None
 
 
 class AddPipeline:
@@ -263,15 +269,26 @@ class AddPipeline:
     def _flush_link(self, link: _Link) -> None:
         if link.busy_timer is not None:
             return  # backing off after TOO_BUSY; the timer flushes
+        linger = self._options.batch_linger_s
         max_inflight = self._options.inflight_batches_per_bookie
         max_entries = self._options.batch_max_entries
         max_bytes = self._options.batch_max_bytes
         pipelined_min = self._options.pipelined_batch_min_entries
         outbox = link.outbox
+        if link.linger_timer is not None:
+            if len(outbox) < pipelined_min:
+                return  # lingering; the timer flushes
+            link.linger_timer.cancel()  # a full batch does not wait
+            link.linger_timer = None
         inflight = link.inflight
         while outbox and (
             not inflight or (len(inflight) < max_inflight and len(outbox) >= pipelined_min)
         ):
+            if linger and len(outbox) < pipelined_min:
+                wait = link.last_sent + linger - self._loop.time()
+                if wait > 0:
+                    link.linger_timer = self._loop.call_later(wait, self._end_linger, link)
+                    return
             if len(outbox) <= max_entries:
                 entries: list[PreparedEntry] = list(outbox)
                 outbox.clear()
@@ -320,7 +337,10 @@ class AddPipeline:
         link.lac_sent = batch.lac
         link.lafr_sent = batch.lafr
         future = link.stream.send(batch)
-        link.inflight.append(self._loop.time())
+        now = self._loop.time()
+        link.inflight.append(now)
+        if entries:
+            link.last_sent = now
         future.add_done_callback(lambda f: self._on_response(link, f))
         if self._watchdog is None:
             self._arm_watchdog()
@@ -409,6 +429,13 @@ class AddPipeline:
 
     def _end_back_off(self, link: _Link) -> None:
         link.busy_timer = None
+        self._flush_after_timer(link)
+
+    def _end_linger(self, link: _Link) -> None:
+        link.linger_timer = None
+        self._flush_after_timer(link)
+
+    def _flush_after_timer(self, link: _Link) -> None:
         if not link.dead and not link.blocked and not self.closed and link.outbox:
             self._flush_link(link)
 
@@ -603,8 +630,9 @@ class AddPipeline:
             if timer is not None:
                 timer.cancel()
         for link in self._links.values():
-            if link.busy_timer is not None:
-                link.busy_timer.cancel()
+            for link_timer in (link.busy_timer, link.linger_timer):
+                if link_timer is not None:
+                    link_timer.cancel()
         self._lac_timer = self._watchdog = None
         for link in self._links.values():
             if not link.dead:

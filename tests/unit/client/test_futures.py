@@ -60,3 +60,53 @@ def test_callbacks_exceptions_and_wait_helpers() -> None:
     assert [f.result() for f in concurrent.futures.as_completed([pending])] == [2]
     with pytest.raises(concurrent.futures.TimeoutError):
         AppendFuture().result(timeout=0.01)
+
+
+def test_callbacks_need_no_condition() -> None:
+    """A callback registered before the result (a caller timing its appends) is called once at
+    resolution, without the condition a waiter needs; one registered after is called at once;
+    one that raises is logged and does not stop the others."""
+    seen: list[tuple[str, object]] = []
+    future: AppendFuture[int] = AppendFuture()
+    future.add_done_callback(lambda f: seen.append(("first", f.result())))
+    future.add_done_callback(lambda f: seen.append(("second", f.result())))
+    assert future._cond is None and seen == []
+    future.set_result(3)
+    assert future._cond is None
+    assert seen == [("first", 3), ("second", 3)]
+    raising: AppendFuture[int] = AppendFuture()
+    raising.add_done_callback(lambda f: 1 / 0)
+    raising.add_done_callback(lambda f: seen.append(("after", f.result())))
+    raising.set_result(5)
+    assert seen[-1] == ("after", 5)
+    future.add_done_callback(lambda f: seen.append(("late", f.result())))
+    assert seen[-1] == ("late", 3)
+    # A waiter arriving after a callback keeps it: the result reaches both.
+    waited: AppendFuture[int] = AppendFuture()
+    waited.add_done_callback(lambda f: seen.append(("waited", f.result())))
+    threading.Timer(0.02, waited.set_result, args=(4,)).start()
+    assert waited.result(timeout=10) == 4
+    assert seen[-1] == ("waited", 4)
+    failed: AppendFuture[int] = AppendFuture()
+    failed.add_done_callback(lambda f: seen.append(("failed", f.exception())))
+    error = ValueError("boom")
+    failed.set_exception(error)
+    assert seen[-1] == ("failed", error) and failed._cond is None
+
+
+def test_callbacks_racing_resolution_run_once() -> None:
+    """Callbacks registered from another thread while the futures resolve each run once."""
+    futures: list[AppendFuture[int]] = [AppendFuture() for _ in range(2000)]
+    calls: list[int] = []
+    lock = threading.Lock()
+
+    def count(f: concurrent.futures.Future[int]) -> None:
+        with lock:
+            calls.append(f.result())
+
+    registering = threading.Thread(target=lambda: [f.add_done_callback(count) for f in futures])
+    registering.start()
+    for i, f in enumerate(futures):
+        f.set_result(i)
+    registering.join(timeout=10)
+    assert sorted(calls) == list(range(2000))

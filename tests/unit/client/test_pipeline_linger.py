@@ -1,0 +1,132 @@
+"""The add pipeline's linger (`WriterOptions.batch_linger_s`): a batch smaller than
+`pipelined_batch_min_entries` goes out no sooner than the linger after the bookie's previous
+batch, so that fast answers do not shrink the batches; an add after a quiet spell, and a full
+batch, go at once. Run on the simulator's virtual-time loop: exact times, no real waiting."""
+
+from __future__ import annotations
+
+import asyncio
+
+from stream.client.options import WriterOptions
+from stream.client.pipeline import AddPipeline
+from stream.client.ports import AddBatch
+from stream.framing.prepare import prepare_entries
+from stream.protocol import Code, FragmentEnsemble, QuorumConfig
+from stream.sim.loop import run_simulated
+from stream.wire import bookie_pb2 as pb
+
+BOOKIES = ("b1", "b2", "b3")
+LINGER_S = 0.05
+
+
+class _Stream:
+    """Records each batch sent with the loop time; answers every entry OK at once."""
+
+    def __init__(self, sent: list[tuple[float, str, int]], bookie_id: str) -> None:
+        self._sent = sent
+        self._bookie_id = bookie_id
+
+    def send(self, batch: AddBatch) -> asyncio.Future[pb.AddResponse]:
+        loop = asyncio.get_running_loop()
+        self._sent.append((loop.time(), self._bookie_id, len(batch.entries)))
+        future: asyncio.Future[pb.AddResponse] = loop.create_future()
+        ids = [e.entry_id for e in batch.entries]
+        future.set_result(pb.AddResponse(entry_ids=ids, codes=[int(Code.OK)] * len(ids)))
+        return future
+
+    def close(self) -> None:
+        pass
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.sent: list[tuple[float, str, int]] = []
+
+    def open_add_stream(self, bookie_id: str) -> _Stream:
+        return _Stream(self.sent, bookie_id)
+
+
+class _Owner:
+    def __init__(self) -> None:
+        self.acknowledged: list[int] = []
+
+    def on_acknowledged(self, entry_ids: list[int]) -> None:
+        self.acknowledged.extend(entry_ids)
+
+    def on_fully_replicated(self) -> None:
+        pass
+
+    def on_bookie_failed(self, bookie_id: str, reason: str) -> None:
+        raise AssertionError(reason)
+
+    def on_invalid_term(self, bookie_id: str, bookie_term: int) -> None:
+        raise AssertionError(bookie_id)
+
+    def on_trimmed(self, bookie_id: str, message: str) -> None:
+        raise AssertionError(message)
+
+    def on_error(self, error: Exception) -> None:
+        raise error
+
+
+def _run(linger_s: float) -> tuple[list[tuple[float, int]], list[float], list[int]]:
+    """Adds 1 entry, 3 right after its answer, a full batch of 4 later and 1 right after it,
+    1 after a quiet spell, then 1 and 4 (a full batch with the lingering one); returns the
+    batches one bookie got (time, entries), the times of the adds, and the acknowledged ids."""
+
+    async def main() -> tuple[list[tuple[float, int]], list[float], list[int]]:
+        loop = asyncio.get_running_loop()
+        transport, owner = _Transport(), _Owner()
+        options = WriterOptions(batch_linger_s=linger_s, pipelined_batch_min_entries=4)
+        pipeline = AddPipeline(
+            transport=transport,  # type: ignore[arg-type]
+            owner=owner,
+            stream_id=1,
+            term=1,
+            config=QuorumConfig(3, 3, 2),
+            fragments=[FragmentEnsemble(0, BOOKIES)],
+            last_entry_id=-1,
+            options=options,
+            max_in_flight=100,
+        )
+        added: list[float] = []
+
+        def add(count: int) -> None:
+            first = pipeline.next_entry_id
+            pipeline.add_run(prepare_entries(1, first, 0, [b"x"] * count))
+            added.append(loop.time())
+            pipeline.flush()
+
+        for pause_s, count in ((0.0, 1), (0.001, 3), (LINGER_S * 2, 4), (0.001, 1)):
+            await asyncio.sleep(pause_s)
+            add(count)
+        await asyncio.sleep(LINGER_S * 3)
+        add(1)
+        for pause_s, count in ((0.001, 1), (0.001, 4)):
+            await asyncio.sleep(pause_s)
+            add(count)
+        await asyncio.sleep(LINGER_S * 2)
+        pipeline.close()
+        sent = [(t, n) for t, bookie, n in transport.sent if bookie == BOOKIES[0]]
+        return sent, added, owner.acknowledged
+
+    return run_simulated(main())
+
+
+def test_small_batches_linger_after_the_previous_one() -> None:
+    sent, added, acknowledged = _run(LINGER_S)
+    assert acknowledged == list(range(15))
+    assert [n for _, n in sent] == [1, 3, 4, 1, 1, 5]
+    times = [t for t, _ in sent]
+    assert times[0] == added[0]  # the first add goes at once
+    assert times[1] == times[0] + LINGER_S  # the next small batch waits for the linger
+    assert times[2] == added[2]  # a full batch does not wait
+    assert times[3] == times[2] + LINGER_S
+    assert times[4] == added[4]  # after a quiet spell: at once
+    assert times[5] == added[6]  # the lingering entry goes with a full batch, at once
+
+
+def test_no_linger_sends_at_once() -> None:
+    sent, added, acknowledged = _run(0.0)
+    assert acknowledged == list(range(15))
+    assert sent == [(t, n) for t, n in zip(added, [1, 3, 4, 1, 1, 1, 4], strict=True)]
