@@ -52,6 +52,16 @@ class Shapes:
         finally:
             self._busy = False
 
+    async def _pick_calm_writer(self, timeout_s: float) -> str | None:
+        """Waits up to `timeout_s` for calm writers (`_calm_writers`) and returns one drawn
+        at random, or None when none came or the workload is done."""
+        wl = self.workload
+        calm = await wl.sim.until(self._calm_writers, timeout_s=timeout_s, step_s=0.005)
+        active = self._calm_writers()
+        if not calm or not active or wl._done:
+            return None
+        return wl.rng.choice(active)
+
     def _calm_writers(self) -> list[str]:
         """Returns the writers open and awake while no takeover or seal runs (none when one
         does, or when there is no other writer to take over)."""
@@ -169,11 +179,9 @@ class Shapes:
     async def _spare_churn(self) -> None:
         wl = self.workload
         sim, rng = wl.sim, wl.rng
-        calm = await sim.until(self._calm_writers, timeout_s=0.5, step_s=0.005)
-        active = self._calm_writers()
-        if not calm or not active or wl._done:
+        dead = await self._pick_calm_writer(timeout_s=0.5)
+        if dead is None:
             return
-        dead = rng.choice(active)
         writer = sim.client(dead).writer
         takers = [w for w in wl.writers if w != dead and not sim.network.paused(w)]
         if writer is None or not takers:
@@ -256,11 +264,9 @@ class Shapes:
     async def _pinned_pair(self) -> None:
         wl = self.workload
         sim, rng = wl.sim, wl.rng
-        calm = await sim.until(self._calm_writers, timeout_s=0.3, step_s=0.005)
-        active = self._calm_writers()
-        if not calm or not active or wl._done:
+        name = await self._pick_calm_writer(timeout_s=0.3)
+        if name is None:
             return
-        name = rng.choice(active)
         writer = sim.client(name).writer
         pipeline = None if writer is None else writer.pipeline
         if pipeline is None or pipeline.closed or pipeline.failed:
