@@ -34,6 +34,15 @@ class GroupWaits:
             # Groups complete in order: only the newest is worth remembering.
             self._group = durable
             waiter = self._waiter = asyncio.wrap_future(durable)
+            # A shield whose caller was cancelled stops watching `waiter`: when every batch
+            # of the group went away (their streams ended) before the journal failed it, its
+            # error is for nobody; the journal reports its own failure.
+            waiter.add_done_callback(_mark_retrieved)
         # Shielded: a cancelled waiter (its Add stream ended) must not cancel the shared
         # future under the other batches of the group.
         await asyncio.shield(waiter)
+
+
+def _mark_retrieved(waiter: asyncio.Future[Any]) -> None:
+    if not waiter.cancelled():
+        waiter.exception()

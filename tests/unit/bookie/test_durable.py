@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
+import logging
 import threading
 from typing import Any
 
@@ -66,3 +68,27 @@ def test_a_failed_group_fails_each_of_its_batches() -> None:
         await later
 
     asyncio.run(main())
+
+
+def test_a_group_failing_after_its_batches_went_away_logs_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Every batch of a group cancelled (their Add streams ended with the bookie's stop),
+    then the journal fails the group: the loop-side future's error was for nobody, and must
+    not surface as asyncio's "Future exception was never retrieved" when it is collected."""
+
+    async def main() -> None:
+        waits = GroupWaits()
+        group = _group()
+        batch = asyncio.ensure_future(waits.wait(group))
+        await asyncio.sleep(0)
+        batch.cancel()
+        await asyncio.sleep(0)
+        group.set_exception(OSError("journal stopped"))
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        asyncio.run(main())
+        gc.collect()
+    assert not [r for r in caplog.records if r.name == "asyncio"], caplog.text
