@@ -43,10 +43,22 @@ while True:
 """
 
 # Sends round i on the first connection, then on the second; a pause keeps the rounds apart.
+# A refused connection is tried again until the timeout: the server, started just before, may
+# not listen yet.
 _CLIENT = """
 import socket, sys, time
-first = socket.create_connection((sys.argv[1], int(sys.argv[3])), timeout=float(sys.argv[2]))
-second = socket.create_connection((sys.argv[1], int(sys.argv[3])), timeout=float(sys.argv[2]))
+deadline = time.monotonic() + float(sys.argv[2])
+def connect():
+    while True:
+        try:
+            address = (sys.argv[1], int(sys.argv[3]))
+            return socket.create_connection(address, timeout=float(sys.argv[2]))
+        except ConnectionRefusedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+first = connect()
+second = connect()
 for i in range(int(sys.argv[4])):
     first.sendall(f"{i}-first ".encode()); second.sendall(f"{i}-second ".encode())
     time.sleep(0.01)
@@ -55,11 +67,11 @@ first.close(); second.close()
 
 
 def _send(
-    source: Host, target: Host, timeout_s: float = 10.0
+    source: Host, target: Host, timeout_s: float = 10.0, rounds: int = _ROUNDS
 ) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(
         [*source.command_prefix, sys.executable, "-c", _CLIENT, target.address, str(timeout_s),
-         str(_PORT), str(_ROUNDS)],
+         str(_PORT), str(rounds)],
         capture_output=True, timeout=60, check=False,
     )  # fmt: skip
 
@@ -86,6 +98,9 @@ def test_delayed_connections_overtake_each_other_and_partitions_still_apply(
         relays.start(b, tmp_path / "relay.log")
         log = tmp_path / "arrivals.log"
         b.popen([sys.executable, "-c", _SERVER, b.address, str(log), str(_PORT)])
+        # Until the server listens, the relay accepts a delayed host's connection and closes
+        # it (its own connect refused): wait for the server from an undelayed host first.
+        assert _send(c, b, rounds=0).returncode == 0
 
         relays.delay([a], Delay(delay_ms=40.0, jitter_ms=30.0, seed=1))
         assert _send(a, b).returncode == 0
