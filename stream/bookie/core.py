@@ -55,6 +55,7 @@ from stream.bookie.storage.outcomes import (
     TrimOutcome,
     TruncateOutcome,
 )
+from stream.bookie.storage.scanned import AddRequest, entry_ids
 from stream.bookie.storage.state import StreamStateView
 from stream.bookie.terms import OVERWRITE, MetadataTerms, Refusal
 from stream.wire import bookie_pb2 as pb
@@ -78,7 +79,7 @@ class Storage(Protocol):
 
     on_lac_advanced: Callable[[int, int], None] | None
 
-    def add_batch(self, request: pb.AddRequest, raw: bytes | None = None) -> AddOutcome: ...
+    def add_batch(self, request: AddRequest, raw: bytes | None = None) -> AddOutcome: ...
     def fence(self, stream_id: int, term: int) -> FenceResult: ...
     def read(self, stream_id: int, entry_id: int, term: int = 0) -> ReadResult: ...
     def read_range(
@@ -200,21 +201,22 @@ class BookieCore:
 
     # -- Add -----------------------------------------------------------------------------------
 
-    def _add_rejected(self, request: pb.AddRequest, code: pb.Code, message: str) -> _PendingAdd:
+    def _add_rejected(self, request: AddRequest, code: pb.Code, message: str) -> _PendingAdd:
         # One code per entry; an empty batch (an explicit LAC) still gets one code.
-        codes = [code] * max(len(request.entries), 1)
+        ids = entry_ids(request)
+        codes = [code] * max(len(ids), 1)
         response = pb.AddResponse(
             stream_id=request.stream_id,
             request_id=request.request_id,
             bookie_term=self._stream_term(request.stream_id),
             message=message,
         )
-        response.entry_ids.extend([e.entry_id for e in request.entries])
+        response.entry_ids.extend(ids)
         response.codes.extend(codes)
         return response, None, codes
 
     def _start_add(
-        self, request: pb.AddRequest, raw: bytes | None, context: Peer | None = None
+        self, request: AddRequest, raw: bytes | None, context: Peer | None = None
     ) -> _PendingAdd:
         """Hands one batch to storage; returns its response (to send once `durable` completes),
         the durability future and the codes. `raw` is the batch as received: the storage
@@ -242,15 +244,12 @@ class BookieCore:
             message=outcome.message,
         )
         # Whole-array extends from lists the storage built anyway: no per-entry Python here.
-        if outcome.entry_ids or not request.entries:
-            response.entry_ids.extend(outcome.entry_ids)
-        else:
-            response.entry_ids.extend([e.entry_id for e in request.entries])
+        response.entry_ids.extend(outcome.entry_ids or entry_ids(request))
         response.codes.extend(codes)
         return response, outcome.durable, codes
 
     async def start_add(
-        self, request: pb.AddRequest, raw: bytes | None = None, context: Peer | None = None
+        self, request: AddRequest, raw: bytes | None = None, context: Peer | None = None
     ) -> _PendingAdd:
         """Checks one batch against metadata (when its term needs it) and hands it to the
         storage; returns its response (to send once durable, `finish_add`), the durability
@@ -265,7 +264,7 @@ class BookieCore:
             return self._add_rejected(request, wire_code(refusal.code), refusal.message)
         return self._start_add(request, raw, context)
 
-    def rejected_add(self, request: pb.AddRequest, code: pb.Code, message: str) -> _PendingAdd:
+    def rejected_add(self, request: AddRequest, code: pb.Code, message: str) -> _PendingAdd:
         """Returns the pending answer of a batch refused whole with `code`."""
         return self._add_rejected(request, code, message)
 
@@ -285,7 +284,7 @@ class BookieCore:
         return response
 
     async def add(
-        self, request: pb.AddRequest, raw: bytes | None = None, context: Peer | None = None
+        self, request: AddRequest, raw: bytes | None = None, context: Peer | None = None
     ) -> pb.AddResponse:
         """Returns the response to one batch, once durable."""
         return await self.finish_add(await self.start_add(request, raw, context))

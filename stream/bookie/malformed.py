@@ -4,10 +4,11 @@ checked by the storage engine."""
 
 from __future__ import annotations
 
+from stream.bookie.storage.scanned import AddRequest
 from stream.wire import bookie_pb2 as pb
 
 
-def malformed_add(request: pb.AddRequest) -> str | None:
+def malformed_add(request: AddRequest) -> str | None:
     if request.stream_id == 0:
         return "stream_id 0 is not a stream"
     if request.term == 0:

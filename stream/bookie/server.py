@@ -31,6 +31,7 @@ from stream.bookie.core import (
     _PendingAdd,
 )
 from stream.bookie.disk import DiskStatus
+from stream.bookie.storage.scanned import parse_add
 from stream.bookie.terms import MetadataTerms
 from stream.framing.encoding import varint
 from stream.protocol.invariant import invariant
@@ -165,13 +166,15 @@ class BookieService:
         context: Context,
     ) -> None:
         """Reads batches and hands each to the core at once (many batches in flight), queueing
-        its response; stops reading while the queue is full (backpressure to the writer)."""
+        its response; stops reading while the queue is full (backpressure to the writer). A
+        batch is scanned without a message per entry where it can be (`parse_add`)."""
         core = self.core
+        max_entry_bytes = self._config.max_entry_bytes
         ended_by: Exception | None = None
         try:
             async for raw in requests:
                 try:
-                    request = pb.AddRequest.FromString(raw)
+                    request = parse_add(raw, max_entry_bytes)
                 except DecodeError as e:
                     metrics.ADD_BATCHES.inc()
                     response = pb.AddResponse(message=f"malformed AddRequest: {e}")

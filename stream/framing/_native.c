@@ -606,12 +606,228 @@ set_hardware_crc(PyObject *module, PyObject *on)
     return PyBool_FromLong(use_hardware);
 }
 
+/* ------------------------------------------------------------------ scan_add */
+
+/* The bookie's Add path (stream/bookie/storage/scanned.py holds the Python definition it is
+ * held to: tests/unit/bookie/test_native_scan_add.py). It vouches only for an AddRequest in
+ * the one form protobuf itself writes (each field once, in field-number order, default values
+ * left out, minimal varints, entries last), because then each entry's bytes are exactly what
+ * `Entry.SerializeToString` of the parsed entry gives, and the bookie can store them as they
+ * came. Anything else (an entry's headers, whose names protobuf checks as UTF-8, included) is
+ * left to protobuf: the caller parses the request as before. */
+
+#define FLAG_TRUNCATE 2u
+
+/* Reads a varint in its minimal form (at most 10 bytes, no trailing zero group, a 10th byte
+ * of 1: what protobuf writes for any 64-bit value); returns 0 for anything else. */
+static inline int
+read_minimal_varint(const uint8_t **p, const uint8_t *end, uint64_t *out)
+{
+    const uint8_t *q = *p;
+    uint64_t value = 0;
+    for (int i = 0; i < 10; i++) {
+        if (q >= end) {
+            return 0;
+        }
+        uint8_t byte = *q++;
+        value |= (uint64_t)(byte & 0x7f) << (7 * i);
+        if (!(byte & 0x80)) {
+            if ((i > 0 && byte == 0) || (i == 9 && byte != 1)) {
+                return 0;
+            }
+            *p = q;
+            *out = value;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Reads one `Entry` in protobuf's own form (fields 1-6 and 8; headers, field 7, are not
+ * vouched for). Returns 0 when it is not in that form. */
+static int
+read_canonical_entry(const uint8_t *p, const uint8_t *end, Entry *entry)
+{
+    static const uint8_t empty[1] = {0};
+    entry->entry_id = 0;
+    entry->flags = 0;
+    entry->timestamp_ms = 0;
+    entry->payload = empty;
+    entry->payload_len = 0;
+    entry->crc32c = 0;
+    uint32_t last = 0;
+    while (p < end) {
+        uint8_t tag = *p++;
+        uint32_t field = tag >> 3, wire_type = tag & 7;
+        uint64_t value;
+        if (tag & 0x80 || field <= last) {
+            return 0;
+        }
+        last = field;
+        if (field == 4 || field == 6) {
+            if (wire_type != 2 || !read_minimal_varint(&p, end, &value) ||
+                value > (uint64_t)(end - p) || (field == 4 && value == 0)) {
+                return 0; /* an empty key is kept (it has presence), an empty payload not */
+            }
+            if (field == 4) {
+                entry->payload = p;
+                entry->payload_len = (size_t)value;
+            }
+            p += value;
+            continue;
+        }
+        if (wire_type != 0 || field > 8 || field == 7 || !read_minimal_varint(&p, end, &value) ||
+            value == 0) {
+            return 0;
+        }
+        switch (field) {
+        case 1:
+            entry->entry_id = (int64_t)value;
+            break;
+        case 2:
+            if (value > 0xFFFFFFFFu) {
+                return 0;
+            }
+            entry->flags = (uint32_t)value;
+            break;
+        case 3:
+            entry->timestamp_ms = (int64_t)value;
+            break;
+        case 5:
+            if (value > 0xFFFFFFFFu) {
+                return 0;
+            }
+            entry->crc32c = (uint32_t)value;
+            break;
+        default: /* 8, the sequence: only under flag ATTRIBUTES, which the caller looks at */
+            break;
+        }
+    }
+    return 1;
+}
+
+PyDoc_STRVAR(scan_add_doc,
+"scan_add(request, max_entry_bytes)\n"
+"--\n\n"
+"Scans a serialized AddRequest in the form protobuf writes. Returns None when it is in any\n"
+"other form (or broken), else (stream_id, term, lac, lafr, recovery, request_id, ids,\n"
+"payload_bytes, special, entries): `ids` the entry ids, `payload_bytes` their payloads' total\n"
+"size, `special` the positions of the entries that are oversized, have a negative id, flag\n"
+"TRUNCATE or ATTRIBUTES or a bad checksum, `entries` each entry's serialized bytes.");
+
+static PyObject *
+scan_add(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "scan_add takes 2 arguments");
+        return NULL;
+    }
+    long long max_entry_bytes = PyLong_AsLongLong(args[1]);
+    if (max_entry_bytes == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    const uint8_t *p = (const uint8_t *)view.buf;
+    const uint8_t *end = p + view.len;
+    uint64_t header[7] = {0}; /* by field number: stream_id 1 ... request_id 6 */
+    uint32_t last = 0;
+    unsigned long long payload_bytes = 0;
+    int canonical = 1;
+    PyObject *result = NULL;
+    PyObject *ids = PyList_New(0), *special = PyList_New(0), *datas = PyList_New(0);
+    if (ids == NULL || special == NULL || datas == NULL) {
+        goto done;
+    }
+    while (p < end) {
+        uint8_t tag = *p++;
+        uint32_t field = tag >> 3, wire_type = tag & 7;
+        uint64_t value;
+        /* Entries (7) last, possibly many; the header fields once each, in order. */
+        if (tag & 0x80 || field == 0 || field > 7 || (field < 7 && field <= last) ||
+            wire_type != (field == 7 ? 2u : 0u) || !read_minimal_varint(&p, end, &value)) {
+            canonical = 0;
+            break;
+        }
+        last = field;
+        if (field < 7) {
+            if (value == 0 || (field == 5 && value != 1)) {
+                canonical = 0; /* a default value written out, or a bool not written as 1 */
+                break;
+            }
+            header[field] = value;
+            continue;
+        }
+        Entry entry;
+        if (value > (uint64_t)(end - p) || !read_canonical_entry(p, p + value, &entry)) {
+            canonical = 0;
+            break;
+        }
+        const uint8_t *body = p;
+        p += value;
+        Py_ssize_t position = PyList_GET_SIZE(ids);
+        PyObject *id = PyLong_FromLongLong(entry.entry_id);
+        if (id == NULL) {
+            goto done;
+        }
+        int appended = PyList_Append(ids, id);
+        Py_DECREF(id);
+        if (appended < 0) {
+            goto done;
+        }
+        PyObject *data = PyBytes_FromStringAndSize((const char *)body, (Py_ssize_t)value);
+        if (data == NULL) {
+            goto done;
+        }
+        appended = PyList_Append(datas, data);
+        Py_DECREF(data);
+        if (appended < 0) {
+            goto done;
+        }
+        payload_bytes += entry.payload_len;
+        /* `or` in this order, as the Python definition: the checksum of an entry with flag
+         * ATTRIBUTES continues over its attributes, which only the caller computes. */
+        if ((long long)entry.payload_len > max_entry_bytes || entry.entry_id < 0 ||
+            (entry.flags & (FLAG_TRUNCATE | FLAG_ATTRIBUTES)) ||
+            entry_checksum(header[1], entry.entry_id, entry.flags, entry.timestamp_ms,
+                           entry.payload, entry.payload_len) != entry.crc32c) {
+            PyObject *at = PyLong_FromSsize_t(position);
+            if (at == NULL) {
+                goto done;
+            }
+            appended = PyList_Append(special, at);
+            Py_DECREF(at);
+            if (appended < 0) {
+                goto done;
+            }
+        }
+    }
+    if (!canonical) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    result = Py_BuildValue("(KKLLOKOKOO)", (unsigned long long)header[1],
+                           (unsigned long long)header[2], (long long)(int64_t)header[3],
+                           (long long)(int64_t)header[4], header[5] ? Py_True : Py_False,
+                           (unsigned long long)header[6], ids, payload_bytes, special, datas);
+done:
+    Py_XDECREF(ids);
+    Py_XDECREF(special);
+    Py_XDECREF(datas);
+    PyBuffer_Release(&view);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"walk_range", (PyCFunction)(void (*)(void))walk_range, METH_FASTCALL, walk_range_doc},
     {"split_payloads", (PyCFunction)(void (*)(void))split_payloads, METH_FASTCALL,
      split_payloads_doc},
     {"crc32c", (PyCFunction)(void (*)(void))crc32c, METH_FASTCALL, crc32c_doc},
     {"set_hardware_crc", set_hardware_crc, METH_O, set_hardware_crc_doc},
+    {"scan_add", (PyCFunction)(void (*)(void))scan_add, METH_FASTCALL, scan_add_doc},
     {NULL, NULL, 0, NULL},
 };
 

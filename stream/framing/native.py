@@ -1,7 +1,9 @@
 """The compiled walker of ReadRange answers (`_native`, built from _native.c by the package's
-own build, docs/operations.md), where it was built: `BUILT` says whether it was. Callers fall
-back to the Python definitions it is held to (`stream.client.entry.verified_columns`), so a
-tree without it still reads, only slower; tests/unit/client/test_native_walk.py fails there."""
+own build, docs/operations.md), where it was built: `BUILT` says whether it was; with the
+bookie's scan of Add requests (`scan_add`). Callers fall back to the Python definitions they
+are held to (`stream.client.entry.verified_columns`, `stream.bookie.storage.scanned`), so a
+tree without it still works, only slower; tests/unit/client/test_native_walk.py and
+tests/unit/bookie/test_native_scan_add.py fail there."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ try:
         FLAG_ATTRIBUTES,
         FLAG_NOOP,
         crc32c,
+        scan_add,
         set_hardware_crc,
         split_payloads,
         walk_range,
@@ -37,6 +40,7 @@ __all__ = [
     "FLAG_NOOP",
     "Buffer",
     "crc32c",
+    "scan_add",
     "set_hardware_crc",
     "split_payloads",
     "walk_range",

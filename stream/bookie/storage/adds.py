@@ -27,6 +27,7 @@ from stream.bookie.storage import codec
 from stream.bookie.storage.flusher import Flusher
 from stream.bookie.storage.outcomes import AddOutcome
 from stream.bookie.storage.rules import RequestRules
+from stream.bookie.storage.scanned import AddRequest, ScannedAdd, entry_ids
 from stream.bookie.storage.store import Store
 from stream.bookie.storage.write_cache import ENTRY_OVERHEAD_BYTES
 from stream.bookie.unsafe import UnsafeSkips
@@ -90,8 +91,8 @@ def _entry_is_valid(stream_id: int, e: Entry, max_entry_bytes: int) -> bool:
     return checksum_ok(stream_id, e)
 
 
-def _add_rejected(entries: list[Entry], code: pb.Code, term: int, message: str) -> AddOutcome:
-    ids = [e.entry_id for e in entries]
+def _add_rejected(request: AddRequest, code: pb.Code, term: int, message: str) -> AddOutcome:
+    ids = entry_ids(request)
     return AddOutcome([code] * max(len(ids), 1), term, None, message, ids)
 
 
@@ -106,7 +107,35 @@ def _add_message(codes: list[pb.Code], refused: str = "") -> str:
     return "; ".join(parts)
 
 
-def _with_entries(request: pb.AddRequest, entries: list[Entry]) -> pb.AddRequest:
+def _messages(request: AddRequest, entries: list[Entry] | None) -> list[Entry]:
+    """Returns `entries`, or else the entries of `request` as messages (made now)."""
+    if entries is not None:
+        return entries
+    return request.entries if isinstance(request, ScannedAdd) else list(request.entries)
+
+
+def _has_entries(request: AddRequest) -> bool:
+    return bool(request.ids if isinstance(request, ScannedAdd) else request.entries)
+
+
+def _journaled(
+    request: AddRequest,
+    raw: bytes | None,
+    all_stored: bool,
+    stored: list[Entry] | None,
+) -> bytes:
+    """Returns the journal record of a batch: `raw` (the request as received) when given, else
+    the request holding only the `stored` entries, serialized."""
+    if raw is not None:
+        return raw
+    if all_stored and not isinstance(request, ScannedAdd):
+        return request.SerializeToString()
+    # A ScannedAdd loses its bytes only when some entries go: those were made messages.
+    assert stored is not None
+    return _with_entries(request, stored).SerializeToString()
+
+
+def _with_entries(request: AddRequest, entries: list[Entry]) -> pb.AddRequest:
     """Returns a copy of `request` holding only `entries` (what gets journaled)."""
     copy = pb.AddRequest(
         stream_id=request.stream_id,
@@ -141,7 +170,7 @@ class AddPath:
         self._refuse_overwrites = "overwrite_check" not in unsafe
         self.too_busy_batches = 0
 
-    def add_batch(self, request: pb.AddRequest, raw: bytes | None = None) -> AddOutcome:
+    def add_batch(self, request: AddRequest, raw: bytes | None = None) -> AddOutcome:
         """Stores one batch of adds for one stream; returns one code per entry.
 
         Checks, in order: stream_id 0 -> BAD_REQUEST for all; the term rule (term 0 ->
@@ -151,16 +180,15 @@ class AddPath:
         batch proceeds), at or below the LAC and replacing the stored entry with other bytes ->
         BAD_REQUEST (`stream.protocol.justified.overwrite_refusal`). An entry with the TRUNCATE
         flag deletes every higher entry. `raw`, when given, must be `request` serialized (it is
-        journaled as is, saving a copy)."""
+        journaled as is, saving a copy). A `ScannedAdd` (`stream.bookie.storage.scanned`) is
+        served the same, its entries made messages only when one of them is looked at."""
         store = self._store
-        entries = list(request.entries)
-        count = len(entries)
         stream_id = request.stream_id
         unusable = store.usable()
         if unusable is not None:
-            return _add_rejected(entries, INTERNAL, 0, unusable)
+            return _add_rejected(request, INTERNAL, 0, unusable)
         if stream_id == 0:
-            return _add_rejected(entries, BAD_REQUEST, 0, "stream_id 0 is not a stream")
+            return _add_rejected(request, BAD_REQUEST, 0, "stream_id 0 is not a stream")
         state = store.states.get(stream_id)
         local_term = state.term if state is not None else 0
         decision = self._rules.decide(local_term, request.term, add=True)
@@ -170,19 +198,36 @@ class AddPath:
                 if decision is _REJECT
                 else "an add needs a term >= 1"
             )
-            return _add_rejected(entries, wire_code(decision.code), local_term, message)
+            return _add_rejected(request, wire_code(decision.code), local_term, message)
         active_bytes = store.active.bytes
-        if count and active_bytes and active_bytes + store.snapshot_bytes >= self._cache_max_bytes:
+        if (
+            active_bytes
+            and active_bytes + store.snapshot_bytes >= self._cache_max_bytes
+            and _has_entries(request)
+        ):
             self.too_busy_batches += 1
             self._flusher.want_flush()
-            return _add_rejected(entries, TOO_BUSY, local_term, "write cache full")
+            return _add_rejected(request, TOO_BUSY, local_term, "write cache full")
 
-        ids, payload_bytes, special = _scan_entries(stream_id, entries, self._max_entry_bytes)
+        # The entries as messages (None: not made, the scan gave what the hot path needs) and
+        # serialized (None: not yet).
+        entries: list[Entry] | None
+        datas: list[bytes] | None
+        if isinstance(request, ScannedAdd):
+            raw = request.raw
+            ids, payload_bytes, special = request.ids, request.payload_bytes, request.special
+            entries, datas = None, request.datas
+            if special:
+                entries = request.entries
+        else:
+            entries, datas = list(request.entries), None
+            ids, payload_bytes, special = _scan_entries(stream_id, entries, self._max_entry_bytes)
+        count = len(ids)
         codes = [OK] * count
-        stored, stored_ids = entries, ids
         truncates = False
         all_stored = True
         if special:
+            assert entries is not None
             truncates = self._classify(stream_id, entries, special, codes)
             all_stored = BAD_REQUEST not in codes
         first_retained = state.first_entry_id if state is not None else 0
@@ -194,16 +239,30 @@ class AddPath:
         refused = ""
         # Only ids at or below the LAC are compared: a writer's adds are above it.
         if count and state is not None and min(ids) <= state.lac and self._refuse_overwrites:
+            entries = _messages(request, entries)
             refused = self._refuse_overwrites_at_or_below_lac(stream_id, state.lac, entries, codes)
             if refused:
                 all_stored = False
                 truncates = truncates and any(
                     e.flags & FLAG_TRUNCATE for e, c in zip(entries, codes, strict=True) if c == OK
                 )
+        stored_ids = ids
+        stored: list[Entry] | None = entries
         if not all_stored:
+            entries = _messages(request, entries)
             stored = [e for e, c in zip(entries, codes, strict=True) if c == OK]
             stored_ids = [i for i, c in zip(ids, codes, strict=True) if c == OK]
+            if datas is not None:
+                datas = [d for d, c in zip(datas, codes, strict=True) if c == OK]
             raw = None
+        # Where each stored TRUNCATE entry is (it deletes the entries above it).
+        truncate_at: list[int] = []
+        if truncates and stored_ids:
+            assert stored is not None
+            truncate_at = [i for i, e in enumerate(stored) if e.flags & FLAG_TRUNCATE]
+        if stored_ids and datas is None:
+            assert stored is not None
+            datas = list(map(_serialize, stored))
 
         new_term = decision is _ACCEPT_NEW
         with store.lock:
@@ -214,37 +273,31 @@ class AddPath:
                 state.term = request.term
             journal = store.journal
             if self._write_data:
-                if stored or new_term:
-                    if raw is None:
-                        body = (
-                            request if all_stored else _with_entries(request, stored)
-                        ).SerializeToString()
-                    else:
-                        body = raw
-                    durable = journal.append(codec.REC_ADD, body)
+                if stored_ids or new_term:
+                    durable = journal.append(
+                        codec.REC_ADD, _journaled(request, raw, all_stored, stored)
+                    )
             else:
                 if new_term:
                     durable = journal.append(
                         codec.REC_TERM, codec.TERM_BODY.pack(stream_id, request.term)
                     )
-                if stored and (truncates or request.recovery):
+                if stored_ids and (truncates or request.recovery):
                     # Recovery write-backs and truncate no-ops go to the journal even so: they
                     # may overwrite an older value at their id (an earlier term's unacknowledged
                     # entry or no-op) that a flush already wrote to an entry log, and a crash
                     # must not bring that value back (a positive answer, served even in limbo:
                     # divergence). They are rare: a takeover's few entries.
                     durable = journal.append(
-                        codec.REC_ADD,
-                        (
-                            request if all_stored else _with_entries(request, stored)
-                        ).SerializeToString(),
+                        codec.REC_ADD, _journaled(request, raw, all_stored, stored)
                     )
             if new_term:
                 store.term_recorded(stream_id, durable)
             elif durable is None:
                 durable = store.unsynced_term(stream_id)
-            if stored:
-                store.put_entries(stream_id, state, stored_ids, stored, truncates)
+            if stored_ids:
+                assert datas is not None
+                store.put_entries(stream_id, state, stored_ids, datas, truncate_at)
                 # Read under the lock: the flusher may have swapped the caches meanwhile.
                 store.active.bytes += payload_bytes + ENTRY_OVERHEAD_BYTES * count
             lac_advanced = request.lac > state.lac

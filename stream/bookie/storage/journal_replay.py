@@ -16,6 +16,9 @@ from stream.bookie.storage.write_cache import ENTRY_OVERHEAD_BYTES
 from stream.errors import StorageError
 from stream.wire import bookie_pb2 as pb
 
+# The write cache holds entries serialized (`stream.bookie.storage.write_cache`).
+_serialize = pb.Entry.SerializeToString
+
 log = structlog.get_logger(__name__)
 
 
@@ -68,8 +71,8 @@ def _replay_add(store: Store, request: pb.AddRequest) -> int:
         entries = [e for e in entries if e.entry_id >= state.first_entry_id]
     if entries:
         ids = [e.entry_id for e in entries]
-        truncates = any(e.flags & FLAG_TRUNCATE for e in entries)
-        store.put_entries(stream_id, state, ids, entries, truncates)
+        truncate_at = [i for i, e in enumerate(entries) if e.flags & FLAG_TRUNCATE]
+        store.put_entries(stream_id, state, ids, list(map(_serialize, entries)), truncate_at)
         store.active.bytes += sum(len(e.payload) for e in entries)
         store.active.bytes += ENTRY_OVERHEAD_BYTES * len(entries)
     if request.lac > state.lac:

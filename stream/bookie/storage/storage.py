@@ -52,6 +52,7 @@ from stream.bookie.storage.outcomes import (
 )
 from stream.bookie.storage.reads import ReadPath
 from stream.bookie.storage.rules import RequestRules
+from stream.bookie.storage.scanned import AddRequest
 from stream.bookie.storage.state import LocalStreamState, StreamStateView
 from stream.bookie.storage.store import Store
 from stream.bookie.unsafe import SAFE, UnsafeSkips
@@ -210,7 +211,7 @@ class StreamStorage:
 
     # -- requests (see the jobs' modules) -------------------------------------------------
 
-    def add_batch(self, request: pb.AddRequest, raw: bytes | None = None) -> AddOutcome:
+    def add_batch(self, request: AddRequest, raw: bytes | None = None) -> AddOutcome:
         """Stores one batch of adds for one stream (`AddPath.add_batch`)."""
         return self._adds.add_batch(request, raw)
 

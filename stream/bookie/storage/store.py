@@ -13,13 +13,12 @@ from __future__ import annotations
 import functools
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
 import structlog
 
 from stream.bookie import metrics
-from stream.bookie.codes import FLAG_TRUNCATE
 from stream.bookie.config import BookieConfig
 from stream.bookie.storage.disk_port import DiskPort
 from stream.bookie.storage.entry_log import EntryLogGone, EntryLogs
@@ -33,7 +32,6 @@ from stream.wire import bookie_pb2 as pb
 log = structlog.get_logger(__name__)
 
 # The write cache holds entries serialized (`stream.bookie.storage.write_cache`).
-_serialize = pb.Entry.SerializeToString
 _parse = pb.Entry.FromString
 _MAX_ENTRY_ID = (1 << 63) - 1
 
@@ -218,32 +216,29 @@ class Store:
         stream_id: int,
         state: LocalStreamState,
         ids: list[int],
-        entries: list[pb.Entry],
-        truncates: bool,
+        datas: list[bytes],
+        truncate_at: Sequence[int] = (),
     ) -> None:
-        """Puts entries into the active cache in order, serialized; a TRUNCATE entry deletes
+        """Puts entries (`datas`: each serialized, as the cache holds them) into the active
+        cache in order; the entry at each position of `truncate_at` (flag TRUNCATE) deletes
         every higher entry (cache, snapshot, index) before the entries after it are stored."""
         cached = self.active.streams.get(stream_id)
         if cached is None:
             cached = self.active.streams[stream_id] = {}
-        # One C-level map for the batch: no per-entry Python.
-        datas = list(map(_serialize, entries))
-        if not truncates:
+        if not truncate_at:
+            # One C-level update for the batch: no per-entry Python.
             cached.update(zip(ids, datas, strict=True))
             top = max(ids)
             if top > state.last_entry_id:
                 state.last_entry_id = top
             return
         start = 0
-        for position, e in enumerate(entries):
-            if e.flags & FLAG_TRUNCATE:
-                cached.update(
-                    zip(ids[start : position + 1], datas[start : position + 1], strict=True)
-                )
-                state.last_entry_id = max(state.last_entry_id, ids[position])
-                self.delete_above(stream_id, state, ids[position])
-                start = position + 1
-        if start < len(entries):
+        for position in truncate_at:
+            cached.update(zip(ids[start : position + 1], datas[start : position + 1], strict=True))
+            state.last_entry_id = max(state.last_entry_id, ids[position])
+            self.delete_above(stream_id, state, ids[position])
+            start = position + 1
+        if start < len(ids):
             cached.update(zip(ids[start:], datas[start:], strict=True))
             state.last_entry_id = max(state.last_entry_id, max(ids[start:]))
 
