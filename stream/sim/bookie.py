@@ -36,6 +36,7 @@ from stream.bookie.disk import DiskStatus
 from stream.bookie.integrity import begin_phase_one, limbo_bounds, phase_one_reason
 from stream.bookie.reconcile import MetadataReconciler, ReconcileReport
 from stream.bookie.storage import StreamStateView, StreamStorage
+from stream.bookie.storage.scanned import parse_add
 from stream.bookie.terms import MetadataTerms, StreamFacts, metadata_terms_for
 from stream.bookie.unsafe import UnsafeSkips
 from stream.client.options import WriterOptions
@@ -541,11 +542,16 @@ class SimBookie:
                 self.storage_failed = True
         self._trace.record(kind, b=self.bookie_id, code=code, **fields)
 
-    def add(self, request: pb.AddRequest) -> asyncio.Future[pb.AddResponse]:
+    def add(
+        self, request: pb.AddRequest, raw: bytes | None = None
+    ) -> asyncio.Future[pb.AddResponse]:
+        """Serves one Add batch; `raw`, the batch as sent, is served as the gRPC service serves
+        it (`parse_add`: scanned where it can be), else `request` is."""
         ids = [e.entry_id for e in request.entries]
+        batch = request if raw is None else parse_add(raw, self.config.max_entry_bytes)
         task = self._serve(
             "add",
-            lambda core: core.add(request),
+            lambda core: core.add(batch, raw),
             served=(request.stream_id, request.term),
             t=request.term,
             ids=ids,

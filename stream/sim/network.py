@@ -493,8 +493,10 @@ class SimAddStream:
         if self._incarnation is None:
             # The first send connects, to the bookie's incarnation of the moment.
             self._incarnation = self._net.bookies[self.bookie_id].incarnation
-        request = batch.to_request()
-        self._up.push(lambda: self._at_bookie(request))
+        # The bytes go too: the bookie scans them as the gRPC service does (`parse_add`).
+        raw = batch.to_bytes()
+        request = pb.AddRequest.FromString(raw)
+        self._up.push(lambda: self._at_bookie(request, raw))
         return future
 
     @property
@@ -502,7 +504,7 @@ class SimAddStream:
         """Returns whether this stream ever sent (so holds a connection that a crash breaks)."""
         return self._incarnation is not None
 
-    def _at_bookie(self, request: pb.AddRequest) -> None:
+    def _at_bookie(self, request: pb.AddRequest, raw: bytes) -> None:
         bookie = self._net.bookies[self.bookie_id]
         if not bookie.up:
             self.fail("bookie down")
@@ -510,7 +512,7 @@ class SimAddStream:
         if self._incarnation != bookie.incarnation:
             self.fail("bookie restarted")
             return
-        response = bookie.add(request)
+        response = bookie.add(request, raw)
         if isinstance(response, asyncio.Future) or self._answering:
             # The bookie answers once the batch is durable: in order, after earlier ones.
             if not isinstance(response, asyncio.Future):
