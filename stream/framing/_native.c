@@ -608,13 +608,16 @@ set_hardware_crc(PyObject *module, PyObject *on)
 
 /* ------------------------------------------------------------------ scan_add */
 
-/* The bookie's Add path (stream/bookie/storage/scanned.py holds the Python definition it is
- * held to: tests/unit/bookie/test_native_scan_add.py). It vouches only for an AddRequest in
- * the one form protobuf itself writes (each field once, in field-number order, default values
- * left out, minimal varints, entries last), because then each entry's bytes are exactly what
- * `Entry.SerializeToString` of the parsed entry gives, and the bookie can store them as they
- * came. Anything else (an entry's headers, whose names protobuf checks as UTF-8, included) is
- * left to protobuf: the caller parses the request as before. */
+/* The bookie's Add path (stream/bookie/storage/scanned.py; the Python definition it is held
+ * to is protobuf's parse, `_scan_entries` and `Entry.SerializeToString`:
+ * tests/unit/bookie/test_native_scan_add.py). It vouches only for an AddRequest in the form
+ * protobuf writes (each field once, in field-number order, minimal varints, entries last),
+ * where it can give each entry's bytes as `Entry.SerializeToString` of the parsed entry gives
+ * them, so that the bookie stores them as they came; with one allowance: a field holding its
+ * default value (0, an empty payload), which writers that frame entries by hand write
+ * (stream/framing/prepare.py: entry 0, a no-op's empty payload), is left out of the entry's
+ * bytes, as protobuf leaves it out. Anything else (an entry's headers, whose names protobuf
+ * checks as UTF-8, included) is left to protobuf: the caller parses the request as before. */
 
 #define FLAG_TRUNCATE 2u
 
@@ -643,10 +646,19 @@ read_minimal_varint(const uint8_t **p, const uint8_t *end, uint64_t *out)
     return 0;
 }
 
-/* Reads one `Entry` in protobuf's own form (fields 1-6 and 8; headers, field 7, are not
- * vouched for). Returns 0 when it is not in that form. */
+/* The fields of an entry that protobuf writes: at most one each of 1-6 and 8. */
+typedef struct {
+    const uint8_t *start[7];
+    size_t length[7];
+    int count;
+    int dropped; /* a default-valued field was left out */
+} Kept;
+
+/* Reads one `Entry` in protobuf's form (fields 1-6 and 8; headers, field 7, are not vouched
+ * for), noting in `kept` the fields protobuf would write. Returns 0 when it is not in that
+ * form. */
 static int
-read_canonical_entry(const uint8_t *p, const uint8_t *end, Entry *entry)
+read_canonical_entry(const uint8_t *p, const uint8_t *end, Entry *entry, Kept *kept)
 {
     static const uint8_t empty[1] = {0};
     entry->entry_id = 0;
@@ -655,8 +667,11 @@ read_canonical_entry(const uint8_t *p, const uint8_t *end, Entry *entry)
     entry->payload = empty;
     entry->payload_len = 0;
     entry->crc32c = 0;
+    kept->count = 0;
+    kept->dropped = 0;
     uint32_t last = 0;
     while (p < end) {
+        const uint8_t *start = p;
         uint8_t tag = *p++;
         uint32_t field = tag >> 3, wire_type = tag & 7;
         uint64_t value;
@@ -666,54 +681,86 @@ read_canonical_entry(const uint8_t *p, const uint8_t *end, Entry *entry)
         last = field;
         if (field == 4 || field == 6) {
             if (wire_type != 2 || !read_minimal_varint(&p, end, &value) ||
-                value > (uint64_t)(end - p) || (field == 4 && value == 0)) {
-                return 0; /* an empty key is kept (it has presence), an empty payload not */
+                value > (uint64_t)(end - p)) {
+                return 0;
             }
             if (field == 4) {
                 entry->payload = p;
                 entry->payload_len = (size_t)value;
             }
             p += value;
+        }
+        else {
+            if (wire_type != 0 || field > 8 || field == 7 || !read_minimal_varint(&p, end, &value)) {
+                return 0;
+            }
+            switch (field) {
+            case 1:
+                entry->entry_id = (int64_t)value;
+                break;
+            case 2:
+                if (value > 0xFFFFFFFFu) {
+                    return 0;
+                }
+                entry->flags = (uint32_t)value;
+                break;
+            case 3:
+                entry->timestamp_ms = (int64_t)value;
+                break;
+            case 5:
+                if (value > 0xFFFFFFFFu) {
+                    return 0;
+                }
+                entry->crc32c = (uint32_t)value;
+                break;
+            default: /* 8, the sequence: only under flag ATTRIBUTES, which the caller looks at */
+                break;
+            }
+        }
+        /* An empty key is written (it has presence); any other default value is not. */
+        if (value == 0 && field != 6) {
+            kept->dropped = 1;
             continue;
         }
-        if (wire_type != 0 || field > 8 || field == 7 || !read_minimal_varint(&p, end, &value) ||
-            value == 0) {
-            return 0;
-        }
-        switch (field) {
-        case 1:
-            entry->entry_id = (int64_t)value;
-            break;
-        case 2:
-            if (value > 0xFFFFFFFFu) {
-                return 0;
-            }
-            entry->flags = (uint32_t)value;
-            break;
-        case 3:
-            entry->timestamp_ms = (int64_t)value;
-            break;
-        case 5:
-            if (value > 0xFFFFFFFFu) {
-                return 0;
-            }
-            entry->crc32c = (uint32_t)value;
-            break;
-        default: /* 8, the sequence: only under flag ATTRIBUTES, which the caller looks at */
-            break;
-        }
+        kept->start[kept->count] = start;
+        kept->length[kept->count] = (size_t)(p - start);
+        kept->count++;
     }
     return 1;
+}
+
+/* Returns the entry's bytes as protobuf writes them: `body` itself, or its kept fields. */
+static PyObject *
+entry_bytes(const uint8_t *body, size_t length, const Kept *kept)
+{
+    if (!kept->dropped) {
+        return PyBytes_FromStringAndSize((const char *)body, (Py_ssize_t)length);
+    }
+    size_t total = 0;
+    for (int i = 0; i < kept->count; i++) {
+        total += kept->length[i];
+    }
+    PyObject *bytes = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+    if (bytes == NULL) {
+        return NULL;
+    }
+    char *out = PyBytes_AS_STRING(bytes);
+    for (int i = 0; i < kept->count; i++) {
+        memcpy(out, kept->start[i], kept->length[i]);
+        out += kept->length[i];
+    }
+    return bytes;
 }
 
 PyDoc_STRVAR(scan_add_doc,
 "scan_add(request, max_entry_bytes)\n"
 "--\n\n"
-"Scans a serialized AddRequest in the form protobuf writes. Returns None when it is in any\n"
-"other form (or broken), else (stream_id, term, lac, lafr, recovery, request_id, ids,\n"
-"payload_bytes, special, entries): `ids` the entry ids, `payload_bytes` their payloads' total\n"
-"size, `special` the positions of the entries that are oversized, have a negative id, flag\n"
-"TRUNCATE or ATTRIBUTES or a bad checksum, `entries` each entry's serialized bytes.");
+"Scans a serialized AddRequest in the form protobuf writes (default values may be written\n"
+"out). Returns None when it is in any other form (or broken), else (stream_id, term, lac,\n"
+"lafr, recovery, request_id, ids, payload_bytes, special, entries): `ids` the entry ids,\n"
+"`payload_bytes` their payloads' total size, `special` the positions of the entries that are\n"
+"oversized, have a negative id, flag TRUNCATE or ATTRIBUTES or a bad checksum, `entries`\n"
+"each entry's bytes as protobuf serializes the parsed entry.");
 
 static PyObject *
 scan_add(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -754,15 +801,16 @@ scan_add(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         }
         last = field;
         if (field < 7) {
-            if (value == 0 || (field == 5 && value != 1)) {
-                canonical = 0; /* a default value written out, or a bool not written as 1 */
+            if (field == 5 && value > 1) {
+                canonical = 0; /* a bool not written as protobuf writes it */
                 break;
             }
             header[field] = value;
             continue;
         }
         Entry entry;
-        if (value > (uint64_t)(end - p) || !read_canonical_entry(p, p + value, &entry)) {
+        Kept kept;
+        if (value > (uint64_t)(end - p) || !read_canonical_entry(p, p + value, &entry, &kept)) {
             canonical = 0;
             break;
         }
@@ -778,7 +826,7 @@ scan_add(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         if (appended < 0) {
             goto done;
         }
-        PyObject *data = PyBytes_FromStringAndSize((const char *)body, (Py_ssize_t)value);
+        PyObject *data = entry_bytes(body, (size_t)value, &kept);
         if (data == NULL) {
             goto done;
         }

@@ -3,10 +3,11 @@ Python definition, what the bookie does without it: protobuf's parse, `_scan_ent
 entry's `SerializeToString`. On seeded random AddRequests (any header values, entries with
 flags, attributes, bad checksums, negative ids and oversized payloads; written by protobuf, or
 by hand with fields reordered, repeated, default-valued, padded, over 32 bits or unknown;
-truncated and corrupted; random bytes) it gives exactly what the definition gives when the
-request is in the form protobuf writes (and has no entry headers), and None for every other
-request, so the bookie parses those as before. Requests are placed against an unreadable
-page, so a read past a request's end crashes the test instead of passing unseen.
+truncated and corrupted; random bytes), wherever the scan gives something it gives exactly
+what the definition gives; it gives something for every request protobuf writes and every
+request the client frames by hand, and None wherever protobuf cannot parse (the bookie then
+parses, and answers, as before). Requests are placed against an unreadable page, so a read
+past a request's end crashes the test instead of passing unseen.
 
 Then the storage serves a scanned batch exactly as the parsed one: same answers, same
 entries held, same journal."""
@@ -14,6 +15,7 @@ entries held, same journal."""
 from __future__ import annotations
 
 import random
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +26,10 @@ from stream.bookie.storage import StreamStorage
 from stream.bookie.storage import scanned as scanned_module
 from stream.bookie.storage.adds import _scan_entries
 from stream.bookie.storage.scanned import ScannedAdd, entry_ids, parse_add
+from stream.client.ports import AddBatch
 from stream.framing import native
 from stream.framing.encoding import varint
+from stream.framing.prepare import AttributedPayload, prepare_entry, prepare_mixed_entries
 from stream.protocol import EntryFlag, entry_checksum
 from stream.protocol.checksum import encode_attributes
 from stream.wire import bookie_pb2 as pb
@@ -42,7 +46,8 @@ I64 = 1 << 63
 
 def _expected(raw: bytes, max_entry_bytes: int) -> tuple[Any, bool]:
     """Returns (what the Python definition gives for `raw`, None when protobuf cannot parse
-    it; whether `raw` is in the form protobuf writes, without unknown fields or headers)."""
+    it; whether `raw` is exactly what protobuf writes, with neither unknown fields nor
+    headers: such a request must be scanned)."""
     try:
         request = pb.AddRequest.FromString(raw)
     except DecodeError:
@@ -53,8 +58,24 @@ def _expected(raw: bytes, max_entry_bytes: int) -> tuple[Any, bool]:
     datas = [e.SerializeToString() for e in entries]
     known = pb.AddRequest.FromString(raw)
     known.DiscardUnknownFields()
-    canonical = known.SerializeToString() == raw and not any(e.headers for e in entries)
-    return (*header, request.request_id, ids, total, special, datas), canonical
+    written = known.SerializeToString() == raw and not any(e.headers for e in entries)
+    return (*header, request.request_id, ids, total, special, datas), written
+
+
+def _check(raw: bytes, max_entry_bytes: int) -> str:
+    """Checks the scan of `raw` against the definition; returns "scanned", "left" (to
+    protobuf) or "refused" (by protobuf)."""
+    expected, written = _expected(raw, max_entry_bytes)
+    request = _PAGE_END.place(raw) if len(raw) <= _PAGE_END.page else raw
+    got = native.scan_add(request, max_entry_bytes)
+    if expected is None:
+        assert got is None, raw
+        return "refused"
+    if got is None:
+        assert not written, raw
+        return "left"
+    assert got == expected, raw
+    return "scanned"
 
 
 # ------------------------------------------------------------------ random requests
@@ -215,23 +236,22 @@ def _random_request(rng: random.Random, max_entry_bytes: int) -> tuple[bytes, st
 
 @pytest.mark.parametrize("seed", range(8))
 def test_the_scan_gives_what_the_python_definition_gives(seed: int) -> None:
+    """Where the scan gives something, it is what the definition gives; it gives something
+    for every request protobuf writes; it gives None where protobuf cannot parse."""
     rng = random.Random(seed)
-    scanned = odd_parsed = refused = 0
+    seen: Counter[str] = Counter()
+    odd: Counter[str] = Counter()
     for _ in range(400):
         max_entry_bytes = rng.choice([64, 300, 4096])
-        raw, odd = _random_request(rng, max_entry_bytes)
-        expected, canonical = _expected(raw, max_entry_bytes)
-        request = _PAGE_END.place(raw) if len(raw) <= _PAGE_END.page else raw
-        got = native.scan_add(request, max_entry_bytes)
-        if expected is None:
-            refused += 1
-        elif canonical:
-            scanned += 1
-        else:
-            odd_parsed += 1
-        assert got == (expected if canonical else None), (odd, raw)
-    # The requests exercise all three: scanned, left to protobuf, refused by protobuf.
-    assert scanned > 150 and odd_parsed > 20 and refused > 5, (scanned, odd_parsed, refused)
+        raw, oddity = _random_request(rng, max_entry_bytes)
+        outcome = _check(raw, max_entry_bytes)
+        seen[outcome] += 1
+        if oddity and outcome != "refused":
+            odd[outcome] += 1
+    # The requests exercise all three, odd ones both scanned (defaults written out, an empty
+    # key added) and left to protobuf.
+    assert seen["scanned"] > 150 and seen["left"] > 20 and seen["refused"] > 5, seen
+    assert odd["scanned"] and odd["left"] > 10, odd
 
 
 def test_random_bytes_never_crash_the_scan() -> None:
@@ -240,9 +260,36 @@ def test_random_bytes_never_crash_the_scan() -> None:
         data = rng.randbytes(rng.randrange(0, 64))
         if rng.random() < 0.5:  # mostly entries, so the scan goes into one
             data = b"\x08\x01\x3a" + bytes([len(data)]) + data
-        expected, canonical = _expected(data, 100)
-        got = native.scan_add(_PAGE_END.place(data), 100)
-        assert got == (expected if canonical else None), data
+        _check(data, 100)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_what_writers_send_is_scanned(seed: int) -> None:
+    """The client frames entries by hand (stream/framing/prepare.py), writing some default
+    values out (entry 0, a no-op's empty payload, a zero timestamp): scanned, each entry's
+    bytes as protobuf writes them."""
+    rng = random.Random(seed)
+    for _ in range(50):
+        stream_id = rng.choice([1, rng.getrandbits(64)])
+        first = rng.choice([0, 1, 127, rng.getrandbits(40)])
+        stamp = rng.choice([0, 1_700_000_000_000])
+        payloads: list[bytes | AttributedPayload] = [
+            rng.randbytes(rng.choice([0, 1, 100])) for _ in range(rng.randrange(1, 6))
+        ]
+        if rng.random() < 0.3:
+            payloads.append(AttributedPayload(b"v", rng.choice([None, b"", b"k"]), (), 7))
+        prepared = prepare_mixed_entries(stream_id, first, stamp, payloads)
+        prepared.append(prepare_entry(stream_id, first + len(prepared), NOOP, stamp, b""))
+        batch = AddBatch(
+            stream_id=stream_id,
+            term=rng.choice([1, 9]),
+            lac=first - 1,
+            lafr=rng.choice([-1, 0]),
+            recovery=rng.random() < 0.2,
+            entries=prepared,
+            request_id=rng.choice([0, 5]),
+        )
+        assert _check(batch.to_bytes(), 1 << 20) == "scanned"
 
 
 def test_the_scan_refuses_what_is_not_an_add_request() -> None:
