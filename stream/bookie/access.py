@@ -23,6 +23,7 @@ import structlog
 
 from stream.bookie import metrics
 from stream.bookie.config import BookieConfig
+from stream.bookie.storage.scanned import AddRequest, entry_ids
 from stream.errors import ConfigError
 from stream.security.identity import identity_of
 from stream.security.roles import Role, required_role
@@ -69,16 +70,16 @@ def audit(action: str, caller: Caller | None, **fields: Any) -> None:
     )
 
 
-def audit_recovery_add(request: Any) -> None:
+def audit_recovery_add(request: AddRequest) -> None:
     """Audits one recovery add batch (called by the Add handler, in the caller's context)."""
-    entries = request.entries
+    ids = entry_ids(request)
     audit(
         "recovery_add",
         CALLER.get(),
         stream_id=request.stream_id,
         term=request.term,
-        first_entry_id=entries[0].entry_id if entries else None,
-        entries=len(entries),
+        first_entry_id=ids[0] if ids else None,
+        entries=len(ids),
     )
 
 

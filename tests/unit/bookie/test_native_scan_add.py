@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from google.protobuf.message import DecodeError
 
+from stream.bookie import access
 from stream.bookie.storage import StreamStorage
 from stream.bookie.storage import scanned as scanned_module
 from stream.bookie.storage.adds import _scan_entries
@@ -425,3 +426,22 @@ def test_the_storage_serves_a_scanned_batch_as_the_parsed_one(tmp_path: Path, se
         for storage in storages:
             storage.close()
     assert took_scanned > 40 and took_special > 5, (took_scanned, took_special)
+
+
+def test_a_recovery_add_is_audited_alike_scanned_or_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
+    audited: list[dict[str, Any]] = []
+    monkeypatch.setattr(access, "audit", lambda action, caller, **fields: audited.append(fields))
+    entries = [pb.Entry(entry_id=i, timestamp_ms=1, payload=b"p", crc32c=1) for i in (4, 5)]
+    for request in [
+        pb.AddRequest(stream_id=3, term=2, recovery=True, entries=entries),
+        pb.AddRequest(stream_id=3, term=2, recovery=True),
+    ]:
+        raw = request.SerializeToString()
+        batch = parse_add(raw, 100)
+        assert isinstance(batch, ScannedAdd)
+        access.audit_recovery_add(batch)
+        access.audit_recovery_add(request)
+    assert audited == [
+        *[{"stream_id": 3, "term": 2, "first_entry_id": 4, "entries": 2}] * 2,
+        *[{"stream_id": 3, "term": 2, "first_entry_id": None, "entries": 0}] * 2,
+    ]
