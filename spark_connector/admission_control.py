@@ -34,6 +34,7 @@ class StreamReader(StreamPlanner, SupportsTriggerAvailableNow):
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = self._latest()
+        self._prepared = self._bounds
         log.info("spark.available_now_target", target=self._target)
 
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:

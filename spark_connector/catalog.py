@@ -45,7 +45,7 @@ class StreamCatalog:
 
     def bounds(self, name: str) -> StreamBounds:
         """Returns the stream's bounds; raises `StreamNotFoundError`."""
-        info = self._client.stream_info(name)
+        info = self._client.stream_info(name, brief=True)
         return StreamBounds(
             name=name,
             first_retained=info.first_entry_id,
