@@ -356,7 +356,7 @@ class StreamClient:
         writer, cursors and ensemble bookies' states. `brief`: only what a reader plans
         with (the writer, cursors and bookie states left empty), which spares the metadata
         reads of the writer, the cursors and the bookie registrations and a call to each
-        bookie of the last ensemble: a query planner asks several times per batch."""
+        bookie of the last ensemble: a query planner asks for every stream and batch."""
         return self._run(self._stream_info(name, brief))
 
     async def _stream_info(self, name: str, brief: bool = False) -> StreamInfo:
