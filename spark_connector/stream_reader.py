@@ -14,11 +14,11 @@ import importlib.util
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-import structlog
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
 from spark_connector.entry_sizes import EntrySizes
 from spark_connector.ranges import Offsets, StreamRange, limit_offsets, ordered
+from stream.logs import get_logger
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from spark_connector.catalog import StreamBounds, StreamCatalog
     from spark_connector.options import SourceOptions
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 def read_limits_supported() -> bool:
@@ -52,6 +52,9 @@ class StreamPlanner(DataSourceStreamReader):
         self._target: Offsets | None = None  # the availableNow end, once prepared
         self._initial: Offsets | None = None  # initialOffset's answer, once read
         self._bounds: dict[str, StreamBounds] = {}
+        # The bounds `prepareForTriggerAvailableNow` read, kept for the initial offsets and
+        # the first batch's end, which Spark asks for right after (see `_latest`).
+        self._prepared: dict[str, StreamBounds] | None = None
         self._sampled_entry_bytes: dict[str, float] = {}
 
     def __getstate__(self) -> dict[str, Any]:
@@ -73,12 +76,23 @@ class StreamPlanner(DataSourceStreamReader):
         # cost a round of metadata and LAC reads and could name a later "latest" start.
         if self._initial is None:
             catalog = self._catalog()
-            self._bounds = catalog.all_bounds(missing_ok=False)
+            prepared = self._prepared
+            if prepared is not None and all(n in prepared for n in self._options.streams):
+                self._bounds = prepared
+            else:  # raises for a stream of `streams` that does not exist
+                self._bounds = catalog.all_bounds(missing_ok=False)
             self._initial = catalog.resolve_start(self._bounds, "latest")
         return dict(self._initial)
 
     def _latest(self) -> Offsets:
-        self._bounds = self._catalog().all_bounds(missing_ok=True)
+        prepared, self._prepared = self._prepared, None
+        # An availableNow query's first batch ends at its target whatever the streams hold
+        # by then, so the bounds read to set the target a moment ago serve it: as if Spark
+        # had asked then. Another read would add a round of metadata and LAC reads per
+        # stream to the query's start.
+        self._bounds = (
+            prepared if prepared is not None else self._catalog().all_bounds(missing_ok=True)
+        )
         return {name: b.next_entry_id for name, b in self._bounds.items()}
 
     def _next_end(self, start: Offsets, max_entries: int | None, max_bytes: int | None) -> Offsets:

@@ -351,17 +351,21 @@ class StreamClient:
 
         return self._run(lags())
 
-    def stream_info(self, name: str) -> StreamInfo:
-        """Returns the stream's term, state, LAC, first retained entry and fragments."""
-        return self._run(self._stream_info(name))
+    def stream_info(self, name: str, *, brief: bool = False) -> StreamInfo:
+        """Returns the stream's term, state, LAC, first retained entry and fragments, its
+        writer, cursors and ensemble bookies' states. `brief`: only what a reader plans
+        with (the writer, cursors and bookie states left empty), which spares the metadata
+        reads of the writer, the cursors and the bookie registrations and a call to each
+        bookie of the last ensemble: a query planner asks for every stream and batch."""
+        return self._run(self._stream_info(name, brief))
 
-    async def _stream_info(self, name: str) -> StreamInfo:
+    async def _stream_info(self, name: str, brief: bool = False) -> StreamInfo:
         reader = self._async_reader(name)
         await reader.open()
         meta, fragments = reader.meta, reader.fragments
         lac = await reader.lac()
-        writer = await self._metadata.get_writer(meta.id)
-        cursors = await cursor_lags(self._metadata, reader, lac)
+        writer = None if brief else await self._metadata.get_writer(meta.id)
+        cursors = {} if brief else await cursor_lags(self._metadata, reader, lac)
         shown = []
         for index, fragment in enumerate(fragments):
             last = fragment.last_entry_id
@@ -377,9 +381,13 @@ class StreamClient:
                     fragment.last_timestamp_ms,
                 )
             )
-        bookies = await self._ensemble_status(meta.id, fragments[-1].ensemble if fragments else ())
+        bookies = (
+            []
+            if brief
+            else await self._ensemble_status(meta.id, fragments[-1].ensemble if fragments else ())
+        )
         waiting_for = None
-        if meta.state is StreamState.IN_RECOVERY:
+        if meta.state is StreamState.IN_RECOVERY and not brief:
             waiting_for = recovery_waits_for(
                 meta.quorum,
                 [b.bookie_id for b in bookies],

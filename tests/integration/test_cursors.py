@@ -5,6 +5,7 @@ duplicates only after the last commit."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -72,6 +73,12 @@ def test_commit_reset_and_lag(client: StreamClient) -> None:
         "billing": lac - 2,
         "other": lac + 1,
     }
+    # A brief answer (a query planner's) has the same bounds, without the cursors, the
+    # writer and the bookies' states.
+    brief = client.stream_info("s", brief=True)
+    assert info.bookies and brief.bookies == [] and brief.cursors == {}
+    assert brief.writer is None
+    assert brief == dataclasses.replace(info, cursors={}, bookies=[], writer=None)
 
 
 def test_tail_resumes_after_the_commit_and_commits_what_was_handled(

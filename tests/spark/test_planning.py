@@ -295,6 +295,21 @@ def test_the_data_source_module_loads_without_the_client_stack() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
+def test_a_worker_unpickling_a_reader_leaves_rich_out() -> None:
+    # An executor's Python worker imports the reader's module first (a pickled reader names
+    # it): structlog, which our modules log through, must come in through stream/logs.py,
+    # without rich, there and in a driver-side planner.
+    code = (
+        "import sys\n"
+        "import spark_connector.admission_control, spark_connector.partition_reader\n"
+        "from spark_connector import StreamkeeperDataSource as S\n"
+        "S({'metadata': '127.0.0.1:1/sk', 'streams': 'a'}).streamReader(None)\n"
+        "import spark_connector.catalog\n"
+        "assert 'rich' not in sys.modules and 'pygments' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
 @pytest.mark.parametrize(
     "bad",
     [
@@ -357,3 +372,33 @@ def test_available_now_at_its_target_plans_without_reading(
     reads = catalog.reads
     assert reader.latestOffset({"a": 10}, limit) == {"a": 10}
     assert catalog.reads == reads
+
+
+def test_an_available_now_query_starts_with_one_cluster_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Spark prepares the target, then asks for the initial offsets and the first batch's end
+    # right after: the bounds read for the target answer all three.
+    reader, catalog = counting_reader(monkeypatch)
+    reader.prepareForTriggerAvailableNow()
+    limit = reader.getDefaultReadLimit()
+    start = reader.initialOffset()
+    assert start == {"a": 3}
+    assert reader.latestOffset(start, limit) == {"a": 10}
+    assert catalog.reads == 1
+    # Later batches (here, a replay from an earlier start) read the streams again.
+    assert reader.latestOffset({"a": 0}, limit) == {"a": 10}
+    assert catalog.reads == 2
+
+
+def test_a_listed_stream_missing_from_the_target_is_looked_up_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The target's read leaves out a listed stream that does not exist; the initial offsets
+    # read again, with the check that fails such a query.
+    reader: Any = StreamkeeperDataSource({**META, "streams": "a,b"}).streamReader(StructType())
+    catalog = CountingCatalog()
+    monkeypatch.setattr(reader, "_catalog", lambda: catalog)
+    reader.prepareForTriggerAvailableNow()
+    reader.initialOffset()
+    assert catalog.reads == 2
