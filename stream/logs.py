@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any
 
 # structlog's console and traceback modules import rich (and, through rich's tracebacks,
 # pygments) when it is installed, only to render exceptions with it: 35-40 ms of CPU in
@@ -39,12 +38,6 @@ _SHARED: list[structlog.types.Processor] = [
     structlog.processors.TimeStamper(fmt="iso", utc=True),
     structlog.processors.StackInfoRenderer(),
 ]
-
-
-def get_logger(name: str) -> Any:
-    """Returns structlog's logger `name`, for modules outside `stream`: their own `import
-    structlog`, were it the process's first, would bring rich in (see above)."""
-    return structlog.get_logger(name)
 
 
 def use_standard_logging() -> None:

@@ -297,8 +297,8 @@ def test_the_data_source_module_loads_without_the_client_stack() -> None:
 
 def test_a_worker_unpickling_a_reader_leaves_rich_out() -> None:
     # An executor's Python worker imports the reader's module first (a pickled reader names
-    # it): structlog, which our modules log through, must come in through stream/logs.py,
-    # without rich, there and in a driver-side planner.
+    # it): structlog, which our modules import, must come in through `stream`, without rich
+    # (stream/logs.py), and a driver-side planner's imports too.
     code = (
         "import sys\n"
         "import spark_connector.admission_control, spark_connector.partition_reader\n"
