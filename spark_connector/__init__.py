@@ -6,9 +6,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-# First: our modules import structlog, which `stream` imports without rich (stream/logs.py);
-# imported by one of them before it, structlog would import rich in every Spark worker.
-import stream  # noqa: F401
 from spark_connector.source import NAME, StreamkeeperDataSource
 
 if TYPE_CHECKING:

@@ -11,21 +11,7 @@ from __future__ import annotations
 import logging
 import sys
 
-# structlog's console and traceback modules import rich (and, through rich's tracebacks,
-# pygments) when it is installed, only to render exceptions with it: 35-40 ms of CPU in
-# every process that imports the client, paid per query where Spark starts a fresh Python
-# process for a streaming source's driver side. Our renderers never use it (`format_exc_info`
-# turns exceptions into text before they render), so, unless this process has imported
-# structlog or rich already, structlog is imported with rich hidden (an application that
-# wants structlog's rich tracebacks imports structlog first).
-_HIDE_RICH = "structlog" not in sys.modules and "rich" not in sys.modules
-if _HIDE_RICH:
-    sys.modules["rich"] = None  # type: ignore[assignment]  # `import rich` raises ImportError
-try:
-    import structlog
-finally:
-    if _HIDE_RICH:
-        del sys.modules["rich"]
+import structlog
 
 # Libraries whose records we render with ours; their debug output is per packet.
 THIRD_PARTY_LOGGERS = ("kazoo", "grpc")

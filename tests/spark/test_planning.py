@@ -295,21 +295,6 @@ def test_the_data_source_module_loads_without_the_client_stack() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
-def test_a_worker_unpickling_a_reader_leaves_rich_out() -> None:
-    # An executor's Python worker imports the reader's module first (a pickled reader names
-    # it): structlog, which our modules import, must come in through `stream`, without rich
-    # (stream/logs.py), and a driver-side planner's imports too.
-    code = (
-        "import sys\n"
-        "import spark_connector.admission_control, spark_connector.partition_reader\n"
-        "from spark_connector import StreamkeeperDataSource as S\n"
-        "S({'metadata': '127.0.0.1:1/sk', 'streams': 'a'}).streamReader(None)\n"
-        "import spark_connector.catalog\n"
-        "assert 'rich' not in sys.modules and 'pygments' not in sys.modules\n"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
-
-
 @pytest.mark.parametrize(
     "bad",
     [
@@ -396,7 +381,7 @@ def test_a_listed_stream_missing_from_the_target_is_looked_up_again(
 ) -> None:
     # The target's read leaves out a listed stream that does not exist; the initial offsets
     # read again, with the check that fails such a query.
-    reader: Any = StreamkeeperDataSource({**META, "streams": "a,b"}).streamReader(StructType())
+    reader = StreamkeeperDataSource({**META, "streams": "a,b"}).streamReader(StructType())
     catalog = CountingCatalog()
     monkeypatch.setattr(reader, "_catalog", lambda: catalog)
     reader.prepareForTriggerAvailableNow()
