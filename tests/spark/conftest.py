@@ -1,5 +1,10 @@
 """Fixtures of the Spark connector tests: one real cluster (ZooKeeper + 3 bookie processes)
-and one local[2] SparkSession for the whole session; each test uses streams of its own."""
+and one local[2] SparkSession for the whole package; each test uses streams of its own.
+
+Package-scoped, not session-scoped: they stop after the package's last test. A live ZooKeeper
+client draws kazoo's jitter from the global `random` at every wake-up of its connection loop,
+and Hypothesis, in the unit tests that run after this package, took that for a strategy using
+`random` (its deprecation warnings in every full run)."""
 
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ from tests.spark.session import local_session
 # the spark extra (pip install '.[spark]') they are skipped with that reason.
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def spark_cluster(
     zookeeper: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[SandboxCluster]:
@@ -28,13 +33,13 @@ def spark_cluster(
         yield cluster
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def client(spark_cluster: SandboxCluster) -> Iterator[StreamClient]:
     with StreamClient.connect(spark_cluster.metadata) as c:
         yield c
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One local[2] SparkSession (UI off, loopback only) with the connector registered."""
     session = local_session("streamkeeper-tests", tmp_path_factory.mktemp("spark-local"))
