@@ -37,8 +37,11 @@ import argparse
 import asyncio
 import logging
 import os
+import ssl
+import struct
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -46,6 +49,8 @@ from typing import Any
 import grpc
 
 _METHOD = "/bench.Bench/Add"
+# The asyncio transport's frame: a 4-byte big-endian length, then the message.
+_HEADER = struct.Struct(">I")
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -89,10 +94,47 @@ def _process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
+# -- TLS (mutual, as a bookie with TLS configured) -----------------------------------------
+
+
+def _make_certs(directory: str) -> None:
+    """Writes a CA, a server (`bookie`) and a client (`writer`) certificate into `directory`,
+    with the project's own certificate code."""
+    from pathlib import Path
+
+    from stream.security.certs import create_ca, issue
+    from stream.security.roles import Role
+
+    create_ca(Path(directory))
+    issue(Path(directory), "bookie", Role.SERVICE)
+    issue(Path(directory), "writer", Role.WRITER)
+
+
+def _read(directory: str, name: str) -> bytes:
+    with open(os.path.join(directory, name), "rb") as f:
+        return f.read()
+
+
+def _ssl_context(directory: str, *, server: bool) -> ssl.SSLContext:
+    if server:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.load_verify_locations(os.path.join(directory, "ca.crt"))
+    else:
+        context = ssl.create_default_context(cafile=os.path.join(directory, "ca.crt"))
+    name = "bookie" if server else "writer"
+    context.load_cert_chain(
+        os.path.join(directory, f"{name}.crt"), os.path.join(directory, f"{name}.key")
+    )
+    return context
+
+
 # -- the server (a child process) ----------------------------------------------------------
 
 
-async def _serve(port_file: str, options: list[tuple[str, Any]], answer: bytes) -> None:
+async def _serve_grpc(
+    port_file: str, options: list[tuple[str, Any]], answer: bytes, tls_dir: str | None
+) -> None:
     async def add(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
         # As BookieService.Add: a reader task queues each request's answer; the handler
         # yields them in order.
@@ -113,21 +155,84 @@ async def _serve(port_file: str, options: list[tuple[str, Any]], answer: bytes) 
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler("bench.Bench", {"Add": handler}),)
     )
-    port = server.add_insecure_port("127.0.0.1:0")
+    if tls_dir is None:
+        port = server.add_insecure_port("127.0.0.1:0")
+    else:
+        credentials = grpc.ssl_server_credentials(
+            [(_read(tls_dir, "bookie.key"), _read(tls_dir, "bookie.crt"))],
+            root_certificates=_read(tls_dir, "ca.crt"),
+            require_client_auth=True,
+        )
+        port = server.add_secure_port("127.0.0.1:0", credentials)
     await server.start()
+    _publish(port_file, port)
+    await server.wait_for_termination()
+
+
+async def _serve_asyncio(port_file: str, answer: bytes, tls_dir: str | None) -> None:
+    frame = _HEADER.pack(len(answer)) + answer
+
+    async def add(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # As the gRPC server above: a reader task queues each request's answer; this
+        # coroutine writes them in order.
+        pending: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=64)
+
+        async def read() -> None:
+            try:
+                while True:
+                    (size,) = _HEADER.unpack(await reader.readexactly(_HEADER.size))
+                    raw = await reader.readexactly(size)
+                    await pending.put(frame if raw else b"")
+            except (asyncio.IncompleteReadError, ConnectionError):
+                pass  # the client closed the connection
+            await pending.put(None)
+
+        task = asyncio.create_task(read())
+        try:
+            while (item := await pending.get()) is not None:
+                writer.write(item)
+                await writer.drain()
+        except ConnectionError:
+            pass
+        await task
+        writer.close()
+
+    context = _ssl_context(tls_dir, server=True) if tls_dir is not None else None
+    server = await asyncio.start_server(add, "127.0.0.1", 0, ssl=context)
+    _publish(port_file, server.sockets[0].getsockname()[1])
+    async with server:
+        await server.serve_forever()
+
+
+def _publish(port_file: str, port: int) -> None:
     with open(port_file + ".tmp", "w") as f:
         f.write(str(port))
     os.rename(port_file + ".tmp", port_file)
-    await server.wait_for_termination()
 
 
 # -- the client (this process) -------------------------------------------------------------
 
 
-async def _stream(
-    port: int, options: list[tuple[str, Any]], message: bytes, count: int, rate: float, window: int
+async def _stream_grpc(
+    port: int,
+    options: list[tuple[str, Any]],
+    message: bytes,
+    count: int,
+    rate: float,
+    window: int,
+    tls_dir: str | None,
 ) -> None:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
+    target = f"127.0.0.1:{port}"
+    if tls_dir is None:
+        channel = grpc.aio.insecure_channel(target, options=options)
+    else:
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=_read(tls_dir, "ca.crt"),
+            private_key=_read(tls_dir, "writer.key"),
+            certificate_chain=_read(tls_dir, "writer.crt"),
+        )
+        channel = grpc.aio.secure_channel(target, credentials, options=options)
+    async with channel:
         call: Any = channel.stream_stream(
             _METHOD, request_serializer=None, response_deserializer=None
         )()
@@ -151,8 +256,52 @@ async def _stream(
         await reader
 
 
-def _spawn_server(args: argparse.Namespace, port_file: str) -> subprocess.Popen[bytes]:
+async def _stream_asyncio(
+    port: int, message: bytes, count: int, rate: float, window: int, tls_dir: str | None
+) -> None:
+    context = _ssl_context(tls_dir, server=False) if tls_dir is not None else None
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context)
+    free = asyncio.Semaphore(window)
+
+    async def read() -> None:
+        for _ in range(count):
+            (size,) = _HEADER.unpack(await reader.readexactly(_HEADER.size))
+            await reader.readexactly(size)
+            free.release()
+
+    task = asyncio.create_task(read())
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    for n in range(count):
+        due = started + n / rate
+        delay = due - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        await free.acquire()
+        # The header joined to each message (a copy): a writer would frame each serialized
+        # request so.
+        writer.write(_HEADER.pack(len(message)) + message)
+        await writer.drain()
+    await task
+    writer.close()
+    await writer.wait_closed()
+
+
+async def _stream(
+    args: argparse.Namespace, port: int, message: bytes, count: int, tls_dir: str | None
+) -> None:
+    if args.transport == "grpc":
+        options = _client_options(args)
+        await _stream_grpc(port, options, message, count, args.rate, args.window, tls_dir)
+    else:
+        await _stream_asyncio(port, message, count, args.rate, args.window, tls_dir)
+
+
+def _spawn_server(
+    args: argparse.Namespace, port_file: str, tls_dir: str | None
+) -> subprocess.Popen[bytes]:
     command = [sys.executable, __file__, "--serve", port_file, "--answer", str(args.answer)]
+    command += ["--transport", args.transport] + (["--tls-dir", tls_dir] if tls_dir else [])
     for name, value in _server_options(args):
         command += ["--server-option", f"{name}={value}"]
     return subprocess.Popen(command)
@@ -180,6 +329,8 @@ def _client_options(args: argparse.Namespace) -> list[tuple[str, Any]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--transport", choices=("grpc", "asyncio"), default="grpc")
+    parser.add_argument("--tls", action="store_true", help="mutual TLS (certificates made now)")
     parser.add_argument("--messages", type=int, default=2000)
     parser.add_argument("--rate", type=float, default=180.0, help="messages/s")
     parser.add_argument("--window", type=int, default=8, help="messages unanswered at most")
@@ -191,41 +342,58 @@ def main() -> None:
     parser.add_argument("--writer-options", action="store_true")
     parser.add_argument("--threads", action="store_true", help="also CPU per thread")
     parser.add_argument("--serve", metavar="PORT_FILE", help=argparse.SUPPRESS)
+    parser.add_argument("--tls-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
     logging.disable(logging.CRITICAL)
+    answer = b"a" * args.answer
     if args.serve:
-        options = [_option(o) for o in args.server_option]
-        asyncio.run(_serve(args.serve, options, b"a" * args.answer))
+        if args.transport == "grpc":
+            options = [_option(o) for o in args.server_option]
+            asyncio.run(_serve_grpc(args.serve, options, answer, args.tls_dir))
+        else:
+            asyncio.run(_serve_asyncio(args.serve, answer, args.tls_dir))
         return
-    port_file = f"/tmp/grpc_add_bench.{os.getpid()}.port"
-    server = _spawn_server(args, port_file)
+    with tempfile.TemporaryDirectory(prefix="grpc_add_bench.") as tmp:
+        tls_dir = tmp if args.tls else None
+        if tls_dir is not None:
+            _make_certs(tls_dir)
+        _run(args, os.path.join(tmp, "port"), tls_dir)
+
+
+def _run(args: argparse.Namespace, port_file: str, tls_dir: str | None) -> None:
+    server = _spawn_server(args, port_file, tls_dir)
     try:
         while not os.path.exists(port_file):
+            if server.poll() is not None:
+                raise SystemExit(f"the server exited ({server.returncode})")
             time.sleep(0.05)
         with open(port_file) as f:
             port = int(f.read())
         message = bytes(range(256)) * (args.size // 256) + b"x" * (args.size % 256)
         # A short warm-up (connection, first allocations), then the measured run.
         warm = max(args.messages // 20, 10)
-        options = _client_options(args)
-        asyncio.run(_stream(port, options, message, warm, args.rate, args.window))
-        threads0 = _thread_cpu_s(os.getpid()), _thread_cpu_s(server.pid)
-        switches0 = _switches(server.pid)
+        asyncio.run(_stream(args, port, message, warm, tls_dir))
+        pids = os.getpid(), server.pid
+        threads0 = _thread_cpu_s(pids[0]), _thread_cpu_s(pids[1])
+        switches0 = _switches(pids[0]), _switches(pids[1])
         client0, server0 = time.process_time(), _process_cpu_s(server.pid)
-        asyncio.run(_stream(port, options, message, args.messages, args.rate, args.window))
+        wall0 = time.monotonic()
+        asyncio.run(_stream(args, port, message, args.messages, tls_dir))
+        wall = time.monotonic() - wall0
         client1, server1 = time.process_time(), _process_cpu_s(server.pid)
-        switches1 = _switches(server.pid)
-        threads1 = _thread_cpu_s(os.getpid()), _thread_cpu_s(server.pid)
+        switches1 = _switches(pids[0]), _switches(pids[1])
+        threads1 = _thread_cpu_s(pids[0]), _thread_cpu_s(pids[1])
     finally:
         server.terminate()
         server.wait()
-        if os.path.exists(port_file):
-            os.unlink(port_file)
     n = args.messages
     print(
-        f"{n} messages of {args.size} B at {args.rate:g}/s: CPU us per message: "
-        f"client {(client1 - client0) / n * 1e6:.0f}, server {(server1 - server0) / n * 1e6:.0f}; "
-        f"server context switches per message {(switches1 - switches0) / n:.1f}"
+        f"{args.transport}{' tls' if tls_dir else ''}: {n} messages of {args.size} B at "
+        f"{args.rate:g}/s (got {n / wall:.0f}/s): "
+        f"CPU us per message: client {(client1 - client0) / n * 1e6:.0f}, "
+        f"server {(server1 - server0) / n * 1e6:.0f}; context switches per message: "
+        f"client {(switches1[0] - switches0[0]) / n:.1f}, "
+        f"server {(switches1[1] - switches0[1]) / n:.1f}"
     )
     if args.threads:
         for side, before, after in zip(("client", "server"), threads0, threads1, strict=True):
