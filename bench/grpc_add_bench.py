@@ -1,5 +1,6 @@
 """gRPC's own cost per Add message: CPU per message of a grpc.aio stream_stream client and of
-the grpc.aio server answering it, each in its own process (as a writer and a bookie are).
+the grpc.aio server answering it, each in its own process (as a writer and a bookie are), and
+what a plain asyncio framed-TCP stream (as BookKeeper's own data path) costs instead.
 
 The client streams `--messages` serialized messages of `--size` bytes (an AddRequest of ~114
 1 KiB entries is ~117 KB) at `--rate` messages/s with up to `--window` unanswered, as the
@@ -10,8 +11,17 @@ does (a reader task queueing, the handler yielding). Nothing else runs: the figu
 variables (GRPC_*: set them on the command line, both processes inherit them) against.
 
     .venv/bin/python bench/grpc_add_bench.py [--messages 2000] [--rate 180] [--size 117000]
+        [--transport grpc|asyncio] [--server-protocol] [--tls]
         [--server-option grpc.http2.max_frame_size=65536] [--client-option NAME=VALUE]
         [--bookie-options] [--writer-options]
+
+`--transport asyncio` sends the same messages over one TCP connection as frames (a 4-byte
+big-endian length, then the message) through asyncio streams, no threads: the client the same
+pacing and window, the server a reader task queueing answers and a coroutine writing them in
+order; `--server-protocol` makes that server an asyncio.BufferedProtocol instead (the loop,
+or the SSL layer, reads into its buffer: one copy fewer). `--tls` makes both transports mutual
+TLS (a CA, a server and a client certificate made in a temporary directory by
+stream.security.certs; the server requires the client's, as a bookie does by default).
 
 `--bookie-options` / `--writer-options` start from the options the bookie and the writer use
 (`server_options`, `CHANNEL_OPTIONS`); the `--*-option`s given are added after them (gRPC
@@ -29,6 +39,47 @@ threads. None of max_frame_size, tcp_{min_,max_,}read_chunk_size, write_buffer_s
 bdp_probe=0, tcp_tx_zerocopy_enabled, GRPC_EXPERIMENTS=tcp_rcv_lowat,tcp_frame_size_tuning,
 GRPC_POLL_STRATEGY=poll or GRPC_ENABLE_FORK_SUPPORT=0 moved the CPU or the context switches
 per message beyond the run-to-run noise (~15%).
+
+gRPC vs asyncio framed TCP (grpcio 1.85, CPython 3.11.7, TLS 1.3 from BoringSSL / OpenSSL;
+2 shared vCPUs, load average 3.5-9.8 from the other helpers' work): `time.process_time` of
+the client, /proc/PID/stat utime+stime of the server, and voluntary+involuntary context
+switches of each process's live threads from /proc, over the measured run after a warm-up
+connection; 2,000 messages at 180/s, 5,000 at 1,000/s (every run kept the rate); gRPC and
+asyncio streams alternating, 3 pairs per line, then asyncio streams and --server-protocol
+alternating, 3 more pairs (the "protocol" figures). The client's figures include the bench's
+own pacing (one asyncio.sleep per message at these rates), the same for both transports.
+
+    rate    size    TLS  CPU us/message, client      CPU us/message, server  switches/message
+                         gRPC         asyncio      gRPC         asyncio      (median, cl | srv)
+                                                                             gRPC      asyncio
+    180/s   117 KB  no   397/342/409  199/200/206  365/290/330  125/115/135  3.9|11.2  2.0|1.6
+    180/s   117 KB  yes  427/492/402  308/274/267  375/450/385  270/270/235  7.6|11.1  1.9|1.9
+    180/s   1 KB    no   338/366/337  185/163/176  265/310/285  105/90/90    3.9|10.5  1.9|1.5
+    180/s   1 KB    yes  360/307/417  215/228/270  305/245/325  160/170/190  7.8|10.4  2.0|1.9
+    1000/s  117 KB  no   269/271/276  141/132/146  280/264/254  104/100/100  4.0|9.7   1.7|1.3
+    1000/s  117 KB  yes  264/254/252  191/188/182  276/246/242  222/254/228  7.0|9.8   1.2|1.2
+    1000/s  1 KB    no   274/283/286  126/120/125  242/248/238  66/62/68     3.3|9.2   1.6|1.1
+    1000/s  1 KB    yes  244/269/243  135/111/123  222/218/222  94/78/84     3.7|9.9   1.6|1.3
+
+The asyncio server's CPU us/message, streams vs --server-protocol (3 more alternating pairs;
+the client and the context switches hardly change):
+
+    rate    size    TLS  streams      protocol        rate    size    TLS  streams      protocol
+    180/s   117 KB  no   140/140/145  125/140/125     1000/s  117 KB  no   98/90/106    74/72/70
+    180/s   117 KB  yes  235/275/260  200/235/230     1000/s  117 KB  yes  172/206/184  140/144/144
+    180/s   1 KB    no   90/115/100   80/100/90       1000/s  1 KB    no   56/56/64     52/62/46
+    180/s   1 KB    yes  165/145/160  150/145/165     1000/s  1 KB    yes  90/94/86     86/82/74
+
+So framed TCP on asyncio costs a server a third to two fifths of gRPC's CPU per plain message
+(100-135 vs 255-365 us at 117 KB; 62-105 vs 240-310 us at 1 KB) and 1/5 to 1/8 of its context
+switches (1.1-1.9 vs 9-11: the loop wakes about once per message, no thread hand-overs); the
+client about half. TLS narrows the gap at 117 KB: BoringSSL inside gRPC adds ~0-55 us per
+message, asyncio's sslproto (Python code copying each record between memory BIOs and the
+StreamReader) ~125-135 us, so the TLS server costs 235-275 vs 375-450 us at 180/s and 172-254
+vs 242-276 us at 1,000/s (client: 267-308 vs 402-492, 182-191 vs 252-264); a BufferedProtocol
+server (SSLObject.read straight into its buffer) brings the asyncio figure to 200-235 and
+140-144 us. At 1 KB TLS adds only ~20-80 us to asyncio. The asyncio server's 90-115 us for a
+1 KB message at 180/s vs 46-68 us at 1,000/s is waking the idle loop. Noise ~15% run to run.
 """
 
 from __future__ import annotations
