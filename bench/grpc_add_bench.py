@@ -285,22 +285,25 @@ class _AddProtocol(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         self._filled += nbytes
-        start = 0
+        start = needed = 0
         while self._filled - start >= _HEADER.size:
             (size,) = _HEADER.unpack_from(self._buffer, start)
             end = start + _HEADER.size + size
             if end > self._filled:
-                if end - start > len(self._buffer):  # a frame larger than the buffer
-                    self._buffer.extend(bytes(end - start - len(self._buffer)))
+                needed = end - start
                 break
             raw = bytes(self._view[start + _HEADER.size : end])
             self.pending.put_nowait(self._frame if raw else b"")
             start = end
-        if start:
-            self._view.release()
+        if start:  # the partial frame left moves to the front (same length: no resize)
             self._buffer[: self._filled - start] = self._buffer[start : self._filled]
             self._filled -= start
-            self._view = memoryview(self._buffer)
+        if needed > len(self._buffer):
+            # A frame larger than the buffer: a new one (the loop may still hold a view of
+            # the old, which then cannot be resized).
+            buffer = bytearray(needed)
+            buffer[: self._filled] = self._view[: self._filled]
+            self._buffer, self._view = buffer, memoryview(buffer)
         assert self._transport is not None
         if self.pending.full():  # the next frame could not be queued: stop reading
             self._transport.pause_reading()
