@@ -1,5 +1,7 @@
 # The compiled walker (_native.c); see stream/framing/native.py.
-from typing import Final
+from typing import Final, TypeVar
+
+T = TypeVar("T", bound=tuple[object, ...])
 
 DONE: Final[int]
 DEFER: Final[int]
@@ -25,3 +27,11 @@ def walk_range(
 def split_payloads(offsets: object, data: object, /) -> list[bytes]: ...
 def crc32c(data: bytes | bytearray | memoryview, value: int = 0, /) -> int: ...
 def set_hardware_crc(on: bool, /) -> bool: ...
+def prepare_entries(
+    stream_id: int,
+    first_entry_id: int,
+    timestamp_ms: int,
+    payloads: list[bytes],
+    cls: type[T],
+    /,
+) -> list[T]: ...

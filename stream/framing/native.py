@@ -1,7 +1,9 @@
-"""The compiled walker of ReadRange answers (`_native`, built from _native.c by the package's
-own build, docs/operations.md), where it was built: `BUILT` says whether it was. Callers fall
-back to the Python definitions it is held to (`stream.client.entry.verified_columns`), so a
-tree without it still reads, only slower; tests/unit/client/test_native_walk.py fails there."""
+"""The compiled walker of ReadRange answers and the writer's entry framing (`_native`, built
+from _native.c by the package's own build, docs/operations.md), where it was built: `BUILT`
+says whether it was. Callers fall back to the Python definitions it is held to
+(`stream.client.entry.verified_columns`, `stream.framing.prepare.prepare_entries_python`), so
+a tree without it still reads and writes, only slower; tests/unit/client/test_native_walk.py
+fails there."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ try:
         FLAG_ATTRIBUTES,
         FLAG_NOOP,
         crc32c,
+        prepare_entries,
         set_hardware_crc,
         split_payloads,
         walk_range,
@@ -37,6 +40,7 @@ __all__ = [
     "FLAG_NOOP",
     "Buffer",
     "crc32c",
+    "prepare_entries",
     "set_hardware_crc",
     "split_payloads",
     "walk_range",
