@@ -47,7 +47,7 @@ _payload_bytes = operator.attrgetter("payload_bytes")
 class PipelineOwner(Protocol):
     """What the pipeline tells its owner (all called on the loop thread)."""
 
-    def on_acknowledged(self, entry_ids: list[int]) -> None:
+    def on_acknowledged(self, entry_ids: range) -> None:
         """`entry_ids` (in order) reached AQ with every lower id: the LAC moved."""
         ...
 
@@ -374,7 +374,7 @@ class AddPipeline:
         if len(codes) == len(entry_ids) and codes.count(_OK) == len(codes):
             link.busy_since = None
             # One call per answer: LAC and LAFR move once, not once per entry.
-            acknowledged = pending.on_acks(bookie_id, entry_ids) if entry_ids else []
+            acknowledged = pending.acknowledge(bookie_id, entry_ids)
         else:
             bad_code = None
             busy: list[int] = []
@@ -388,7 +388,7 @@ class AddPipeline:
                     busy.append(entry_id)
                 elif bad_code is None:
                     bad_code = code
-            acknowledged = pending.on_acks(bookie_id, ok) if ok else []
+            acknowledged = pending.acknowledge(bookie_id, ok)
             if not entry_ids and codes and codes[0] not in (_OK, _TOO_BUSY):
                 bad_code = codes[0]
             if bad_code is not None:

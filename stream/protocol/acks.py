@@ -8,9 +8,10 @@ would be counted for its replacement at the same index.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from itertools import repeat
+from itertools import groupby
 from typing import Generic, TypeVar
 
 from stream.errors import InvalidArgumentError
@@ -25,10 +26,18 @@ _MAX_CHECKED_WRITE_SETS = 1024
 
 
 @dataclass(slots=True)
-class _PendingEntry(Generic[B]):
+class _Run(Generic[B]):
+    """Held entries `first` .. `end - 1`, all with this write set and these acks.
+
+    Entries are held in runs, not one by one: a writer's consecutive entries share their
+    write set (every one of them when E = WQ) and a bookie acks a batch of them at once, so
+    an answer updates a few runs (split where the batch starts and ends) instead of every
+    entry, and LAC and LAFR move a run at a time."""
+
+    first: int
+    end: int
     write_set: tuple[B, ...]
-    # A tuple, not a set: at most WQ bookies, and a tuple of ids is dropped from the cyclic
-    # GC's tracking while a set stays tracked (thousands of entries are in flight at a time).
+    # A tuple, not a set: at most WQ bookies, and shared by the runs a split makes.
     acked: tuple[B, ...]
 
 
@@ -59,8 +68,12 @@ class PendingAdds(Generic[B]):
         self._lac = last_entry_id
         self._lafr = last_entry_id
         self._next_entry_id = last_entry_id + 1
-        # Holds exactly the ids lafr+1 .. next_entry_id-1.
-        self._pending: dict[int, _PendingEntry[B]] = {}
+        # `_runs[_head:]` hold exactly the ids lafr+1 .. next_entry_id-1, in order, and
+        # `_starts` their first ids (for bisect); the runs below `_head` are forgotten ones
+        # (LAFR passed them), dropped from the lists now and then rather than one by one.
+        self._runs: list[_Run[B]] = []
+        self._starts: list[int] = []
+        self._head = 0
         # Write sets already found to hold WQ distinct bookies (a writer reuses E of them).
         self._checked_write_sets: set[tuple[B, ...]] = set()
 
@@ -117,8 +130,20 @@ class PendingAdds(Generic[B]):
             )
             if len(self._checked_write_sets) < _MAX_CHECKED_WRITE_SETS:
                 self._checked_write_sets.add(members)
-        self._pending[entry_id] = _PendingEntry(members, ())
+        self._append_run(entry_id, 1, members)
         self._next_entry_id = entry_id + 1
+
+    def _append_run(self, first: int, count: int, write_set: tuple[B, ...]) -> None:
+        """Holds `count` new entries from `first` (the next id) with `write_set`: the last run
+        grows when it has the same write set and no ack yet."""
+        runs = self._runs
+        if len(runs) > self._head:
+            last = runs[-1]
+            if not last.acked and last.write_set == write_set:
+                last.end += count
+                return
+        runs.append(_Run(first, first + count, write_set, ()))
+        self._starts.append(first)
 
     def add_run(self, first_entry_id: int, write_sets: Sequence[Sequence[B]]) -> None:
         """Start tracking `first_entry_id`, `first_entry_id + 1`, ... with `write_sets` in
@@ -146,38 +171,17 @@ class PendingAdds(Generic[B]):
             )
             if len(self._checked_write_sets) < _MAX_CHECKED_WRITE_SETS:
                 self._checked_write_sets.add(write_set)
-        end = first_entry_id + count
-        self._pending.update(
-            zip(range(first_entry_id, end), map(_PendingEntry, members, repeat(())), strict=True)
-        )
-        self._next_entry_id = end
+        first = first_entry_id
+        for write_set, same in groupby(members):
+            length = len(list(same))
+            self._append_run(first, length, write_set)
+            first += length
+        self._next_entry_id = first
 
     def on_ack(self, entry_id: int, bookie: B) -> list[int]:
         """Record that `bookie` durably stored `entry_id`; return the ids newly acknowledged
         to the application by this ack, in increasing order (often empty)."""
-        entry = self._pending.get(entry_id)
-        if entry is None:
-            invariant(
-                entry_id <= self._lafr,
-                "ack for an entry never added",
-                entry_id=entry_id,
-                bookie=bookie,
-            )
-            return []
-        if bookie not in entry.write_set or bookie in entry.acked:
-            return []
-        entry.acked += (bookie,)
-        acknowledged: list[int] = []
-        if entry_id == self._lac + 1:
-            aq = self._config.ack_quorum
-            candidate = self._pending.get(self._lac + 1)
-            while candidate is not None and len(candidate.acked) >= aq:
-                self._lac += 1
-                acknowledged.append(self._lac)
-                candidate = self._pending.get(self._lac + 1)
-        if entry_id == self._lafr + 1:
-            self._advance_lafr()
-        return acknowledged
+        return list(self.acknowledge(bookie, (entry_id,)))
 
     def on_acks(self, bookie: B, entry_ids: Iterable[int]) -> list[int]:
         """Record that `bookie` durably stored each of `entry_ids` (one add answer); return
@@ -188,33 +192,79 @@ class PendingAdds(Generic[B]):
         both are functions of the ack sets alone (the longest prefix at AQ, at the whole
         write set), so moving them once per answer instead of once per entry changes nothing
         but the cost."""
-        pending = self._pending
-        lafr = self._lafr
-        for entry_id in entry_ids:
-            entry = pending.get(entry_id)
-            if entry is None:
-                if entry_id > lafr:
-                    invariant(
-                        False, "ack for an entry never added", entry_id=entry_id, bookie=bookie
-                    )
-                continue
-            acked = entry.acked
-            if bookie not in acked and bookie in entry.write_set:
-                entry.acked = (*acked, bookie)
-        acknowledged: list[int] = []
-        aq = self._config.ack_quorum
+        return list(self.acknowledge(bookie, entry_ids))
+
+    def acknowledge(self, bookie: B, entry_ids: Iterable[int]) -> range:
+        """`on_acks`, returning the newly acknowledged ids as a range: what the writer's
+        answers go through, at a cost per answer (an answer's ids are consecutive: one span,
+        whatever its length) rather than per entry.
+
+        Recording an ack is adding `bookie` to a set: the order of `entry_ids` and repeats do
+        not matter, so they are recorded as spans of consecutive ids in increasing order (an
+        id never added is a bug, `InvariantViolation`, as soon as it is met)."""
+        ids = entry_ids if type(entry_ids) is list else list(entry_ids)
+        count = len(ids)
+        if count:
+            first = ids[0]
+            if ids[-1] - first == count - 1 and (
+                count < 3 or ids == list(range(first, first + count))
+            ):
+                self._ack_span(bookie, first, first + count)
+            else:
+                for low, high in _spans(sorted(set(ids))):
+                    self._ack_span(bookie, low, high)
         lac = self._lac
-        candidate = pending.get(lac + 1)
-        while candidate is not None and len(candidate.acked) >= aq:
-            lac += 1
-            candidate = pending.get(lac + 1)
-        if lac != self._lac:
-            acknowledged = list(range(self._lac + 1, lac + 1))
-            self._lac = lac
-        candidate = pending.get(lafr + 1)
-        if candidate is not None and len(candidate.acked) == len(candidate.write_set):
+        runs = self._runs
+        if lac + 1 < self._next_entry_id:
+            aq = self._config.ack_quorum
+            index = bisect_right(self._starts, lac + 1, self._head) - 1
+            while index < len(runs) and len(runs[index].acked) >= aq:
+                lac = runs[index].end - 1
+                index += 1
+        acknowledged = range(self._lac + 1, lac + 1)
+        self._lac = lac
+        head = self._head
+        if head < len(runs) and len(runs[head].acked) == len(runs[head].write_set):
             self._advance_lafr()
         return acknowledged
+
+    def _ack_span(self, bookie: B, low: int, high: int) -> None:
+        """Records `bookie`'s ack of ids `low` .. `high - 1`, splitting the runs it covers in
+        part; the ids at or below LAFR are forgotten ones (ignored), ids from `next_entry_id`
+        were never added (a bug)."""
+        if high > self._next_entry_id:
+            # What `on_ack` met first: the lowest id past the held ones.
+            invariant(
+                False,
+                "ack for an entry never added",
+                entry_id=max(low, self._next_entry_id),
+                bookie=bookie,
+            )
+        low = max(low, self._lafr + 1)
+        runs = self._runs
+        index = bisect_right(self._starts, low, self._head) - 1
+        while low < high:
+            run = runs[index]
+            if bookie in run.acked or bookie not in run.write_set:
+                low = run.end
+                index += 1
+                continue
+            if run.first < low:
+                self._split(index, low)
+                index += 1
+                run = runs[index]
+            if run.end > high:
+                self._split(index, high)
+            run.acked = (*run.acked, bookie)
+            low = run.end
+            index += 1
+
+    def _split(self, index: int, at: int) -> None:
+        """Splits run `index` in two at id `at` (inside it)."""
+        run = self._runs[index]
+        self._runs.insert(index + 1, _Run(at, run.end, run.write_set, run.acked))
+        self._starts.insert(index + 1, at)
+        run.end = at
 
     def replace_bookie(self, failed: B, replacement: B) -> list[int]:
         """Apply an ensemble change to the held entries: `replacement` takes `failed`'s place
@@ -233,25 +283,28 @@ class PendingAdds(Generic[B]):
             lafr=self._lafr,
         )
         resend: list[int] = []
-        for entry_id in range(self._lafr + 1, self._next_entry_id):
-            entry = self._pending[entry_id]
+        for run in self._runs[self._head :]:
             invariant(
-                replacement not in entry.write_set,
+                replacement not in run.write_set,
                 "the replacement is already in a write set",
-                entry_id=entry_id,
+                entry_id=run.first,
                 bookie=replacement,
             )
-            if failed in entry.write_set:
-                entry.write_set = tuple(replacement if b == failed else b for b in entry.write_set)
-                entry.acked = tuple(b for b in entry.acked if b != failed)
-                resend.append(entry_id)
+            if failed in run.write_set:
+                run.write_set = tuple(replacement if b == failed else b for b in run.write_set)
+                run.acked = tuple(b for b in run.acked if b != failed)
+                resend.extend(range(run.first, run.end))
         return resend
 
     def pinned_bookies(self) -> frozenset[B]:
         """Return the bookies that acked a committed entry not yet at WQ; an ensemble change
         must not replace them (see `ensemble_change.pinned_bookies`)."""
+        # A run stands for its entries by its first id: it holds an entry in (LAFR, LAC]
+        # exactly when its first id is in it (held runs start above LAFR), with the same acks.
         return pinned_bookies(
-            {eid: e.acked for eid, e in self._pending.items()}, lac=self._lac, lafr=self._lafr
+            {run.first: run.acked for run in self._runs[self._head :]},
+            lac=self._lac,
+            lafr=self._lafr,
         )
 
     def entries_not_fully_replicated(self) -> range:
@@ -270,18 +323,35 @@ class PendingAdds(Generic[B]):
         """Return the bookies of the current write set that acked held entry `entry_id`."""
         return frozenset(self._held(entry_id).acked)
 
-    def _held(self, entry_id: int) -> _PendingEntry[B]:
-        entry = self._pending.get(entry_id)
-        if entry is None:
+    def _held(self, entry_id: int) -> _Run[B]:
+        if not self._lafr < entry_id < self._next_entry_id:
             raise InvalidArgumentError(
                 "entry is not held", entry_id=entry_id, lafr=self._lafr, next=self._next_entry_id
             )
-        return entry
+        return self._runs[bisect_right(self._starts, entry_id, self._head) - 1]
 
     def _advance_lafr(self) -> None:
-        candidate = self._pending.get(self._lafr + 1)
-        while candidate is not None and len(candidate.acked) == len(candidate.write_set):
-            del self._pending[self._lafr + 1]
-            self._lafr += 1
-            candidate = self._pending.get(self._lafr + 1)
+        runs = self._runs
+        head = self._head
+        while head < len(runs) and len(runs[head].acked) == len(runs[head].write_set):
+            self._lafr = runs[head].end - 1
+            head += 1
+        if head > 64 and head * 2 > len(runs):
+            # Forgotten runs leave in one move, not one by one from the front of the lists.
+            del runs[:head], self._starts[:head]
+            head = 0
+        self._head = head
         invariant(self._lafr <= self._lac, "LAFR never passes LAC", lac=self._lac, lafr=self._lafr)
+
+
+def _spans(ids: list[int]) -> list[tuple[int, int]]:
+    """Returns sorted distinct `ids` as spans (first, end) of consecutive ids."""
+    spans: list[tuple[int, int]] = []
+    low = high = ids[0]
+    for entry_id in ids[1:]:
+        if entry_id != high + 1:
+            spans.append((low, high + 1))
+            low = entry_id
+        high = entry_id
+    spans.append((low, high + 1))
+    return spans
