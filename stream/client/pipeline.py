@@ -169,6 +169,7 @@ class AddPipeline:
         self._progress = asyncio.Event()  # set whenever LAFR moves
         self._lac_timer: asyncio.TimerHandle | None = None
         self._watchdog: asyncio.TimerHandle | None = None
+        self._last_joined: tuple[list[PreparedEntry], bytes] = ([], b"")
         self.closed = False
         self._set_ensemble(self.fragments[-1].ensemble, blocked=(), reopen_failed=True)
 
@@ -323,7 +324,19 @@ class AddPipeline:
             lafr=lafr,
             recovery=self._recovery,
             entries=entries,
+            framed=self._joined(entries) if len(entries) > 1 else None,
         )
+
+    def _joined(self, entries: Sequence[PreparedEntry]) -> bytes:
+        """Returns the framed bytes of `entries` joined, once for the bookies of a write set
+        that get the same batch: the last batch joined is kept, and a list of the same entries
+        compares equal to it at a pointer comparison per entry (the same objects)."""
+        batch = entries if type(entries) is list else list(entries)
+        last, joined = self._last_joined
+        if batch != last:
+            joined = b"".join(map(_framed, batch))
+            self._last_joined = (batch.copy(), joined)  # a copy: nobody changes it later
+        return joined
 
     def _published(self) -> tuple[int, int]:
         """Returns the (LAC, LAFR) that adds carry."""
