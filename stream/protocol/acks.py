@@ -27,16 +27,17 @@ _MAX_CHECKED_WRITE_SETS = 1024
 
 @dataclass(slots=True)
 class _Run(Generic[B]):
-    """Held entries `first` .. `end - 1`, all with this write set and these acks.
+    """Held entries `first` .. `end - 1`, all with write sets of these members and these
+    acks (each entry's write set, in its order, is kept beside the runs).
 
-    Entries are held in runs, not one by one: a writer's consecutive entries share their
-    write set (every one of them when E = WQ) and a bookie acks a batch of them at once, so
-    an answer updates a few runs (split where the batch starts and ends) instead of every
-    entry, and LAC and LAFR move a run at a time."""
+    Entries are held in runs, not one by one: a writer's consecutive entries share the
+    members of their write set (every one of them when E = WQ, in rotated orders) and a
+    bookie acks a batch of them at once, so an answer updates a few runs (split where the
+    batch starts and ends) instead of every entry, and LAC and LAFR move a run at a time."""
 
     first: int
     end: int
-    write_set: tuple[B, ...]
+    members: frozenset[B]
     # A tuple, not a set: at most WQ bookies, and shared by the runs a split makes.
     acked: tuple[B, ...]
 
@@ -74,6 +75,10 @@ class PendingAdds(Generic[B]):
         self._runs: list[_Run[B]] = []
         self._starts: list[int] = []
         self._head = 0
+        # Each held entry's write set, in order: `_write_sets[i]` is entry `_base + i`'s (the
+        # ones below LAFR + 1 are dropped now and then, as the runs are).
+        self._write_sets: list[tuple[B, ...]] = []
+        self._base = last_entry_id + 1
         # Write sets already found to hold WQ distinct bookies (a writer reuses E of them).
         self._checked_write_sets: set[tuple[B, ...]] = set()
 
@@ -130,19 +135,20 @@ class PendingAdds(Generic[B]):
             )
             if len(self._checked_write_sets) < _MAX_CHECKED_WRITE_SETS:
                 self._checked_write_sets.add(members)
-        self._append_run(entry_id, 1, members)
+        self._append_run(entry_id, 1, frozenset(members))
+        self._write_sets.append(members)
         self._next_entry_id = entry_id + 1
 
-    def _append_run(self, first: int, count: int, write_set: tuple[B, ...]) -> None:
-        """Holds `count` new entries from `first` (the next id) with `write_set`: the last run
-        grows when it has the same write set and no ack yet."""
+    def _append_run(self, first: int, count: int, members: frozenset[B]) -> None:
+        """Holds `count` new entries from `first` (the next id) with write sets of `members`:
+        the last run grows when it has the same members and no ack yet."""
         runs = self._runs
         if len(runs) > self._head:
             last = runs[-1]
-            if not last.acked and last.write_set == write_set:
+            if not last.acked and last.members == members:
                 last.end += count
                 return
-        runs.append(_Run(first, first + count, write_set, ()))
+        runs.append(_Run(first, first + count, members, ()))
         self._starts.append(first)
 
     def add_run(self, first_entry_id: int, write_sets: Sequence[Sequence[B]]) -> None:
@@ -161,7 +167,8 @@ class PendingAdds(Generic[B]):
         if self._next_entry_id - 1 - self._lafr + count > self._max_in_flight:
             invariant(False, "add beyond max_in_flight", limit=self._max_in_flight, count=count)
         members = list(map(tuple, write_sets))
-        for write_set in set(members) - self._checked_write_sets:
+        distinct = set(members)
+        for write_set in distinct - self._checked_write_sets:
             invariant(
                 len(write_set) == self._config.write_quorum
                 and len(set(write_set)) == len(write_set),
@@ -171,12 +178,19 @@ class PendingAdds(Generic[B]):
             )
             if len(self._checked_write_sets) < _MAX_CHECKED_WRITE_SETS:
                 self._checked_write_sets.add(write_set)
-        first = first_entry_id
-        for write_set, same in groupby(members):
-            length = len(list(same))
-            self._append_run(first, length, write_set)
-            first += length
-        self._next_entry_id = first
+        # Runs of the same members: one when every write set has the same members (E = WQ,
+        # in rotated orders), else C-level loops (a dict lookup per entry) and a run each.
+        member_sets = {write_set: frozenset(write_set) for write_set in distinct}
+        if len(set(member_sets.values())) == 1:
+            self._append_run(first_entry_id, count, member_sets[members[0]])
+        else:
+            first = first_entry_id
+            for same_members, same in groupby(members, member_sets.__getitem__):
+                length = len(list(same))
+                self._append_run(first, length, same_members)
+                first += length
+        self._write_sets += members
+        self._next_entry_id = first_entry_id + count
 
     def on_ack(self, entry_id: int, bookie: B) -> list[int]:
         """Record that `bookie` durably stored `entry_id`; return the ids newly acknowledged
@@ -224,7 +238,7 @@ class PendingAdds(Generic[B]):
         acknowledged = range(self._lac + 1, lac + 1)
         self._lac = lac
         head = self._head
-        if head < len(runs) and len(runs[head].acked) == len(runs[head].write_set):
+        if head < len(runs) and len(runs[head].acked) == len(runs[head].members):
             self._advance_lafr()
         return acknowledged
 
@@ -245,7 +259,7 @@ class PendingAdds(Generic[B]):
         index = bisect_right(self._starts, low, self._head) - 1
         while low < high:
             run = runs[index]
-            if bookie in run.acked or bookie not in run.write_set:
+            if bookie in run.acked or bookie not in run.members:
                 low = run.end
                 index += 1
                 continue
@@ -262,7 +276,7 @@ class PendingAdds(Generic[B]):
     def _split(self, index: int, at: int) -> None:
         """Splits run `index` in two at id `at` (inside it)."""
         run = self._runs[index]
-        self._runs.insert(index + 1, _Run(at, run.end, run.write_set, run.acked))
+        self._runs.insert(index + 1, _Run(at, run.end, run.members, run.acked))
         self._starts.insert(index + 1, at)
         run.end = at
 
@@ -285,15 +299,20 @@ class PendingAdds(Generic[B]):
         resend: list[int] = []
         for run in self._runs[self._head :]:
             invariant(
-                replacement not in run.write_set,
+                replacement not in run.members,
                 "the replacement is already in a write set",
                 entry_id=run.first,
                 bookie=replacement,
             )
-            if failed in run.write_set:
-                run.write_set = tuple(replacement if b == failed else b for b in run.write_set)
+            if failed in run.members:
+                run.members = run.members - {failed} | {replacement}
                 run.acked = tuple(b for b in run.acked if b != failed)
                 resend.extend(range(run.first, run.end))
+                write_sets = self._write_sets
+                for index in range(run.first - self._base, run.end - self._base):
+                    write_sets[index] = tuple(
+                        replacement if b == failed else b for b in write_sets[index]
+                    )
         return resend
 
     def pinned_bookies(self) -> frozenset[B]:
@@ -317,7 +336,8 @@ class PendingAdds(Generic[B]):
 
     def write_set(self, entry_id: int) -> tuple[B, ...]:
         """Return the current write set of held entry `entry_id`."""
-        return self._held(entry_id).write_set
+        self._held(entry_id)
+        return self._write_sets[entry_id - self._base]
 
     def ack_set(self, entry_id: int) -> frozenset[B]:
         """Return the bookies of the current write set that acked held entry `entry_id`."""
@@ -333,7 +353,7 @@ class PendingAdds(Generic[B]):
     def _advance_lafr(self) -> None:
         runs = self._runs
         head = self._head
-        while head < len(runs) and len(runs[head].acked) == len(runs[head].write_set):
+        while head < len(runs) and len(runs[head].acked) == len(runs[head].members):
             self._lafr = runs[head].end - 1
             head += 1
         if head > 64 and head * 2 > len(runs):
@@ -341,6 +361,10 @@ class PendingAdds(Generic[B]):
             del runs[:head], self._starts[:head]
             head = 0
         self._head = head
+        forgotten = self._lafr + 1 - self._base
+        if forgotten > 1024 and forgotten * 2 > len(self._write_sets):
+            del self._write_sets[:forgotten]
+            self._base = self._lafr + 1
         invariant(self._lafr <= self._lac, "LAFR never passes LAC", lac=self._lac, lafr=self._lafr)
 
 
