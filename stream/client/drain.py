@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import operator
+from collections import deque
+from itertools import repeat
 from typing import cast
 
 from stream.client.append_window import AnyFuture, AppendWindow
@@ -27,7 +29,9 @@ from stream.protocol.writer_lifecycle import Event
 _DRAIN_MAX_ENTRIES = 4096
 # Appends taken from the queue at a time by a drain (a run prepared and added as a whole).
 _DRAIN_RUN_ENTRIES = 256
+_first = operator.itemgetter(0)
 _second = operator.itemgetter(1)
+_popleft = deque.popleft
 
 
 class Drain:
@@ -71,15 +75,14 @@ class Drain:
         now_ms = stamp(state.clock, self.last_ts)
         added = 0
         added_bytes = 0
-        popleft = queue.popleft
         while queue and added < _DRAIN_MAX_ENTRIES:
             # Runs of entries: each is checked against the window and the fragment's bounds
             # as a whole (exactly as entry by entry), then prepared and added in C-level loops.
             wanted = min(len(queue), _DRAIN_MAX_ENTRIES - added, _DRAIN_RUN_ENTRIES)
             if pipeline.pending.room() <= 0:
                 break
-            taken = [popleft() for _ in range(wanted)]
-            payloads = [payload for payload, _ in taken]
+            taken = list(map(_popleft, repeat(queue, wanted)))  # C-level loops
+            payloads = list(map(_first, taken))
             prefix_bytes = list(itertools.accumulate(map(len, payloads), initial=0))
             fits = pipeline.room_for(prefix_bytes)
             fragment_fits = fragment.room(

@@ -47,7 +47,7 @@ _payload_bytes = operator.attrgetter("payload_bytes")
 class PipelineOwner(Protocol):
     """What the pipeline tells its owner (all called on the loop thread)."""
 
-    def on_acknowledged(self, entry_ids: list[int]) -> None:
+    def on_acknowledged(self, entry_ids: range) -> None:
         """`entry_ids` (in order) reached AQ with every lower id: the LAC moved."""
         ...
 
@@ -169,6 +169,7 @@ class AddPipeline:
         self._progress = asyncio.Event()  # set whenever LAFR moves
         self._lac_timer: asyncio.TimerHandle | None = None
         self._watchdog: asyncio.TimerHandle | None = None
+        self._last_joined: tuple[list[PreparedEntry], bytes] = ([], b"")
         self.closed = False
         self._set_ensemble(self.fragments[-1].ensemble, blocked=(), reopen_failed=True)
 
@@ -323,7 +324,19 @@ class AddPipeline:
             lafr=lafr,
             recovery=self._recovery,
             entries=entries,
+            framed=self._joined(entries) if len(entries) > 1 else None,
         )
+
+    def _joined(self, entries: Sequence[PreparedEntry]) -> bytes:
+        """Returns the framed bytes of `entries` joined, once for the bookies of a write set
+        that get the same batch: the last batch joined is kept, and a list of the same entries
+        compares equal to it at a pointer comparison per entry (the same objects)."""
+        batch = entries if type(entries) is list else list(entries)
+        last, joined = self._last_joined
+        if batch != last:
+            joined = b"".join(map(_framed, batch))
+            self._last_joined = (batch.copy(), joined)  # a copy: nobody changes it later
+        return joined
 
     def _published(self) -> tuple[int, int]:
         """Returns the (LAC, LAFR) that adds carry."""
@@ -374,7 +387,7 @@ class AddPipeline:
         if len(codes) == len(entry_ids) and codes.count(_OK) == len(codes):
             link.busy_since = None
             # One call per answer: LAC and LAFR move once, not once per entry.
-            acknowledged = pending.on_acks(bookie_id, entry_ids) if entry_ids else []
+            acknowledged = pending.acknowledge(bookie_id, entry_ids)
         else:
             bad_code = None
             busy: list[int] = []
@@ -388,7 +401,7 @@ class AddPipeline:
                     busy.append(entry_id)
                 elif bad_code is None:
                     bad_code = code
-            acknowledged = pending.on_acks(bookie_id, ok) if ok else []
+            acknowledged = pending.acknowledge(bookie_id, ok)
             if not entry_ids and codes and codes[0] not in (_OK, _TOO_BUSY):
                 bad_code = codes[0]
             if bad_code is not None:

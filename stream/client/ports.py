@@ -46,6 +46,9 @@ class AddBatch:
     recovery: bool = False
     entries: Sequence[PreparedEntry] = field(default_factory=tuple)
     request_id: int = 0
+    # The entries' framed bytes joined, when the sender already has them: the bookies of a
+    # write set get the same batch, joined once (None: `to_bytes` joins them).
+    framed: bytes | None = None
 
     def to_bytes(self) -> bytes:
         """Returns the serialized AddRequest: the header serialized by protobuf, followed by the
@@ -60,7 +63,9 @@ class AddBatch:
         ).SerializeToString()
         if not self.entries:
             return header
-        return header + b"".join(map(_framed, self.entries))
+        if self.framed is not None:
+            return header + self.framed
+        return b"".join((header, *map(_framed, self.entries)))
 
     def to_request(self) -> pb.AddRequest:
         """Returns the AddRequest message (decoded from `to_bytes`; for simulators and tests)."""

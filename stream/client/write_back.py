@@ -51,7 +51,7 @@ class _RecoveryOwner:
         self.error: Exception | None = None
         self.changed = asyncio.Event()
 
-    def on_acknowledged(self, entry_ids: list[int]) -> None:
+    def on_acknowledged(self, entry_ids: range) -> None:
         pass
 
     def on_fully_replicated(self) -> None:

@@ -122,7 +122,7 @@ class WriterEffects:
 
     # ------------------------------------------------------------------ pipeline events
 
-    def on_acknowledged(self, entry_ids: list[int]) -> None:
+    def on_acknowledged(self, entry_ids: range) -> None:
         """Resolves the futures of the newly acknowledged entries and frees their window."""
         self._window.resolve(entry_ids[-1])
         pipeline = self._state.pipeline

@@ -1,5 +1,7 @@
 # The compiled walker (_native.c); see stream/framing/native.py.
-from typing import Final
+from typing import Final, TypeVar
+
+T = TypeVar("T", bound=tuple[object, ...])
 
 DONE: Final[int]
 DEFER: Final[int]
@@ -28,3 +30,11 @@ def set_hardware_crc(on: bool, /) -> bool: ...
 def scan_add(
     request: bytes | bytearray | memoryview, max_entry_bytes: int, /
 ) -> tuple[int, int, int, int, bool, int, list[int], int, list[int], list[bytes]] | None: ...
+def prepare_entries(
+    stream_id: int,
+    first_entry_id: int,
+    timestamp_ms: int,
+    payloads: list[bytes],
+    cls: type[T],
+    /,
+) -> list[T]: ...

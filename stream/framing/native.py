@@ -1,9 +1,10 @@
-"""The compiled walker of ReadRange answers (`_native`, built from _native.c by the package's
-own build, docs/operations.md), where it was built: `BUILT` says whether it was; with the
-bookie's scan of Add requests (`scan_add`). Callers fall back to the Python definitions they
-are held to (`stream.client.entry.verified_columns`, `stream.bookie.storage.scanned`), so a
-tree without it still works, only slower; tests/unit/client/test_native_walk.py and
-tests/unit/bookie/test_native_scan_add.py fail there."""
+"""The compiled module (`_native`, built from _native.c by the package's own build,
+docs/operations.md): the walker of ReadRange answers, the writer's entry framing
+(`prepare_entries`) and the bookie's scan of Add requests (`scan_add`). `BUILT` says whether it
+was built. Callers fall back to the Python definitions each is held to
+(`stream.client.entry.verified_columns`, `stream.framing.prepare.prepare_entries_python`,
+`stream.bookie.storage.scanned`), so a tree without it still works, only slower;
+tests/unit/client/test_native_walk.py fails there."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ try:
         FLAG_NOOP,
         crc32c,
         scan_add,
+        prepare_entries,
         set_hardware_crc,
         split_payloads,
         walk_range,
@@ -41,6 +43,7 @@ __all__ = [
     "Buffer",
     "crc32c",
     "scan_add",
+    "prepare_entries",
     "set_hardware_crc",
     "split_payloads",
     "walk_range",

@@ -8,9 +8,10 @@ would be counted for its replacement at the same index.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from itertools import repeat
+from itertools import groupby
 from typing import Generic, TypeVar
 
 from stream.errors import InvalidArgumentError
@@ -25,10 +26,19 @@ _MAX_CHECKED_WRITE_SETS = 1024
 
 
 @dataclass(slots=True)
-class _PendingEntry(Generic[B]):
-    write_set: tuple[B, ...]
-    # A tuple, not a set: at most WQ bookies, and a tuple of ids is dropped from the cyclic
-    # GC's tracking while a set stays tracked (thousands of entries are in flight at a time).
+class _Run(Generic[B]):
+    """Held entries `first` .. `end - 1`, all with write sets of these members and these
+    acks (each entry's write set, in its order, is kept beside the runs).
+
+    Entries are held in runs, not one by one: a writer's consecutive entries share the
+    members of their write set (every one of them when E = WQ, in rotated orders) and a
+    bookie acks a batch of them at once, so an answer updates a few runs (split where the
+    batch starts and ends) instead of every entry, and LAC and LAFR move a run at a time."""
+
+    first: int
+    end: int
+    members: frozenset[B]
+    # A tuple, not a set: at most WQ bookies, and shared by the runs a split makes.
     acked: tuple[B, ...]
 
 
@@ -59,8 +69,16 @@ class PendingAdds(Generic[B]):
         self._lac = last_entry_id
         self._lafr = last_entry_id
         self._next_entry_id = last_entry_id + 1
-        # Holds exactly the ids lafr+1 .. next_entry_id-1.
-        self._pending: dict[int, _PendingEntry[B]] = {}
+        # `_runs[_head:]` hold exactly the ids lafr+1 .. next_entry_id-1, in order, and
+        # `_starts` their first ids (for bisect); the runs below `_head` are forgotten ones
+        # (LAFR passed them), dropped from the lists now and then rather than one by one.
+        self._runs: list[_Run[B]] = []
+        self._starts: list[int] = []
+        self._head = 0
+        # Each held entry's write set, in order: `_write_sets[i]` is entry `_base + i`'s (the
+        # ones below LAFR + 1 are dropped now and then, as the runs are).
+        self._write_sets: list[tuple[B, ...]] = []
+        self._base = last_entry_id + 1
         # Write sets already found to hold WQ distinct bookies (a writer reuses E of them).
         self._checked_write_sets: set[tuple[B, ...]] = set()
 
@@ -117,8 +135,21 @@ class PendingAdds(Generic[B]):
             )
             if len(self._checked_write_sets) < _MAX_CHECKED_WRITE_SETS:
                 self._checked_write_sets.add(members)
-        self._pending[entry_id] = _PendingEntry(members, ())
+        self._append_run(entry_id, 1, frozenset(members))
+        self._write_sets.append(members)
         self._next_entry_id = entry_id + 1
+
+    def _append_run(self, first: int, count: int, members: frozenset[B]) -> None:
+        """Holds `count` new entries from `first` (the next id) with write sets of `members`:
+        the last run grows when it has the same members and no ack yet."""
+        runs = self._runs
+        if len(runs) > self._head:
+            last = runs[-1]
+            if not last.acked and last.members == members:
+                last.end += count
+                return
+        runs.append(_Run(first, first + count, members, ()))
+        self._starts.append(first)
 
     def add_run(self, first_entry_id: int, write_sets: Sequence[Sequence[B]]) -> None:
         """Start tracking `first_entry_id`, `first_entry_id + 1`, ... with `write_sets` in
@@ -136,7 +167,8 @@ class PendingAdds(Generic[B]):
         if self._next_entry_id - 1 - self._lafr + count > self._max_in_flight:
             invariant(False, "add beyond max_in_flight", limit=self._max_in_flight, count=count)
         members = list(map(tuple, write_sets))
-        for write_set in set(members) - self._checked_write_sets:
+        distinct = set(members)
+        for write_set in distinct - self._checked_write_sets:
             invariant(
                 len(write_set) == self._config.write_quorum
                 and len(set(write_set)) == len(write_set),
@@ -146,38 +178,24 @@ class PendingAdds(Generic[B]):
             )
             if len(self._checked_write_sets) < _MAX_CHECKED_WRITE_SETS:
                 self._checked_write_sets.add(write_set)
-        end = first_entry_id + count
-        self._pending.update(
-            zip(range(first_entry_id, end), map(_PendingEntry, members, repeat(())), strict=True)
-        )
-        self._next_entry_id = end
+        # Runs of the same members: one when every write set has the same members (E = WQ,
+        # in rotated orders), else C-level loops (a dict lookup per entry) and a run each.
+        member_sets = {write_set: frozenset(write_set) for write_set in distinct}
+        if len(set(member_sets.values())) == 1:
+            self._append_run(first_entry_id, count, member_sets[members[0]])
+        else:
+            first = first_entry_id
+            for same_members, same in groupby(members, member_sets.__getitem__):
+                length = len(list(same))
+                self._append_run(first, length, same_members)
+                first += length
+        self._write_sets += members
+        self._next_entry_id = first_entry_id + count
 
     def on_ack(self, entry_id: int, bookie: B) -> list[int]:
         """Record that `bookie` durably stored `entry_id`; return the ids newly acknowledged
         to the application by this ack, in increasing order (often empty)."""
-        entry = self._pending.get(entry_id)
-        if entry is None:
-            invariant(
-                entry_id <= self._lafr,
-                "ack for an entry never added",
-                entry_id=entry_id,
-                bookie=bookie,
-            )
-            return []
-        if bookie not in entry.write_set or bookie in entry.acked:
-            return []
-        entry.acked += (bookie,)
-        acknowledged: list[int] = []
-        if entry_id == self._lac + 1:
-            aq = self._config.ack_quorum
-            candidate = self._pending.get(self._lac + 1)
-            while candidate is not None and len(candidate.acked) >= aq:
-                self._lac += 1
-                acknowledged.append(self._lac)
-                candidate = self._pending.get(self._lac + 1)
-        if entry_id == self._lafr + 1:
-            self._advance_lafr()
-        return acknowledged
+        return list(self.acknowledge(bookie, (entry_id,)))
 
     def on_acks(self, bookie: B, entry_ids: Iterable[int]) -> list[int]:
         """Record that `bookie` durably stored each of `entry_ids` (one add answer); return
@@ -188,33 +206,79 @@ class PendingAdds(Generic[B]):
         both are functions of the ack sets alone (the longest prefix at AQ, at the whole
         write set), so moving them once per answer instead of once per entry changes nothing
         but the cost."""
-        pending = self._pending
-        lafr = self._lafr
-        for entry_id in entry_ids:
-            entry = pending.get(entry_id)
-            if entry is None:
-                if entry_id > lafr:
-                    invariant(
-                        False, "ack for an entry never added", entry_id=entry_id, bookie=bookie
-                    )
-                continue
-            acked = entry.acked
-            if bookie not in acked and bookie in entry.write_set:
-                entry.acked = (*acked, bookie)
-        acknowledged: list[int] = []
-        aq = self._config.ack_quorum
+        return list(self.acknowledge(bookie, entry_ids))
+
+    def acknowledge(self, bookie: B, entry_ids: Iterable[int]) -> range:
+        """`on_acks`, returning the newly acknowledged ids as a range: what the writer's
+        answers go through, at a cost per answer (an answer's ids are consecutive: one span,
+        whatever its length) rather than per entry.
+
+        Recording an ack is adding `bookie` to a set: the order of `entry_ids` and repeats do
+        not matter, so they are recorded as spans of consecutive ids in increasing order (an
+        id never added is a bug, `InvariantViolation`, as soon as it is met)."""
+        ids = entry_ids if type(entry_ids) is list else list(entry_ids)
+        count = len(ids)
+        if count:
+            first = ids[0]
+            if ids[-1] - first == count - 1 and (
+                count < 3 or ids == list(range(first, first + count))
+            ):
+                self._ack_span(bookie, first, first + count)
+            else:
+                for low, high in _spans(sorted(set(ids))):
+                    self._ack_span(bookie, low, high)
         lac = self._lac
-        candidate = pending.get(lac + 1)
-        while candidate is not None and len(candidate.acked) >= aq:
-            lac += 1
-            candidate = pending.get(lac + 1)
-        if lac != self._lac:
-            acknowledged = list(range(self._lac + 1, lac + 1))
-            self._lac = lac
-        candidate = pending.get(lafr + 1)
-        if candidate is not None and len(candidate.acked) == len(candidate.write_set):
+        runs = self._runs
+        if lac + 1 < self._next_entry_id:
+            aq = self._config.ack_quorum
+            index = bisect_right(self._starts, lac + 1, self._head) - 1
+            while index < len(runs) and len(runs[index].acked) >= aq:
+                lac = runs[index].end - 1
+                index += 1
+        acknowledged = range(self._lac + 1, lac + 1)
+        self._lac = lac
+        head = self._head
+        if head < len(runs) and len(runs[head].acked) == len(runs[head].members):
             self._advance_lafr()
         return acknowledged
+
+    def _ack_span(self, bookie: B, low: int, high: int) -> None:
+        """Records `bookie`'s ack of ids `low` .. `high - 1`, splitting the runs it covers in
+        part; the ids at or below LAFR are forgotten ones (ignored), ids from `next_entry_id`
+        were never added (a bug)."""
+        if high > self._next_entry_id:
+            # What `on_ack` met first: the lowest id past the held ones.
+            invariant(
+                False,
+                "ack for an entry never added",
+                entry_id=max(low, self._next_entry_id),
+                bookie=bookie,
+            )
+        low = max(low, self._lafr + 1)
+        runs = self._runs
+        index = bisect_right(self._starts, low, self._head) - 1
+        while low < high:
+            run = runs[index]
+            if bookie in run.acked or bookie not in run.members:
+                low = run.end
+                index += 1
+                continue
+            if run.first < low:
+                self._split(index, low)
+                index += 1
+                run = runs[index]
+            if run.end > high:
+                self._split(index, high)
+            run.acked = (*run.acked, bookie)
+            low = run.end
+            index += 1
+
+    def _split(self, index: int, at: int) -> None:
+        """Splits run `index` in two at id `at` (inside it)."""
+        run = self._runs[index]
+        self._runs.insert(index + 1, _Run(at, run.end, run.members, run.acked))
+        self._starts.insert(index + 1, at)
+        run.end = at
 
     def replace_bookie(self, failed: B, replacement: B) -> list[int]:
         """Apply an ensemble change to the held entries: `replacement` takes `failed`'s place
@@ -233,25 +297,33 @@ class PendingAdds(Generic[B]):
             lafr=self._lafr,
         )
         resend: list[int] = []
-        for entry_id in range(self._lafr + 1, self._next_entry_id):
-            entry = self._pending[entry_id]
+        for run in self._runs[self._head :]:
             invariant(
-                replacement not in entry.write_set,
+                replacement not in run.members,
                 "the replacement is already in a write set",
-                entry_id=entry_id,
+                entry_id=run.first,
                 bookie=replacement,
             )
-            if failed in entry.write_set:
-                entry.write_set = tuple(replacement if b == failed else b for b in entry.write_set)
-                entry.acked = tuple(b for b in entry.acked if b != failed)
-                resend.append(entry_id)
+            if failed in run.members:
+                run.members = run.members - {failed} | {replacement}
+                run.acked = tuple(b for b in run.acked if b != failed)
+                resend.extend(range(run.first, run.end))
+                write_sets = self._write_sets
+                for index in range(run.first - self._base, run.end - self._base):
+                    write_sets[index] = tuple(
+                        replacement if b == failed else b for b in write_sets[index]
+                    )
         return resend
 
     def pinned_bookies(self) -> frozenset[B]:
         """Return the bookies that acked a committed entry not yet at WQ; an ensemble change
         must not replace them (see `ensemble_change.pinned_bookies`)."""
+        # A run stands for its entries by its first id: it holds an entry in (LAFR, LAC]
+        # exactly when its first id is in it (held runs start above LAFR), with the same acks.
         return pinned_bookies(
-            {eid: e.acked for eid, e in self._pending.items()}, lac=self._lac, lafr=self._lafr
+            {run.first: run.acked for run in self._runs[self._head :]},
+            lac=self._lac,
+            lafr=self._lafr,
         )
 
     def entries_not_fully_replicated(self) -> range:
@@ -264,24 +336,46 @@ class PendingAdds(Generic[B]):
 
     def write_set(self, entry_id: int) -> tuple[B, ...]:
         """Return the current write set of held entry `entry_id`."""
-        return self._held(entry_id).write_set
+        self._held(entry_id)
+        return self._write_sets[entry_id - self._base]
 
     def ack_set(self, entry_id: int) -> frozenset[B]:
         """Return the bookies of the current write set that acked held entry `entry_id`."""
         return frozenset(self._held(entry_id).acked)
 
-    def _held(self, entry_id: int) -> _PendingEntry[B]:
-        entry = self._pending.get(entry_id)
-        if entry is None:
+    def _held(self, entry_id: int) -> _Run[B]:
+        if not self._lafr < entry_id < self._next_entry_id:
             raise InvalidArgumentError(
                 "entry is not held", entry_id=entry_id, lafr=self._lafr, next=self._next_entry_id
             )
-        return entry
+        return self._runs[bisect_right(self._starts, entry_id, self._head) - 1]
 
     def _advance_lafr(self) -> None:
-        candidate = self._pending.get(self._lafr + 1)
-        while candidate is not None and len(candidate.acked) == len(candidate.write_set):
-            del self._pending[self._lafr + 1]
-            self._lafr += 1
-            candidate = self._pending.get(self._lafr + 1)
+        runs = self._runs
+        head = self._head
+        while head < len(runs) and len(runs[head].acked) == len(runs[head].members):
+            self._lafr = runs[head].end - 1
+            head += 1
+        if head > 64 and head * 2 > len(runs):
+            # Forgotten runs leave in one move, not one by one from the front of the lists.
+            del runs[:head], self._starts[:head]
+            head = 0
+        self._head = head
+        forgotten = self._lafr + 1 - self._base
+        if forgotten > 1024 and forgotten * 2 > len(self._write_sets):
+            del self._write_sets[:forgotten]
+            self._base = self._lafr + 1
         invariant(self._lafr <= self._lac, "LAFR never passes LAC", lac=self._lac, lafr=self._lafr)
+
+
+def _spans(ids: list[int]) -> list[tuple[int, int]]:
+    """Returns sorted distinct `ids` as spans (first, end) of consecutive ids."""
+    spans: list[tuple[int, int]] = []
+    low = high = ids[0]
+    for entry_id in ids[1:]:
+        if entry_id != high + 1:
+            spans.append((low, high + 1))
+            low = entry_id
+        high = entry_id
+    spans.append((low, high + 1))
+    return spans

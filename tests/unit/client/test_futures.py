@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import threading
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
-from stream.client.futures import AppendFuture
+from stream.client.futures import AppendFuture, set_results
 
 
 def test_result_set_before_anyone_waits() -> None:
@@ -110,3 +113,63 @@ def test_callbacks_racing_resolution_run_once() -> None:
         f.set_result(i)
     registering.join(timeout=10)
     assert sorted(calls) == list(range(2000))
+
+
+def test_a_run_resolves_in_order_once_like_set_result_on_each() -> None:
+    """`set_results` (an answer's appends at once): fresh futures, one with a waiter in
+    another thread, ones with callbacks, an asyncio future and a cancelled one; each gets
+    its id once, callbacks run once and see the result, the waiter wakes."""
+    loop = asyncio.new_event_loop()
+    try:
+        futures: list[Any] = [AppendFuture() for _ in range(6)]
+        awaited, cancelled = loop.create_future(), loop.create_future()
+        cancelled.cancel()
+        futures[3:3] = [awaited, cancelled]
+        seen: list[tuple[int, int]] = []
+        futures[1].add_done_callback(lambda f: seen.append((1, f.result())))
+        futures[1].add_done_callback(lambda f: seen.append((11, f.result())))
+        futures[6].add_done_callback(lambda f: seen.append((6, f.result())))
+        woken: list[int] = []
+        waiter = threading.Thread(target=lambda: woken.append(futures[2].result(timeout=10)))
+        waiter.start()
+        while futures[2]._cond is None:  # the waiter built the condition
+            threading.Event().wait(0.001)
+        set_results(iter(futures), 40)
+        waiter.join(timeout=10)
+        assert woken == [42]
+        assert [f.result() for f in futures if f is not cancelled] == [40, 41, 42, 43, 45, 46, 47]
+        assert cancelled.cancelled()
+        assert seen == [(1, 41), (11, 41), (6, 46)]
+        with pytest.raises(concurrent.futures.InvalidStateError):
+            futures[0].set_result(0)
+        set_results(futures[:1], 7)  # already done: left as it is
+        assert futures[0].result() == 40
+    finally:
+        loop.close()
+
+
+def test_a_second_resolution_of_a_fresh_future_raises() -> None:
+    """Resolving twice a future nobody waited on raises, as a Future does (it deadlocked:
+    the error's message took the future's lock while it was held); in a thread, so that a
+    deadlock fails the test instead of hanging it."""
+    future: AppendFuture[int] = AppendFuture()
+    future.set_result(1)
+    refused: list[str] = []
+
+    resolutions: list[tuple[str, Callable[[], None]]] = [
+        ("result", lambda: future.set_result(2)),
+        ("exception", lambda: future.set_exception(ValueError("late"))),
+    ]
+
+    def again() -> None:
+        for name, resolve in resolutions:
+            try:
+                resolve()
+            except concurrent.futures.InvalidStateError:
+                refused.append(name)
+
+    thread = threading.Thread(target=again, daemon=True)
+    thread.start()
+    thread.join(timeout=10)
+    assert refused == ["result", "exception"]
+    assert future.result() == 1

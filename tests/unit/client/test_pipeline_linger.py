@@ -50,7 +50,7 @@ class _Owner:
     def __init__(self) -> None:
         self.acknowledged: list[int] = []
 
-    def on_acknowledged(self, entry_ids: list[int]) -> None:
+    def on_acknowledged(self, entry_ids: range) -> None:
         self.acknowledged.extend(entry_ids)
 
     def on_fully_replicated(self) -> None:

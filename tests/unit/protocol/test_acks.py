@@ -327,3 +327,95 @@ def test_add_run_checks_like_add() -> None:
         pending.add_run(0, [("b0", "b0", "b1")])  # not WQ distinct bookies
     pending.add_run(0, [ENSEMBLE] * 4)
     assert (pending.next_entry_id, pending.room()) == (4, 0)
+
+
+# --- answers (runs of ids) against the brute-force oracle ------------------------------------
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    e=st.integers(1, 5),
+    data=st.data(),
+    start=st.integers(-1, 20),
+    window=st.integers(1, 16),
+)
+def test_answers_match_oracle(e: int, data: st.DataObject, start: int, window: int) -> None:
+    """`add_run` and `acknowledge` (what the writer's answers go through: mostly runs of
+    consecutive ids, which split the tracker's runs where they start and end) against the
+    oracle of per-entry ack sets, with ensemble changes in between."""
+    wq = data.draw(st.integers(1, e))
+    aq = data.draw(st.integers(1, wq))
+    config = QuorumConfig(e, wq, aq)
+    ensemble = [f"b{i}" for i in range(e)]
+    fresh = iter(f"n{i}" for i in range(1000))
+    pending: PendingAdds[str] = PendingAdds(config, max_in_flight=window, last_entry_id=start)
+    write_sets: dict[int, tuple[str, ...]] = {}
+    oracle_acks: dict[int, set[str]] = {}
+    acknowledged: list[int] = []
+    lac = lafr = start
+
+    for _ in range(data.draw(st.integers(0, 50))):
+        action = data.draw(st.sampled_from(["run", "answer", "answer", "answer", "replace"]))
+        if action == "run":
+            first = pending.next_entry_id
+            count = data.draw(st.integers(0, pending.room()))
+            # Mostly the ensemble's own striping; now and then one write set for all (E = WQ).
+            same = data.draw(st.booleans()) and wq == e
+            sets = [
+                tuple(ensemble) if same else config.write_set_bookies(ensemble, first + i)
+                for i in range(count)
+            ]
+            pending.add_run(first, sets)
+            for i, write_set in enumerate(sets):
+                write_sets[first + i] = write_set
+                oracle_acks[first + i] = set()
+        elif action == "answer" and write_sets:
+            known = sorted(write_sets)
+            bookie = data.draw(st.sampled_from([*ensemble, "stranger"]))
+            if data.draw(st.booleans()):
+                low = data.draw(st.sampled_from(known))
+                high = data.draw(st.integers(low, known[-1]))
+                ids = list(range(low, high + 1))
+            else:
+                ids = data.draw(st.lists(st.sampled_from(known), max_size=2 * window))
+            for entry_id in ids:
+                if entry_id > lafr and bookie in write_sets[entry_id]:
+                    oracle_acks[entry_id].add(bookie)
+            got = pending.acknowledge(bookie, ids)
+            assert isinstance(got, range)
+            acknowledged.extend(got)
+        elif action == "replace":
+            failed = data.draw(st.sampled_from(ensemble))
+            oracle_pinned = set().union(
+                *(oracle_acks[x] for x in oracle_acks if lafr < x <= lac), set()
+            )
+            assert pending.pinned_bookies() == oracle_pinned
+            if failed in oracle_pinned:
+                continue
+            replacement = next(fresh)
+            moved = [x for x in sorted(write_sets) if x > lafr and failed in write_sets[x]]
+            for x in moved:
+                write_sets[x] = tuple(replacement if b == failed else b for b in write_sets[x])
+                oracle_acks[x].discard(failed)
+            ensemble[ensemble.index(failed)] = replacement
+            assert pending.replace_bookie(failed, replacement) == moved
+        else:
+            continue
+
+        lac = brute_prefix(oracle_acks, dict.fromkeys(oracle_acks, aq), start)
+        lafr = brute_prefix(oracle_acks, {x: len(write_sets[x]) for x in oracle_acks}, start)
+        assert (pending.lac, pending.lafr) == (lac, lafr)
+        assert acknowledged == list(range(start + 1, lac + 1))
+        for x in pending.entries_not_fully_replicated():
+            assert pending.write_set(x) == write_sets[x]
+            assert pending.ack_set(x) == oracle_acks[x]
+        assert pending.in_flight <= window
+
+
+def test_acks_past_the_held_entries_are_a_bug_within_a_run() -> None:
+    pending = tracker()
+    pending.add_run(0, [ENSEMBLE] * 3)
+    with pytest.raises(InvariantViolation):
+        pending.acknowledge("b0", range(1, 4))  # id 3 was never added
+    with pytest.raises(InvalidArgumentError):
+        pending.write_set(3)

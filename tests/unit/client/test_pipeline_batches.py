@@ -1,0 +1,119 @@
+"""What the add pipeline sends each bookie: every batch's bytes are the AddRequest of that
+batch's own entries, when the bookies of a write set share one join of the entries (E = WQ)
+and when each bookie gets its own stripes (E > WQ: batches with the same first and last entry
+and count may hold different entries)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from stream.client.options import WriterOptions
+from stream.client.pipeline import AddPipeline
+from stream.client.ports import AddBatch
+from stream.framing.prepare import prepare_entries
+from stream.protocol import FragmentEnsemble, QuorumConfig
+from stream.sim.loop import run_simulated
+from stream.wire import bookie_pb2 as pb
+
+
+class _Stream:
+    """Records each batch; answers every entry OK at once."""
+
+    def __init__(self, sent: list[tuple[str, AddBatch]], bookie_id: str) -> None:
+        self._sent = sent
+        self._bookie_id = bookie_id
+
+    def send(self, batch: AddBatch) -> asyncio.Future[pb.AddResponse]:
+        self._sent.append((self._bookie_id, batch))
+        future: asyncio.Future[pb.AddResponse] = asyncio.get_running_loop().create_future()
+        ids = [e.entry_id for e in batch.entries]
+        future.set_result(pb.AddResponse(entry_ids=ids, codes=[pb.OK] * len(ids)))
+        return future
+
+    def close(self) -> None:
+        pass
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, AddBatch]] = []
+
+    def open_add_stream(self, bookie_id: str) -> _Stream:
+        return _Stream(self.sent, bookie_id)
+
+
+class _Owner:
+    def __init__(self) -> None:
+        self.acknowledged: list[int] = []
+
+    def on_acknowledged(self, entry_ids: range) -> None:
+        self.acknowledged.extend(entry_ids)
+
+    def on_fully_replicated(self) -> None:
+        pass
+
+    def on_bookie_failed(self, bookie_id: str, reason: str) -> None:
+        raise AssertionError(reason)
+
+    def on_invalid_term(self, bookie_id: str, bookie_term: int) -> None:
+        raise AssertionError(bookie_id)
+
+    def on_trimmed(self, bookie_id: str, message: str) -> None:
+        raise AssertionError(message)
+
+    def on_error(self, error: Exception) -> None:
+        raise error
+
+
+def _sent(config: QuorumConfig, runs: list[int]) -> tuple[list[tuple[str, AddBatch]], list[int]]:
+    """Adds runs of `runs[i]` entries (each flushed at once, no linger) on an ensemble of
+    `config.ensemble` bookies; returns the batches sent and the acknowledged ids."""
+
+    async def main() -> tuple[list[tuple[str, AddBatch]], list[int]]:
+        transport, owner = _Transport(), _Owner()
+        bookies = tuple(f"b{i}" for i in range(config.ensemble))
+        pipeline = AddPipeline(
+            transport=transport,  # type: ignore[arg-type]
+            owner=owner,
+            stream_id=1,
+            term=1,
+            config=config,
+            fragments=[FragmentEnsemble(0, bookies)],
+            last_entry_id=-1,
+            options=WriterOptions(batch_linger_s=0),
+            max_in_flight=1000,
+        )
+        for count in runs:
+            first = pipeline.next_entry_id
+            payloads = [b"p%d" % (first + i) for i in range(count)]
+            pipeline.add_run(prepare_entries(1, first, 0, payloads))
+            pipeline.flush()
+            await asyncio.sleep(0)
+        pipeline.close()
+        return transport.sent, owner.acknowledged
+
+    return run_simulated(main())
+
+
+@pytest.mark.parametrize(
+    "config", [QuorumConfig(3, 3, 2), QuorumConfig(4, 3, 2), QuorumConfig(5, 2, 2)]
+)
+def test_every_batch_carries_its_own_entries(config: QuorumConfig) -> None:
+    runs = [1, 4, 4, 7, 2, 12, 3, 4]
+    sent, acknowledged = _sent(config, runs)
+    assert acknowledged == list(range(sum(runs)))
+    for _, batch in sent:
+        request = pb.AddRequest.FromString(batch.to_bytes())
+        assert [e.entry_id for e in request.entries] == [e.entry_id for e in batch.entries]
+        assert [e.payload for e in request.entries] == [b"p%d" % e.entry_id for e in batch.entries]
+    stored = {(bookie, e.entry_id) for bookie, batch in sent for e in batch.entries}
+    assert len(stored) == sum(runs) * config.write_quorum
+
+
+def test_the_bookies_of_a_write_set_share_one_join() -> None:
+    sent, _ = _sent(QuorumConfig(3, 3, 2), [5, 9])
+    joins = [batch.framed for _, batch in sent]
+    assert len(joins) == 6 and joins[0] is joins[1] is joins[2] and joins[3] is joins[5]
+    assert joins[0] is not None and joins[0] != joins[3]
