@@ -16,55 +16,7 @@ from stream.framing.prepare import prepare_entries
 from stream.protocol import FragmentEnsemble, QuorumConfig
 from stream.sim.loop import run_simulated
 from stream.wire import bookie_pb2 as pb
-
-
-class _Stream:
-    """Records each batch; answers every entry OK at once."""
-
-    def __init__(self, sent: list[tuple[str, AddBatch]], bookie_id: str) -> None:
-        self._sent = sent
-        self._bookie_id = bookie_id
-
-    def send(self, batch: AddBatch) -> asyncio.Future[pb.AddResponse]:
-        self._sent.append((self._bookie_id, batch))
-        future: asyncio.Future[pb.AddResponse] = asyncio.get_running_loop().create_future()
-        ids = [e.entry_id for e in batch.entries]
-        future.set_result(pb.AddResponse(entry_ids=ids, codes=[pb.OK] * len(ids)))
-        return future
-
-    def close(self) -> None:
-        pass
-
-
-class _Transport:
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, AddBatch]] = []
-
-    def open_add_stream(self, bookie_id: str) -> _Stream:
-        return _Stream(self.sent, bookie_id)
-
-
-class _Owner:
-    def __init__(self) -> None:
-        self.acknowledged: list[int] = []
-
-    def on_acknowledged(self, entry_ids: range) -> None:
-        self.acknowledged.extend(entry_ids)
-
-    def on_fully_replicated(self) -> None:
-        pass
-
-    def on_bookie_failed(self, bookie_id: str, reason: str) -> None:
-        raise AssertionError(reason)
-
-    def on_invalid_term(self, bookie_id: str, bookie_term: int) -> None:
-        raise AssertionError(bookie_id)
-
-    def on_trimmed(self, bookie_id: str, message: str) -> None:
-        raise AssertionError(message)
-
-    def on_error(self, error: Exception) -> None:
-        raise error
+from tests.unit.client.pipeline_support import RecordingTransport, StrictOwner
 
 
 def _sent(config: QuorumConfig, runs: list[int]) -> tuple[list[tuple[str, AddBatch]], list[int]]:
@@ -72,7 +24,7 @@ def _sent(config: QuorumConfig, runs: list[int]) -> tuple[list[tuple[str, AddBat
     `config.ensemble` bookies; returns the batches sent and the acknowledged ids."""
 
     async def main() -> tuple[list[tuple[str, AddBatch]], list[int]]:
-        transport, owner = _Transport(), _Owner()
+        transport, owner = RecordingTransport(), StrictOwner()
         bookies = tuple(f"b{i}" for i in range(config.ensemble))
         pipeline = AddPipeline(
             transport=transport,  # type: ignore[arg-type]
@@ -92,7 +44,7 @@ def _sent(config: QuorumConfig, runs: list[int]) -> tuple[list[tuple[str, AddBat
             pipeline.flush()
             await asyncio.sleep(0)
         pipeline.close()
-        return transport.sent, owner.acknowledged
+        return [(bookie, batch) for _, bookie, batch in transport.sent], owner.acknowledged
 
     return run_simulated(main())
 

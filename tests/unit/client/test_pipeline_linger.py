@@ -9,64 +9,13 @@ import asyncio
 
 from stream.client.options import WriterOptions
 from stream.client.pipeline import AddPipeline
-from stream.client.ports import AddBatch
 from stream.framing.prepare import prepare_entries
-from stream.protocol import Code, FragmentEnsemble, QuorumConfig
+from stream.protocol import FragmentEnsemble, QuorumConfig
 from stream.sim.loop import run_simulated
-from stream.wire import bookie_pb2 as pb
+from tests.unit.client.pipeline_support import RecordingTransport, StrictOwner
 
 BOOKIES = ("b1", "b2", "b3")
 LINGER_S = 0.05
-
-
-class _Stream:
-    """Records each batch sent with the loop time; answers every entry OK at once."""
-
-    def __init__(self, sent: list[tuple[float, str, int]], bookie_id: str) -> None:
-        self._sent = sent
-        self._bookie_id = bookie_id
-
-    def send(self, batch: AddBatch) -> asyncio.Future[pb.AddResponse]:
-        loop = asyncio.get_running_loop()
-        self._sent.append((loop.time(), self._bookie_id, len(batch.entries)))
-        future: asyncio.Future[pb.AddResponse] = loop.create_future()
-        ids = [e.entry_id for e in batch.entries]
-        future.set_result(pb.AddResponse(entry_ids=ids, codes=[int(Code.OK)] * len(ids)))
-        return future
-
-    def close(self) -> None:
-        pass
-
-
-class _Transport:
-    def __init__(self) -> None:
-        self.sent: list[tuple[float, str, int]] = []
-
-    def open_add_stream(self, bookie_id: str) -> _Stream:
-        return _Stream(self.sent, bookie_id)
-
-
-class _Owner:
-    def __init__(self) -> None:
-        self.acknowledged: list[int] = []
-
-    def on_acknowledged(self, entry_ids: range) -> None:
-        self.acknowledged.extend(entry_ids)
-
-    def on_fully_replicated(self) -> None:
-        pass
-
-    def on_bookie_failed(self, bookie_id: str, reason: str) -> None:
-        raise AssertionError(reason)
-
-    def on_invalid_term(self, bookie_id: str, bookie_term: int) -> None:
-        raise AssertionError(bookie_id)
-
-    def on_trimmed(self, bookie_id: str, message: str) -> None:
-        raise AssertionError(message)
-
-    def on_error(self, error: Exception) -> None:
-        raise error
 
 
 def _run(linger_s: float) -> tuple[list[tuple[float, int]], list[float], list[int]]:
@@ -76,7 +25,7 @@ def _run(linger_s: float) -> tuple[list[tuple[float, int]], list[float], list[in
 
     async def main() -> tuple[list[tuple[float, int]], list[float], list[int]]:
         loop = asyncio.get_running_loop()
-        transport, owner = _Transport(), _Owner()
+        transport, owner = RecordingTransport(), StrictOwner()
         options = WriterOptions(batch_linger_s=linger_s, pipelined_batch_min_entries=4)
         pipeline = AddPipeline(
             transport=transport,  # type: ignore[arg-type]
@@ -107,7 +56,7 @@ def _run(linger_s: float) -> tuple[list[tuple[float, int]], list[float], list[in
             add(count)
         await asyncio.sleep(LINGER_S * 2)
         pipeline.close()
-        sent = [(t, n) for t, bookie, n in transport.sent if bookie == BOOKIES[0]]
+        sent = [(t, len(b.entries)) for t, bookie, b in transport.sent if bookie == BOOKIES[0]]
         return sent, added, owner.acknowledged
 
     return run_simulated(main())

@@ -1,0 +1,61 @@
+"""A transport and an owner for driving `AddPipeline` alone in unit tests: every batch is
+recorded and answered OK at once, and any failure reported to the owner fails the test."""
+
+from __future__ import annotations
+
+import asyncio
+
+from stream.client.ports import AddBatch
+from stream.wire import bookie_pb2 as pb
+
+
+class _Stream:
+    def __init__(self, sent: list[tuple[float, str, AddBatch]], bookie_id: str) -> None:
+        self._sent = sent
+        self._bookie_id = bookie_id
+
+    def send(self, batch: AddBatch) -> asyncio.Future[pb.AddResponse]:
+        loop = asyncio.get_running_loop()
+        self._sent.append((loop.time(), self._bookie_id, batch))
+        future: asyncio.Future[pb.AddResponse] = loop.create_future()
+        ids = [e.entry_id for e in batch.entries]
+        future.set_result(pb.AddResponse(entry_ids=ids, codes=[pb.OK] * len(ids)))
+        return future
+
+    def close(self) -> None:
+        pass
+
+
+class RecordingTransport:
+    """`sent`: (loop time, bookie id, batch) of every batch, in the order sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[float, str, AddBatch]] = []
+
+    def open_add_stream(self, bookie_id: str) -> _Stream:
+        return _Stream(self.sent, bookie_id)
+
+
+class StrictOwner:
+    """`acknowledged`: the ids the pipeline acknowledged, in order; anything else raises."""
+
+    def __init__(self) -> None:
+        self.acknowledged: list[int] = []
+
+    def on_acknowledged(self, entry_ids: range) -> None:
+        self.acknowledged.extend(entry_ids)
+
+    def on_fully_replicated(self) -> None:
+        pass
+
+    def on_bookie_failed(self, bookie_id: str, reason: str) -> None:
+        raise AssertionError(reason)
+
+    def on_invalid_term(self, bookie_id: str, bookie_term: int) -> None:
+        raise AssertionError(bookie_id)
+
+    def on_trimmed(self, bookie_id: str, message: str) -> None:
+        raise AssertionError(message)
+
+    def on_error(self, error: Exception) -> None:
+        raise error
