@@ -1,10 +1,8 @@
 """Fixtures of the Spark connector tests: one real cluster (ZooKeeper + 3 bookie processes)
 and one local[2] SparkSession for the whole package; each test uses streams of its own.
 
-Package-scoped, not session-scoped: they stop after the package's last test. A live ZooKeeper
-client draws kazoo's jitter from the global `random` at every wake-up of its connection loop,
-and Hypothesis, in the unit tests that run after this package, took that for a strategy using
-`random` (its deprecation warnings in every full run)."""
+Package-scoped, not session-scoped: they stop after the package's last test instead of keeping
+three bookies, a Spark session and live ZooKeeper clients running through every later test."""
 
 from __future__ import annotations
 
