@@ -28,6 +28,10 @@ def test_append_from_stdin_acknowledges_every_line_in_order(cluster: SandboxClus
     assert read == lines
 
 
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_an_interrupted_append_says_what_got_in(cluster: SandboxCluster) -> None:
     assert streamctl(cluster.metadata, "create", "cut").returncode == 0
     append = subprocess.Popen(
@@ -35,6 +39,9 @@ def test_an_interrupted_append_says_what_got_in(cluster: SandboxCluster) -> None
         stdin=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # Ctrl-C's default action even when this runs in the background of a script, whose
+        # children inherit SIGINT ignored (Python then installs no KeyboardInterrupt handler).
+        preexec_fn=_sigint_default,
     )
     assert append.stdin is not None
     append.stdin.write("".join(f"kept-{i}\n" for i in range(100)))
