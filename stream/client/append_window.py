@@ -16,12 +16,11 @@ from collections import deque
 from collections.abc import Callable
 from itertools import repeat
 
-from stream.client.futures import set_results
+from stream.client.futures import INVALID_STATE, set_results
 from stream.errors import StreamError
 from stream.framing.prepare import AttributedPayload
 
 AnyFuture = asyncio.Future[int] | concurrent.futures.Future[int]
-_INVALID_STATE = (asyncio.InvalidStateError, concurrent.futures.InvalidStateError)
 _popleft = deque.popleft
 
 
@@ -100,7 +99,7 @@ class AppendWindow:
             future = unresolved.popleft()
             try:
                 future.set_exception(error)
-            except _INVALID_STATE:
+            except INVALID_STATE:
                 pass
         self.completed_appends(count)
         self._acked.set()
@@ -113,7 +112,7 @@ class AppendWindow:
             _, future = queue.popleft()
             try:
                 future.set_exception(error)
-            except _INVALID_STATE:
+            except INVALID_STATE:
                 pass
             count += 1
         self.completed_appends(count)

@@ -27,7 +27,8 @@ T = TypeVar("T")
 # Guards the lazy creation of conditions and the callbacks registered without one against a
 # racing resolution; held for a few bytecodes.
 _LAZY = threading.Lock()
-_INVALID_STATE = (asyncio.InvalidStateError, concurrent.futures.InvalidStateError)
+# What resolving a future that is already done raises (asyncio's or concurrent's).
+INVALID_STATE = (asyncio.InvalidStateError, concurrent.futures.InvalidStateError)
 
 
 class AppendFuture(concurrent.futures.Future[T]):
@@ -168,7 +169,7 @@ def set_results(
     for future, result in others:
         try:
             future.set_result(result)
-        except _INVALID_STATE:
+        except INVALID_STATE:
             pass  # an awaiting task was cancelled: the entry is still written
     for done in with_callbacks:
         done._run_callbacks(done._done_callbacks)
