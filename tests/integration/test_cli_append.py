@@ -28,28 +28,33 @@ def test_append_from_stdin_acknowledges_every_line_in_order(cluster: SandboxClus
     assert read == lines
 
 
-def _sigint_default() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def test_an_interrupted_append_says_what_got_in(cluster: SandboxCluster) -> None:
     assert streamctl(cluster.metadata, "create", "cut").returncode == 0
+    # `env --default-signal=INT`: Ctrl-C's default action even when this runs in the background
+    # of a script, whose children inherit SIGINT ignored (Python then installs no
+    # KeyboardInterrupt handler). Not a `preexec_fn`: that forks this multi-threaded process
+    # and runs gRPC's fork handlers, whose poller thread then lost its fds and the child
+    # sometimes died before it started streamctl.
     append = subprocess.Popen(
-        [sys.executable, "-m", "stream.cli.main", "--metadata", cluster.metadata, "append", "cut"],
+        [
+            *("env", "--default-signal=INT"),
+            *(sys.executable, "-m", "stream.cli.main", "--metadata", cluster.metadata),
+            *("append", "cut"),
+        ],
         stdin=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        # Ctrl-C's default action even when this runs in the background of a script, whose
-        # children inherit SIGINT ignored (Python then installs no KeyboardInterrupt handler).
-        preexec_fn=_sigint_default,
     )
     assert append.stdin is not None
     append.stdin.write("".join(f"kept-{i}\n" for i in range(100)))
     append.stdin.flush()
     with StreamClient.connect(cluster.metadata) as client:
         deadline = time.monotonic() + 30
-        while client.stream_info("cut").lac < 99:  # acknowledged, stdin still open
-            assert time.monotonic() < deadline
+        while (lac := client.stream_info("cut").lac) < 99:  # acknowledged, stdin still open
+            if time.monotonic() > deadline:
+                append.kill()
+                _, err = append.communicate()
+                pytest.fail(f"LAC {lac} after 30 s, streamctl exited {append.returncode}: {err}")
             time.sleep(0.05)
     append.send_signal(signal.SIGINT)
     _, err = append.communicate(timeout=30)
