@@ -1,6 +1,7 @@
 """Who may call the bookie, and the audit of what they did (docs/security.md).
 
-One gRPC server interceptor sees every call: with mutual TLS (`tls_client_auth = "require"`)
+One gRPC server interceptor sees every call (and the data port asks `AccessControl.admit` of
+every Add stream it opens): with mutual TLS (`tls_client_auth = "require"`)
 it takes the caller's principal from its certificate (the subject's common name) and its role
 from `[roles]` or the certificate's SAN URI, and refuses a call beyond that role with
 PERMISSION_DENIED before the handler runs (nothing changes). On a plaintext port, or with
@@ -98,33 +99,44 @@ class AccessControl(grpc.aio.ServerInterceptor):
 
     def caller(self, context: Context) -> Caller:
         """Returns who makes the call of `context`."""
-        peer = context.peer()
         pems = (context.auth_context() or {}).get("x509_pem_cert", ()) if self.enforce else ()
-        pem = next(iter(pems), None)
-        if pem is None:
+        return self.caller_of(next(iter(pems), None), context.peer())
+
+    def caller_of(self, pem: bytes | None, peer: str) -> Caller:
+        """Returns who calls from `peer` with the PEM certificate `pem` (None: no
+        certificate; ignored unless roles are enforced)."""
+        if pem is None or not self.enforce:
             return Caller(ANONYMOUS, peer, None)
         identity = identity_of(pem)
         role = self._roles.get(identity.principal, identity.role)
         return Caller(identity.principal, peer, role)
 
-    async def _admit(self, rpc: str, request: Any, context: Context) -> Caller:
-        """Returns the caller when it may make `request`; otherwise audits the refusal and
-        aborts the call with PERMISSION_DENIED."""
-        caller = self.caller(context)
-        CALLER.set(caller)
+    def admit(self, rpc: str, request: Any, caller: Caller) -> str | None:
+        """Returns None when `caller` may make `request` to `rpc` (auditing it when audited);
+        otherwise audits the refusal and returns why it is refused. For every transport: the
+        gRPC calls and the data port's Add streams."""
         fields = _fields(request) if request is not None else {}
         if self.enforce:
             need = required_role(rpc, request)
             if caller.role is None or caller.role < need:
                 audit("refused", caller, rpc=rpc, needs=need.label, **fields)
                 has = caller.role.label if caller.role else "no role"
-                await context.abort(
-                    grpc.StatusCode.PERMISSION_DENIED,
+                return (
                     f"{rpc} refused: principal {caller.principal!r} ({has}) is not "
-                    f"allowed it; it needs the role {need.label}",
+                    f"allowed it; it needs the role {need.label}"
                 )
         if rpc in _AUDITED_RPCS:
             audit(rpc, caller, **fields)
+        return None
+
+    async def _admit(self, rpc: str, request: Any, context: Context) -> Caller:
+        """Returns the caller when it may make `request`; otherwise aborts the call with
+        PERMISSION_DENIED (`admit` audited the refusal)."""
+        caller = self.caller(context)
+        CALLER.set(caller)
+        refusal = self.admit(rpc, request, caller)
+        if refusal is not None:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, refusal)
         return caller
 
     def _unary(self, rpc: str, behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
@@ -201,10 +213,13 @@ def refuse_insecure_listen(config: BookieConfig) -> None:
     `allow_insecure = true`."""
     if config.tls or config.allow_insecure:
         return
-    host = config.listen.rpartition(":")[0].strip("[]")
-    if not _is_loopback(host):
-        raise ConfigError(
-            f"listen {config.listen} is not a loopback address and the bookie has no TLS: "
-            "set tls_cert_file, tls_key_file and tls_ca_file, or allow_insecure = true",
-            key="allow_insecure",
-        )
+    data = config.data_bind()
+    listens = [("listen", config.listen.rpartition(":")[0].strip("[]"))]
+    listens += [] if data is None else [("data_listen", data[0])]
+    for key, host in listens:
+        if not _is_loopback(host):
+            raise ConfigError(
+                f"{key} {host} is not a loopback address and the bookie has no TLS: "
+                "set tls_cert_file, tls_key_file and tls_ca_file, or allow_insecure = true",
+                key="allow_insecure",
+            )

@@ -129,6 +129,12 @@ START_REPLAYED_ENTRIES = Gauge(
 )
 FREE_BYTES = Gauge("streamkeeper_bookie_free_bytes", "Least free space among the bookie's disks")
 ADD_STREAMS = Gauge("streamkeeper_bookie_add_streams", "Open Add streams (writer connections)")
+DATA_PORT_CONNECTIONS = Counter(
+    "streamkeeper_bookie_data_port_connections",
+    "Connections to the data port, by outcome: served (admitted as an Add stream), refused "
+    "(answered by a refusal frame) or dropped (no preamble, a failed TLS handshake)",
+    ["outcome"],
+)
 # BP-46 data integrity: phase one at boot, phase two (limbo repair) in the background.
 PHASE_ONE_STREAMS = Gauge(
     "streamkeeper_bookie_phase_one_streams",

@@ -33,6 +33,7 @@ from stream.bookie import metrics
 from stream.bookie.access import AccessControl, refuse_insecure_listen
 from stream.bookie.config import BookieConfig
 from stream.bookie.cookie import check_cookies
+from stream.bookie.data_port import DataPort
 from stream.bookie.disk import DiskStatus, check_disks
 from stream.bookie.server import BookieService, StartReport, add_to_server, server_options
 from stream.bookie.unsafe import SAFE, UnsafeSkips
@@ -77,6 +78,20 @@ def _in_daemon_thread(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
     return future
 
 
+def _serve_metrics(config: BookieConfig) -> Any:
+    """Starts the Prometheus endpoint (`metrics_listen`); returns its server, None when off."""
+    if not config.metrics_listen:
+        return None
+    host, port = split_host_port("metrics_listen", config.metrics_listen)
+    try:
+        server, _ = start_http_server(port, addr=host)
+    except OSError as e:
+        raise ConfigError(
+            f"cannot serve metrics on {config.metrics_listen}: {e}", key="metrics_listen"
+        ) from e
+    return server
+
+
 class Bookie:
     """A running bookie: `start()` brings every part up in order, `stop()` takes it down in
     reverse; `serve()` runs until SIGTERM/SIGINT."""
@@ -100,6 +115,8 @@ class Bookie:
         self._autorecovery: Any = None
         self._drain_watch_stopped = False
         self._tls: ServerCredentials | None = None
+        self._data_port: DataPort | None = None  # serving, unless `data_listen` is off
+        self._data_address = ""
 
     # -- start ------------------------------------------------------------------------------
 
@@ -153,9 +170,8 @@ class Bookie:
         # with the same config fails here, before it touches the directories (or replays a
         # long journal), and a start that fails on a busy port leaves no first-boot cookie
         # behind (the corrected start would otherwise need `fix-cookie`).
-        server = grpc.aio.server(
-            options=server_options(config), interceptors=[AccessControl(config)]
-        )
+        access = AccessControl(config)
+        server = grpc.aio.server(options=server_options(config), interceptors=[access])
         self._server = server
         try:
             port = self._add_port(server)
@@ -166,14 +182,8 @@ class Bookie:
             reason = "address in use or not local"
         if port == 0:
             raise ConfigError(f"cannot listen on {config.listen}: {reason}", key="listen")
-        if config.metrics_listen:
-            host, mport = split_host_port("metrics_listen", config.metrics_listen)
-            try:
-                self._metrics_server, _ = start_http_server(mport, addr=host)
-            except OSError as e:
-                raise ConfigError(
-                    f"cannot serve metrics on {config.metrics_listen}: {e}", key="metrics_listen"
-                ) from e
+        self._data_port = DataPort.bind(config, access, self._tls)
+        self._metrics_server = _serve_metrics(config)
         cookies = await asyncio.to_thread(check_cookies, config, instance_id, self._registry)
 
         preparation = await asyncio.to_thread(integrity.prepare_boot, config, cookies)
@@ -220,6 +230,8 @@ class Bookie:
         self._service.set_disk_status(disk)
         add_to_server(self._service, server)
         await server.start()
+        if self._data_port is not None:
+            self._data_address = await self._data_port.start(self._service)
 
         self._tasks.append(asyncio.create_task(self._register(), name="register"))
         self._tasks.append(asyncio.create_task(self._check_disks_forever(), name="disk-check"))
@@ -265,6 +277,7 @@ class Bookie:
             "bookie.serving",
             bookie_id=config.bookie_id,
             listen=config.listen,
+            data_address=self._data_address,
             metrics_listen=config.metrics_listen,
             read_only=disk.read_only,
             start_s=round(time.monotonic() - started, 3),
@@ -315,6 +328,7 @@ class Bookie:
             free_bytes=disk.free_bytes if disk else 0,
             journal_write_data=self.config.journal_write_data,
             max_entry_bytes=self.config.max_entry_bytes,
+            data_address=self._data_address,
         )
 
     async def _register(self) -> None:
@@ -442,11 +456,11 @@ class Bookie:
             else:  # its ephemeral node goes with the session
                 log.info("bookie.unregister_skipped", reason="metadata unreachable")
             self._registered = False
-        if self._server is not None:
-            # New calls are refused at once; running ones (in-flight adds waiting for the
-            # journal) get what is left of the grace period to finish, then are cancelled.
-            await self._server.stop(left())
-            self._server = None
+        # New calls are refused at once; running ones (in-flight adds waiting for the journal)
+        # get what is left of the grace period to finish, then are cancelled.
+        grace, servers = left(), (self._server, self._data_port)
+        await asyncio.gather(*(server.stop(grace) for server in servers if server is not None))
+        self._server = self._data_port = None
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server = None

@@ -159,7 +159,13 @@ class StreamClient:
         self._closed = False
 
     async def _make_transport(self) -> GrpcTransport:
-        return GrpcTransport(self._metadata.bookie_address, tls=self._tls)
+        return GrpcTransport(
+            self._metadata.bookie_address,
+            tls=self._tls,
+            resolve_data=(
+                self._metadata.bookie_data_address if self._writer_options.data_port else None
+            ),
+        )
 
     @classmethod
     def connect(

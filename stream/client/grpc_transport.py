@@ -1,10 +1,12 @@
 """`BookieTransport` over gRPC (grpc.aio): one channel per bookie, one `Add` bidi stream per
 (writer, bookie) carrying pre-serialized AddRequests (the per-entry work is done once when the
-entry is prepared, not per bookie nor per message). Runs on the client's event loop."""
+entry is prepared, not per bookie nor per message), or the same stream over the bookie's data
+port (`stream.client.data_port`) when it has one. Runs on the client's event loop."""
 
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -12,7 +14,9 @@ from typing import Any
 import grpc
 import structlog
 
-from stream.client.ports import AddBatch
+from stream.addresses import split_host_port
+from stream.client.data_port import DataPortAddStream, ResolveData
+from stream.client.ports import AddBatch, AddStream
 from stream.errors import BookieError
 from stream.security.tls import TLSConfig, aio_channel
 from stream.wire import bookie_pb2 as pb
@@ -37,6 +41,8 @@ CHANNEL_OPTIONS = [
 ]
 
 Resolver = Callable[[str], Awaitable[str | None]]
+# A data port that does not accept the connection by then is unreachable.
+_CONNECT_TIMEOUT_S = 10.0
 
 
 class AddStreamBroken(BookieError):
@@ -150,8 +156,13 @@ class GrpcTransport:
         *,
         options: list[tuple[str, Any]] | None = None,
         tls: TLSConfig | None = None,
+        resolve_data: ResolveData | None = None,
     ):
+        """`resolve_data`: where a bookie's data port is; with it, Add streams go there (over
+        gRPC to a bookie without one)."""
         self._resolve = resolve
+        self._resolve_data = resolve_data
+        self._data_tls: ssl.SSLContext | None = None
         self._tls = tls
         self._options = options or CHANNEL_OPTIONS
         self._channels: dict[str, tuple[str, grpc.aio.Channel, bookie_pb2_grpc.BookieStub]] = {}
@@ -179,8 +190,34 @@ class GrpcTransport:
     async def _stub(self, bookie_id: str) -> bookie_pb2_grpc.BookieStub:
         return (await self._entry(bookie_id))[2]
 
-    def open_add_stream(self, bookie_id: str) -> _AddStream:
-        return _AddStream(self, bookie_id)
+    def open_add_stream(self, bookie_id: str) -> AddStream:
+        if self._resolve_data is None:
+            return _AddStream(self, bookie_id)
+        return DataPortAddStream(
+            bookie_id,
+            self._resolve_data,
+            self._connect_data,
+            fallback=lambda: _AddStream(self, bookie_id),
+            broken=lambda reason: AddStreamBroken(reason, bookie=bookie_id),
+        )
+
+    async def _connect_data(self, address: str, protocol: asyncio.Protocol) -> asyncio.Transport:
+        """Connects `protocol` to the data port at `address` (TLS with the client's files)."""
+        host, port = split_host_port("data_address", address)
+        if self._tls is not None and self._data_tls is None:
+            self._data_tls = self._tls.client_context()
+        loop = asyncio.get_running_loop()
+        transport, _ = await asyncio.wait_for(
+            loop.create_connection(
+                lambda: protocol,
+                host,
+                port,
+                ssl=self._data_tls,
+                server_hostname=host if self._data_tls is not None else None,
+            ),
+            _CONNECT_TIMEOUT_S,
+        )
+        return transport
 
     async def fence(
         self, bookie_id: str, stream_id: int, term: int, *, timeout_s: float

@@ -115,6 +115,12 @@ class WriterOptions(Settings):
         check=POSITIVE,
         doc="a bookie that leaves a batch unanswered this long is failed and replaced",
     )
+    # A framed TCP stream costs a fraction of gRPC's CPU per batch (stream.wire.frames).
+    data_port: bool = setting(
+        True,
+        doc="send adds to a bookie's data port when its registration has one (false: over "
+        "gRPC, as to a bookie without one)",
+    )
     # Tailing readers see the last entries within milliseconds.
     explicit_lac_delay_s: float = setting(
         0.002,

@@ -30,6 +30,7 @@ from stream.metadata.model import (
 )
 from stream.protocol import BookieCandidate
 from stream.wire import bookie_pb2 as pb
+from stream.wire.frames import length_prefix
 
 _framed = operator.attrgetter("framed")
 
@@ -66,6 +67,21 @@ class AddBatch:
         if self.framed is not None:
             return header + self.framed
         return b"".join((header, *map(_framed, self.entries)))
+
+    def to_frame(self) -> bytes:
+        """Returns `to_bytes` framed for a data port (`stream.wire.frames`), joined once."""
+        header = pb.AddRequest(
+            stream_id=self.stream_id,
+            term=self.term,
+            lac=self.lac,
+            lafr=self.lafr,
+            recovery=self.recovery,
+            request_id=self.request_id,
+        ).SerializeToString()
+        if not self.entries:
+            return length_prefix(len(header)) + header
+        framed = self.framed if self.framed is not None else b"".join(map(_framed, self.entries))
+        return b"".join((length_prefix(len(header) + len(framed)), header, framed))
 
     def to_request(self) -> pb.AddRequest:
         """Returns the AddRequest message (decoded from `to_bytes`; for simulators and tests)."""

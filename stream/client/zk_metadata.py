@@ -42,6 +42,7 @@ class ZkMetadata:
             max_workers=max_threads, thread_name_prefix="streamkeeper-metadata"
         )
         self._addresses: dict[str, str] = {}
+        self._data_addresses: dict[str, str] = {}
 
     async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
@@ -197,6 +198,7 @@ class ZkMetadata:
         registrations = await self._run(self.registry.available)
         for bookie_id, registration in registrations.items():
             self._addresses[bookie_id] = registration.address
+            self._data_addresses[bookie_id] = registration.data_address
         return [
             BookieCandidate(
                 bookie_id,
@@ -215,6 +217,14 @@ class ZkMetadata:
             await self.available_bookies()
             address = self._addresses.get(bookie_id)
         return address
+
+    async def bookie_data_address(self, bookie_id: str, fresh: bool = False) -> str | None:
+        """Returns the registered data port address of `bookie_id` (cached as
+        `bookie_address`; `fresh`: read again), None when it is not registered or has no
+        data port."""
+        if fresh or bookie_id not in self._data_addresses:
+            await self.available_bookies()
+        return self._data_addresses.get(bookie_id) or None
 
     def watch_meta(
         self, stream_id: int, callback: Callable[[int | None], None]

@@ -42,6 +42,10 @@ class BookieRegistration:
     # The largest payload it accepts (`max_entry_bytes`), so that writers refuse a larger one
     # before sending it. Registrations older than the field read as the default setting.
     max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES
+    # "host:port" of its data port (Add streams framed over TCP, `stream.wire.frames`); ""
+    # when it has none (turned off, or a registration older than the field): writers add over
+    # gRPC.
+    data_address: str = ""
 
     def to_json(self) -> bytes:
         """Returns the registration znode's JSON (sorted keys: equal values, equal bytes)."""
@@ -51,6 +55,7 @@ class BookieRegistration:
             "free_bytes": self.free_bytes,
             "journal_write_data": self.journal_write_data,
             "max_entry_bytes": self.max_entry_bytes,
+            "data_address": self.data_address,
         }
         return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
@@ -63,6 +68,7 @@ class BookieRegistration:
             free_bytes = body.get("free_bytes", 0)
             journal = body.get("journal_write_data", True)
             max_entry = body.get("max_entry_bytes", DEFAULT_MAX_ENTRY_BYTES)
+            data_address = body.get("data_address", "")
         except (UnicodeDecodeError, ValueError, TypeError, KeyError) as exc:
             raise MetadataError("malformed bookie registration") from exc
         if (
@@ -73,6 +79,7 @@ class BookieRegistration:
             or not isinstance(journal, bool)
             or not isinstance(max_entry, int)
             or isinstance(max_entry, bool)
+            or not isinstance(data_address, str)
         ):
             raise MetadataError("malformed bookie registration", address=address)
         return cls(
@@ -81,6 +88,7 @@ class BookieRegistration:
             free_bytes=free_bytes,
             journal_write_data=journal,
             max_entry_bytes=max_entry,
+            data_address=data_address,
         )
 
 

@@ -1,10 +1,12 @@
-"""TLS material from files, for gRPC channels (`TLSConfig`) and for a bookie's port
-(`ServerCredentials`, re-read on SIGHUP without restarting the server). A key file readable
-by group or others, or a certificate writable by them, is refused."""
+"""TLS material from files, for gRPC channels and the data port's connections (`TLSConfig`)
+and for a bookie's ports (`ServerCredentials`, re-read on SIGHUP without restarting the
+servers). A key file readable by group or others, or a certificate writable by them, is
+refused."""
 
 from __future__ import annotations
 
 import os
+import ssl
 import stat
 import threading
 from collections.abc import Sequence
@@ -88,18 +90,52 @@ class TLSConfig:
             certificate_chain=material.cert,
         )
 
+    def client_context(self) -> ssl.SSLContext:
+        """Returns a TLS context for a connection to a bookie's data port (files read now):
+        the bookie's certificate checked against the CA and the address, as gRPC does."""
+        material = self.load()
+        context = ssl.create_default_context(cadata=material.ca.decode("ascii", "replace"))
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        if self.cert_file is not None and self.key_file is not None:
+            context.load_cert_chain(self.cert_file, self.key_file)
+        return context
+
+
+def _server_context(
+    files: TLSConfig, material: TLSMaterial, require_client_auth: bool
+) -> ssl.SSLContext:
+    """Returns a data port's TLS context for `files` (their `material` already read, with
+    their permissions checked)."""
+    assert files.cert_file is not None and files.key_file is not None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(files.cert_file, files.key_file)
+        context.load_verify_locations(cadata=material.ca.decode("ascii", "replace"))
+    except (ssl.SSLError, OSError, ValueError) as e:
+        raise ConfigError(f"unusable TLS files: {e}", cert_file=files.cert_file) from e
+    context.verify_mode = ssl.CERT_REQUIRED if require_client_auth else ssl.CERT_NONE
+    return context
+
 
 class ServerCredentials:
-    """A bookie port's TLS: `credentials` go to `add_secure_port`; `reload()` re-reads the
-    files, and the next TLS handshake uses them (connections already open keep theirs, so no
-    stream is dropped). A reload that fails keeps the previous files in use."""
+    """A bookie's TLS: `credentials` go to `add_secure_port`, `ssl_context` to the data port's
+    listener; `reload()` re-reads the files, and the next TLS handshake of either port uses
+    them (connections already open keep theirs, so no stream is dropped). A reload that fails
+    keeps the previous files in use."""
 
     def __init__(self, files: TLSConfig, *, require_client_auth: bool) -> None:
         if files.cert_file is None or files.key_file is None:
             raise ConfigError("a TLS bookie needs tls_cert_file and tls_key_file")
         self._files = files
+        self._require_client_auth = require_client_auth
         self._lock = threading.Lock()
         self._pending: grpc.ServerCertificateConfiguration | None = None
+        self._current = _server_context(files, files.load(), require_client_auth)
+        # The listener's context: each handshake switches to the current one (the callback
+        # runs for every ClientHello, with or without a server name).
+        self.ssl_context = _server_context(files, files.load(), require_client_auth)
+        self.ssl_context.sni_callback = self._switch_context
         self.credentials = grpc.dynamic_ssl_server_credentials(
             self._configuration(),
             # grpc-stubs types the fetcher as never returning None, but gRPC documents None as
@@ -115,6 +151,9 @@ class ServerCredentials:
             [(material.key, material.cert)], root_certificates=material.ca
         )
 
+    def _switch_context(self, connection: ssl.SSLObject, name: str | None, _: object) -> None:
+        connection.context = self._current
+
     def _fetch(self) -> grpc.ServerCertificateConfiguration | None:
         # Called by gRPC before each handshake: None keeps the configuration in use.
         with self._lock:
@@ -125,11 +164,13 @@ class ServerCredentials:
         """Re-reads the certificate, key and CA files; returns whether they were taken."""
         try:
             configuration = self._configuration()
+            context = _server_context(self._files, self._files.load(), self._require_client_auth)
         except ConfigError as e:
             log.error("tls.reload_failed", error=str(e))
             return False
         with self._lock:
             self._pending = configuration
+        self._current = context
         log.info("tls.reloaded", cert_file=self._files.cert_file, ca_file=self._files.ca_file)
         return True
 

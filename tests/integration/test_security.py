@@ -39,6 +39,7 @@ from tests.integration.bookie_support import (
     wait_until,
 )
 from tests.integration.conftest import running_cluster
+from tests.integration.data_port_support import RawDataPort, data_address
 
 pytestmark = pytest.mark.integration
 
@@ -235,6 +236,49 @@ def test_the_client_appends_tails_and_takes_over_over_tls(secure: SandboxCluster
     assert got == [f"e{i}".encode() for i in range(100)] + [b"after"]
 
 
+def test_the_data_port_takes_add_streams_from_writers_only(secure: SandboxCluster) -> None:
+    assert secure.tls is not None
+    bookie = secure.bookies[0]
+    address = data_address(bookie)
+    stream_id = STREAM_ID + 1
+
+    def connect(files: TLSConfig) -> RawDataPort:
+        return RawDataPort(address, files.client_context()).hello(bookie.bookie_id)
+
+    writer = connect(secure.tls.client(Role.WRITER))
+    writer.add(add_request(stream_id, 1, range(5)))
+    answer = writer.answer()
+    assert isinstance(answer, pb.AddResponse) and list(answer.codes) == [pb.OK] * 5
+    writer.close()
+
+    refused = audit_count(bookie, "refused", "reader")
+    reader = connect(secure.tls.client(Role.READER))
+    reader.add(add_request(stream_id, 1, range(5, 10)))
+    reason = reader.answer()
+    assert reason == (
+        "Add refused: principal 'reader' (reader) is not allowed it; it needs the role writer"
+    )
+    assert reader.answer() is None
+    assert audit_count(bookie, "refused", "reader") == refused + 1
+
+    # Without a client certificate the TLS handshake fails (TLS 1.3: at the first read).
+    anonymous = RawDataPort(address, TLSConfig(str(secure.tls.ca_file)).client_context())
+    with pytest.raises((ssl.SSLError, ConnectionError)):
+        anonymous.hello(bookie.bookie_id).add(add_request(stream_id, 1, range(5, 10)))
+        if anonymous.answer() is None:
+            raise ConnectionError("closed")
+    # Plaintext on the TLS port: no answer, the connection is dropped.
+    plain = RawDataPort(address)
+    with pytest.raises(ConnectionError):
+        plain.hello(bookie.bookie_id)
+        if plain.answer() is None:
+            raise ConnectionError("closed")
+    held = stub_as(secure, Role.READER).StreamState(
+        pb.StreamStateRequest(stream_id=stream_id), timeout=10
+    )
+    assert held.last_entry_id == 4  # the writer's five entries, nothing of the others
+
+
 def test_loose_key_permissions_are_refused(secure: SandboxCluster, tmp_path: Path) -> None:
     assert secure.tls is not None
     files = secure.tls.client(Role.READER)
@@ -311,6 +355,7 @@ def test_certificates_rotate_on_sighup_while_a_writer_appends(secure: SandboxClu
     files = secure.tls.client(Role.WRITER)
     bookie = secure.bookies[0]
     old = served_certificate(bookie.address, files)
+    old_data = served_certificate(data_address(bookie), files)
     errors: list[BaseException] = []
     appended: list[int] = []
     stop = threading.Event()
@@ -337,6 +382,11 @@ def test_certificates_rotate_on_sighup_while_a_writer_appends(secure: SandboxClu
                 new = wait_until(
                     lambda: (der := served_certificate(bookie.address, files)) != old and der,
                     what="the new certificate served",
+                )
+                # The data port's next handshakes show it too; its open streams go on.
+                wait_until(
+                    lambda: served_certificate(data_address(bookie), files) not in (old_data, old),
+                    what="the new certificate served on the data port",
                 )
                 count = len(appended)
                 wait_until(lambda: len(appended) > count + 50, what="appends after rotation")

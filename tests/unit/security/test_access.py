@@ -88,6 +88,16 @@ def test_plaintext_beyond_loopback_needs_allow_insecure() -> None:
     )
 
 
+def test_a_plaintext_data_port_beyond_loopback_needs_allow_insecure() -> None:
+    refuse_insecure_listen(config(listen="127.0.0.1:3181", data_listen="127.0.0.1:3182"))
+    refuse_insecure_listen(config(listen="127.0.0.1:3181", data_listen="off"))
+    with pytest.raises(ConfigError, match="data_listen 0.0.0.0 is not a loopback"):
+        refuse_insecure_listen(config(listen="127.0.0.1:3181", data_listen="0.0.0.0:3182"))
+    refuse_insecure_listen(
+        config(listen="127.0.0.1:3181", data_listen="0.0.0.0:3182", allow_insecure=True)
+    )
+
+
 def test_loose_files_are_refused(tmp_path: Path) -> None:
     for name in ("ca.crt", "c.crt", "c.key"):
         (tmp_path / name).write_text("x")

@@ -1,0 +1,35 @@
+"""The bookie's data port: Add streams over plain TCP (TLS when the bookie has it), framed by a
+length, as BookKeeper's own data path is. gRPC costs about 300 us of CPU per Add message on
+each side, most of it thread wake-ups per completion-queue event; a framed stream costs a
+fraction of that (bench/grpc_add_bench.py, docs/benchmarks.md).
+
+One connection is one Add stream, with the same messages and rules as gRPC's `Add`:
+- the writer first sends `PREAMBLE` (the protocol and its version) and a frame holding the id
+  of the bookie it means (a restarted bookie's port may since belong to another), then one
+  frame per AddRequest (a 4-byte big-endian length, then the serialized request);
+- the bookie answers each request with one frame, in request order: `ANSWER` followed by the
+  serialized AddResponse (a request that does not parse is answered BAD_REQUEST, and the
+  stream goes on);
+- a fault of the connection itself (an unknown preamble, another bookie's id, a frame over the
+  bookie's limit, a caller whose role may not add) is answered by one `REFUSAL` frame, its
+  UTF-8 reason, and the bookie closes the connection: what was not answered has an unknown
+  fate, as when a gRPC stream fails."""
+
+from __future__ import annotations
+
+import struct
+
+# The protocol's name and version: a bookie refuses any other (an old writer, another service).
+PREAMBLE = b"SKADD/1\n"
+LENGTH = struct.Struct(">I")
+# The largest length a frame header can say; a bookie's own limit is lower.
+MAX_FRAME = (1 << 32) - 1
+
+# The first byte of an answer frame.
+ANSWER = b"A"
+REFUSAL = b"R"
+
+
+def length_prefix(size: int) -> bytes:
+    """Returns the header of a frame of `size` bytes."""
+    return LENGTH.pack(size)

@@ -1,0 +1,116 @@
+"""The bookie's data port (Add streams framed over TCP, stream.wire.frames) on real bookie
+processes: writers add there by default and over gRPC when told to or when a bookie has none,
+and whatever else arrives on the port is refused with its reason and changes nothing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stream.client import StreamClient, WriterOptions
+from stream.sandbox.cluster import SandboxCluster
+from stream.wire import bookie_pb2 as pb
+from stream.wire import frames
+from tests.integration.bookie_support import add_request, metric_value
+from tests.integration.conftest import ClusterFactory
+from tests.integration.data_port_support import RawDataPort, data_address
+
+pytestmark = pytest.mark.integration
+
+CONNECTIONS = "streamkeeper_bookie_data_port_connections_total"
+
+
+def connections(cluster: SandboxCluster, outcome: str) -> float:
+    return sum(metric_value(b, CONNECTIONS, outcome=outcome) for b in cluster.bookies)
+
+
+@pytest.mark.shared_cluster
+def test_writers_add_over_the_data_port_unless_told_not_to(cluster: SandboxCluster) -> None:
+    assert all(data_address(b) for b in cluster.bookies)
+    payloads = [f"entry-{i}".encode() * 20 for i in range(3000)]
+    for data_port, name in ((True, "framed"), (False, "grpc")):
+        before = connections(cluster, "served")
+        options = WriterOptions(data_port=data_port)
+        with StreamClient.connect(cluster.metadata, writer_options=options) as client:
+            client.create_stream(name, ensemble=3, write_quorum=3, ack_quorum=2)
+            with client.open_writer(name) as writer:
+                for f in [writer.append_async(p) for p in payloads]:
+                    f.result(timeout=30)
+            read = [e.payload for e in client.open_reader(name).read(0, len(payloads) - 1)]
+        assert read == payloads
+        # One Add stream per bookie of the ensemble over the data port, none over gRPC.
+        assert connections(cluster, "served") - before == (3 if data_port else 0)
+
+
+def test_a_bookie_without_a_data_port_is_added_to_over_grpc(
+    cluster_factory: ClusterFactory,
+) -> None:
+    cluster = cluster_factory(3, data_listen="off")
+    assert [data_address(b) for b in cluster.bookies] == ["", "", ""]
+    with StreamClient.connect(cluster.metadata) as client:
+        client.create_stream("plain", ensemble=3, write_quorum=3, ack_quorum=2)
+        with client.open_writer("plain") as writer:
+            ids = [writer.append(f"p{i}".encode()) for i in range(50)]
+        read = [e.payload for e in client.open_reader("plain").read(0, 49)]
+    assert ids == list(range(50))
+    assert read == [f"p{i}".encode() for i in range(50)]
+
+
+@pytest.mark.shared_cluster
+def test_the_data_port_refuses_what_is_not_an_add_stream(cluster: SandboxCluster) -> None:
+    bookie = cluster.bookies[0]
+    address = data_address(bookie)
+    refused = connections(cluster, "refused")
+
+    def refusal(port: RawDataPort) -> str:
+        reason = port.answer()
+        assert isinstance(reason, str), reason
+        assert port.answer() is None  # and the bookie closed the connection
+        port.close()
+        return reason
+
+    http = RawDataPort(address)
+    http.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert "not a data port client" in refusal(http)
+
+    elsewhere = RawDataPort(address).hello("bookie-9")
+    assert refusal(elsewhere) == f"this is bookie {bookie.bookie_id}, not bookie-9"
+
+    huge = RawDataPort(address).hello(bookie.bookie_id)
+    huge.send(frames.length_prefix(1 << 31))
+    assert "a frame of 2147483648 bytes is over this bookie's limit" in refusal(huge)
+
+    # A request that does not parse is answered BAD_REQUEST and the stream goes on, as on
+    # gRPC's Add; a stream that no metadata holds is refused, with nothing stored.
+    stream = RawDataPort(address).hello(bookie.bookie_id)
+    stream.frame(b"\xff\xff\xff garbage")
+    malformed = stream.answer()
+    assert isinstance(malformed, pb.AddResponse)
+    assert list(malformed.codes) == [pb.BAD_REQUEST]
+    assert "malformed AddRequest" in malformed.message
+    stream.add(add_request(987_654, 1, range(3)))
+    unjustified = stream.answer()
+    assert isinstance(unjustified, pb.AddResponse)
+    assert pb.OK not in unjustified.codes
+    # A frame cut short by the writer's end: the bookie drops the connection.
+    stream.send(frames.length_prefix(100) + b"short")
+    stream.sock.shutdown(1)
+    assert stream.answer() is None
+    stream.close()
+
+    # Refused before admission: the stranger and the wrong bookie id (the others were streams).
+    assert connections(cluster, "refused") - refused == 2
+    state = bookie.stub().StreamState(pb.StreamStateRequest(stream_id=987_654), timeout=10)
+    assert state.code == pb.NO_SUCH_STREAM
+    failures = [
+        json.loads(line)
+        for line in bookie.log_path.read_text().splitlines()
+        if '"data_port.connection_failed"' in line
+    ]
+    assert failures == []
+    # The bookie serves on: a writer adds through its data port.
+    with StreamClient.connect(cluster.metadata) as client:
+        client.create_stream("after-garbage", ensemble=3, write_quorum=3, ack_quorum=3)
+        with client.open_writer("after-garbage") as writer:
+            assert writer.append(b"fine") == 0
