@@ -188,7 +188,7 @@ class BookieConfig(Settings):
         "",
         check=_DATA_LISTEN,
         doc='`HOST:PORT` of the data port (Add streams framed over TCP, TLS as `listen`); `""`: '
-        "the host of `listen` and a port the system picks (published in the registration); "
+        "the host of `listen` and the port after its port (3182 for 3181); "
         '`"off"`: writers add over gRPC',
     )
     metrics_listen: str = setting(
@@ -296,6 +296,8 @@ class BookieConfig(Settings):
                 "entry_log_size_limit_bytes",
                 "entry_log_size_limit_bytes must hold at least one entry",
             )
+        if not self.data_listen and self.listen.endswith(":65535"):
+            self.refuse("data_listen", "the data port after listen's would be 65536: set it")
         self._check_security()
 
     def _check_security(self) -> None:
@@ -320,15 +322,13 @@ class BookieConfig(Settings):
         return bool(self.tls_cert_file)
 
     def data_bind(self) -> tuple[str, int] | None:
-        """Returns the (host, port) the data port binds (port 0: the system picks), None when
-        it is off."""
+        """Returns the (host, port) the data port binds, None when it is off."""
         if self.data_listen == "off":
             return None
-        host, port = split_host_port("listen", self.listen)
         if self.data_listen:
-            host, port = split_host_port("data_listen", self.data_listen)
-            return host, port
-        return host, 0
+            return split_host_port("data_listen", self.data_listen)
+        host, port = split_host_port("listen", self.listen)
+        return host, port + 1
 
     def client_tls(self) -> TLSConfig | None:
         """Returns the TLS files the bookie calls other bookies with (its own certificate),

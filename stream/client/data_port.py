@@ -103,7 +103,8 @@ class DataPortAddStream(asyncio.Protocol):
             try:
                 transport = await connect(address, self)
             except OSError:
-                # A restarted bookie's data port may have moved: read its registration again.
+                # The data port may have moved (a bookie restarted with another `data_listen`): read
+                # its registration again.
                 fresh = await resolve(self._bookie_id, True)
                 if fresh is None or fresh == address:
                     raise

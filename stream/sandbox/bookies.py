@@ -44,8 +44,9 @@ def _toml_value(value: Any) -> str:
 
 class BookieProcess:
     """One bookie subprocess with its own `bookie.toml` in `data_dir` (which also holds the
-    data and `bookie.log`). The listen and metrics ports are chosen once and kept across
-    restarts (the address is part of the bookie's cookie). `settings` override or add keys of
+    data and `bookie.log`). The listen, data and metrics ports are chosen once and kept across
+    restarts (the address is part of the bookie's cookie; writers reconnect to the same data
+    port). `settings` override or add keys of
     the config file verbatim, unchecked, so a test can also write an invalid one. `host` is the
     address it listens on; `command_prefix` goes before its command (e.g. `ip netns exec NS` to
     run it on a host of its own). `unsafe_skips` names the test-only switches
@@ -77,6 +78,8 @@ class BookieProcess:
         self.port = port if port is not None else free_port()
         # 0: no metrics endpoint.
         self.metrics_port = metrics_port if metrics_port is not None else free_port()
+        # Chosen here, not the default (`listen`'s port + 1), which another server may hold.
+        self.data_port = free_port()
         self.settings: dict[str, Any] = dict(settings or {})
         self.config_path = self.data_dir / "bookie.toml"
         self.log_path = self.data_dir / "bookie.log"
@@ -107,6 +110,7 @@ class BookieProcess:
         values: dict[str, Any] = {
             "bookie_id": self.bookie_id,
             "listen": self.address,
+            "data_listen": f"{self.host}:{self.data_port}",
             "metadata": self.metadata,
             "data_dir": str(self.data_dir / "data"),
             "metrics_listen": self.metrics_address,

@@ -728,6 +728,7 @@ class SimMetadata(ZkMetadata):
         self.registry = BookieRegistry(session)  # type: ignore[arg-type]
         self.cursors = CursorStore(session, clock_ms=network.now_ms)  # type: ignore[arg-type]
         self._addresses = {}
+        self._data_addresses = {}
 
     async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return await self._network.call_zk(self.node, functools.partial(fn, *args, **kwargs))

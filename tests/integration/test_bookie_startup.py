@@ -117,7 +117,7 @@ def test_bad_config_exits_1_naming_the_key(
     assert "Traceback" not in bookie.log_path.read_text()
 
 
-@pytest.mark.parametrize("busy", ["listen", "metrics_listen"])
+@pytest.mark.parametrize("busy", ["listen", "data_listen", "metrics_listen"])
 def test_a_start_on_a_busy_port_exits_1_and_leaves_no_cookie(
     bookies: BookieFactory, busy: str
 ) -> None:
@@ -125,18 +125,23 @@ def test_a_start_on_a_busy_port_exits_1_and_leaves_no_cookie(
     second = bookies.create("bookie-2")
     if busy == "listen":
         second.port = first.port
+    elif busy == "data_listen":
+        second.data_port = first.data_port
     else:
         second.metrics_port = first.port  # a port with a listener on it
     second.start()
     assert second.wait_exit(30) == 1
-    assert ("cannot listen on" if busy == "listen" else "cannot serve metrics") in (
-        second.log_tail(3)
-    )
+    said = {
+        "listen": "cannot listen on",
+        "data_listen": "(the data port)",
+        "metrics_listen": "cannot serve metrics",
+    }
+    assert said[busy] in second.log_tail(3)
     # Refused before the cookie check and the storage: no cookie anywhere, so the corrected
     # start (another port) is a plain first boot, not a cookie mismatch.
     data = second.data_dir / "data"
     assert not data.exists() or not any(p.is_file() for p in data.rglob("*"))
-    second.port, second.metrics_port = free_port(), free_port()
+    second.port, second.data_port, second.metrics_port = free_port(), free_port(), free_port()
     second.start()
     second.wait_ready(60)
     assert first.stub().Info(pb.InfoRequest(), timeout=10).bookie_id == "bookie-1"
