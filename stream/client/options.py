@@ -115,9 +115,13 @@ class WriterOptions(Settings):
         check=POSITIVE,
         doc="a bookie that leaves a batch unanswered this long is failed and replaced",
     )
-    # A framed TCP stream costs a fraction of gRPC's CPU per batch (stream.wire.frames).
+    # A framed TCP stream costs a fraction of gRPC's CPU per batch (stream.wire.frames): about
+    # a fifth less CPU per entry at 20,000/s on the bench machine. Off by default for now: the
+    # bookie's event loop reads the socket itself, and while a write-cache flush holds the GIL
+    # some batches take 20-40 ms, which the pipelining turns into a p99 of ~35 ms at 15,000/s
+    # against ~12 over gRPC (docs/benchmarks.md).
     data_port: bool = setting(
-        True,
+        False,
         doc="send adds to a bookie's data port when its registration has one (false: over "
         "gRPC, as to a bookie without one)",
     )

@@ -1,6 +1,6 @@
 """The bookie's data port (Add streams framed over TCP, stream.wire.frames) on real bookie
-processes: writers add there by default and over gRPC when told to or when a bookie has none,
-and whatever else arrives on the port is refused with its reason and changes nothing."""
+processes: writers told to add there do, over gRPC otherwise or when a bookie has none, and
+whatever else arrives on the port is refused with its reason and changes nothing."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def connections(cluster: SandboxCluster, outcome: str) -> float:
 
 
 @pytest.mark.shared_cluster
-def test_writers_add_over_the_data_port_unless_told_not_to(cluster: SandboxCluster) -> None:
+def test_writers_add_over_the_data_port_when_told_to(cluster: SandboxCluster) -> None:
     assert all(data_address(b) for b in cluster.bookies)
     payloads = [f"entry-{i}".encode() * 20 for i in range(3000)]
     for data_port, name in ((True, "framed"), (False, "grpc")):
@@ -48,7 +48,8 @@ def test_a_bookie_without_a_data_port_is_added_to_over_grpc(
 ) -> None:
     cluster = cluster_factory(3, data_listen="off")
     assert [data_address(b) for b in cluster.bookies] == ["", "", ""]
-    with StreamClient.connect(cluster.metadata) as client:
+    options = WriterOptions(data_port=True)
+    with StreamClient.connect(cluster.metadata, writer_options=options) as client:
         client.create_stream("plain", ensemble=3, write_quorum=3, ack_quorum=2)
         with client.open_writer("plain") as writer:
             ids = [writer.append(f"p{i}".encode()) for i in range(50)]
@@ -110,7 +111,8 @@ def test_the_data_port_refuses_what_is_not_an_add_stream(cluster: SandboxCluster
     ]
     assert failures == []
     # The bookie serves on: a writer adds through its data port.
-    with StreamClient.connect(cluster.metadata) as client:
+    options = WriterOptions(data_port=True)
+    with StreamClient.connect(cluster.metadata, writer_options=options) as client:
         client.create_stream("after-garbage", ensemble=3, write_quorum=3, ack_quorum=3)
         with client.open_writer("after-garbage") as writer:
             assert writer.append(b"fine") == 0

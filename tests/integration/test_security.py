@@ -22,7 +22,7 @@ import grpc
 import pytest
 
 from stream.cli.main import main
-from stream.client import StreamClient
+from stream.client import StreamClient, WriterOptions
 from stream.sandbox.bookies import BookieProcess
 from stream.sandbox.cluster import SandboxCluster
 from stream.sandbox.zookeeper import ZooKeeperServer
@@ -217,22 +217,29 @@ def test_a_writer_may_fence_and_truncate_but_not_trim_a_service_may(
     assert ("refused", "writer") in done
 
 
-def test_the_client_appends_tails_and_takes_over_over_tls(secure: SandboxCluster) -> None:
+@pytest.mark.parametrize("data_port", [False, True], ids=["grpc", "data-port"])
+def test_the_client_appends_tails_and_takes_over_over_tls(
+    secure: SandboxCluster, data_port: bool
+) -> None:
     assert secure.tls is not None
     files = secure.tls.client(Role.WRITER)
+    name = f"secured-{data_port}"
     with StreamClient.connect(
-        secure.metadata, tls=files, metadata_auth_file=secure.metadata_auth_file
+        secure.metadata,
+        tls=files,
+        metadata_auth_file=secure.metadata_auth_file,
+        writer_options=WriterOptions(data_port=data_port),
     ) as client:
-        client.create_stream("secured", ensemble=3, write_quorum=3, ack_quorum=2)
-        first = client.open_writer("secured")
+        client.create_stream(name, ensemble=3, write_quorum=3, ack_quorum=2)
+        first = client.open_writer(name)
         for i in range(100):
             first.append(f"e{i}".encode())
         # A second writer takes over the open stream: fence, recovery reads and write-backs,
         # all with a writer certificate.
-        with client.open_writer("secured") as second:
+        with client.open_writer(name) as second:
             assert second.term > first.term
             second.append(b"after")
-        got = [e.payload for e in client.open_reader("secured").tail(timeout_s=2)]
+        got = [e.payload for e in client.open_reader(name).tail(timeout_s=2)]
     assert got == [f"e{i}".encode() for i in range(100)] + [b"after"]
 
 
