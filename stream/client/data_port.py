@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from stream.addresses import split_host_port
-from stream.client.ports import AddBatch, AddStream
+from stream.client.ports import AddBatch, AddStream, fail_waiting
 from stream.wire import bookie_pb2 as pb
 from stream.wire import frames
 
@@ -183,10 +183,7 @@ class DataPortAddStream(asyncio.Protocol):
     def _fail(self, error: Exception) -> None:
         if self._error is None:
             self._error = error
-        while self._futures:
-            future = self._futures.popleft()
-            if not future.done():
-                future.set_exception(self._error)
+        fail_waiting(self._futures, self._error)
         self._waiting = None if self._transport is not None else []
 
 

@@ -16,7 +16,7 @@ import structlog
 
 from stream.addresses import split_host_port
 from stream.client.data_port import DataPortAddStream, ResolveData
-from stream.client.ports import AddBatch, AddStream
+from stream.client.ports import AddBatch, AddStream, fail_waiting
 from stream.errors import BookieError
 from stream.security.tls import TLSConfig, aio_channel
 from stream.wire import bookie_pb2 as pb
@@ -86,10 +86,7 @@ class _AddStream:
     def _fail(self, error: BaseException) -> None:
         if self._error is None:
             self._error = error
-        while self._futures:
-            future = self._futures.popleft()
-            if not future.done():
-                future.set_exception(self._error)
+        fail_waiting(self._futures, self._error)
         self._requests.clear()
 
     async def _run(self) -> None:

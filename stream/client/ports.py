@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import operator
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -51,41 +52,45 @@ class AddBatch:
     # write set get the same batch, joined once (None: `to_bytes` joins them).
     framed: bytes | None = None
 
+    def _header(self) -> bytes:
+        return pb.AddRequest(
+            stream_id=self.stream_id,
+            term=self.term,
+            lac=self.lac,
+            lafr=self.lafr,
+            recovery=self.recovery,
+            request_id=self.request_id,
+        ).SerializeToString()
+
+    def _entries(self) -> bytes:
+        return self.framed if self.framed is not None else b"".join(map(_framed, self.entries))
+
     def to_bytes(self) -> bytes:
         """Returns the serialized AddRequest: the header serialized by protobuf, followed by the
         pre-framed entries (a repeated field may appear after the others on the wire)."""
-        header = pb.AddRequest(
-            stream_id=self.stream_id,
-            term=self.term,
-            lac=self.lac,
-            lafr=self.lafr,
-            recovery=self.recovery,
-            request_id=self.request_id,
-        ).SerializeToString()
-        if not self.entries:
-            return header
-        if self.framed is not None:
-            return header + self.framed
-        return b"".join((header, *map(_framed, self.entries)))
+        header = self._header()
+        return header + self._entries() if self.entries else header
 
     def to_frame(self) -> bytes:
         """Returns `to_bytes` framed for a data port (`stream.wire.frames`), joined once."""
-        header = pb.AddRequest(
-            stream_id=self.stream_id,
-            term=self.term,
-            lac=self.lac,
-            lafr=self.lafr,
-            recovery=self.recovery,
-            request_id=self.request_id,
-        ).SerializeToString()
+        header = self._header()
         if not self.entries:
             return length_prefix(len(header)) + header
-        framed = self.framed if self.framed is not None else b"".join(map(_framed, self.entries))
-        return b"".join((length_prefix(len(header) + len(framed)), header, framed))
+        entries = self._entries()
+        return b"".join((length_prefix(len(header) + len(entries)), header, entries))
 
     def to_request(self) -> pb.AddRequest:
         """Returns the AddRequest message (decoded from `to_bytes`; for simulators and tests)."""
         return pb.AddRequest.FromString(self.to_bytes())
+
+
+def fail_waiting(futures: deque[asyncio.Future[pb.AddResponse]], error: BaseException) -> None:
+    """Fails every future of an Add stream's unanswered batches with `error` (the stream
+    broke: their fate is unknown)."""
+    while futures:
+        future = futures.popleft()
+        if not future.done():
+            future.set_exception(error)
 
 
 class AddStream(Protocol):
