@@ -29,10 +29,6 @@ def _is_address(value: str) -> bool:
 
 _ADDRESS = Check("HOST:PORT", _is_address)
 _ADDRESS_OR_OFF = Check('HOST:PORT or ""', lambda v: v == "" or _is_address(v))
-_DATA_LISTEN = Check(
-    'HOST:PORT, "" or "off"',
-    lambda v: v in ("", "off") or _is_address(v),
-)
 _RATIO_BELOW_ONE = Check("in [0, 1)", lambda v: 0.0 <= v < 1.0)
 _AR = AutoRecoverySettings
 
@@ -182,14 +178,13 @@ class BookieConfig(Settings):
     )
 
     # Serving.
-    # Writers send their adds here when the registration has it: framed TCP costs far less CPU
-    # per batch than a gRPC message (stream.wire.frames).
+    # Writers with `WriterOptions.data_port` send their adds here when the registration has
+    # it: framed TCP costs far less CPU per batch than a gRPC message (stream.wire.frames).
     data_listen: str = setting(
         "",
-        check=_DATA_LISTEN,
-        doc='`HOST:PORT` of the data port (Add streams framed over TCP, TLS as `listen`); `""`: '
-        "the host of `listen` and the port after its port (3182 for 3181); "
-        '`"off"`: writers add over gRPC',
+        check=_ADDRESS_OR_OFF,
+        doc="`HOST:PORT` of the data port (Add streams framed over TCP, TLS as `listen`), "
+        'published in the registration; `""` turns it off (writers add over gRPC)',
     )
     metrics_listen: str = setting(
         "127.0.0.1:9181",
@@ -296,8 +291,6 @@ class BookieConfig(Settings):
                 "entry_log_size_limit_bytes",
                 "entry_log_size_limit_bytes must hold at least one entry",
             )
-        if not self.data_listen and self.listen.endswith(":65535"):
-            self.refuse("data_listen", "the data port after listen's would be 65536: set it")
         self._check_security()
 
     def _check_security(self) -> None:
@@ -323,12 +316,7 @@ class BookieConfig(Settings):
 
     def data_bind(self) -> tuple[str, int] | None:
         """Returns the (host, port) the data port binds, None when it is off."""
-        if self.data_listen == "off":
-            return None
-        if self.data_listen:
-            return split_host_port("data_listen", self.data_listen)
-        host, port = split_host_port("listen", self.listen)
-        return host, port + 1
+        return split_host_port("data_listen", self.data_listen) if self.data_listen else None
 
     def client_tls(self) -> TLSConfig | None:
         """Returns the TLS files the bookie calls other bookies with (its own certificate),

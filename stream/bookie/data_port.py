@@ -105,8 +105,8 @@ class DataPort:
         return cls(config, listening, access, tls)
 
     async def start(self, service: BookieService) -> str:
-        """Serves `service`'s Add on the bound port; returns the address to publish: the host
-        as configured (as `listen` is published), the port as bound."""
+        """Serves `service`'s Add on the bound port; returns the address to publish: as
+        configured (as `listen` is published)."""
         listening, self._listening = self._listening, None
         assert listening is not None, "started twice"
         self._service = service
@@ -117,10 +117,7 @@ class DataPort:
             ssl_handshake_timeout=_HANDSHAKE_TIMEOUT_S if self._tls is not None else None,
             limit=_READ_AHEAD_BYTES,
         )
-        config = self._config
-        host = split_host_port("listen", config.listen)[0]
-        if config.data_listen:
-            host = split_host_port("data_listen", config.data_listen)[0]
+        host = split_host_port("data_listen", self._config.data_listen)[0]
         return join_host_port(host, listening.getsockname()[1])
 
     async def stop(self, grace_s: float) -> None:

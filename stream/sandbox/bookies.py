@@ -78,7 +78,7 @@ class BookieProcess:
         self.port = port if port is not None else free_port()
         # 0: no metrics endpoint.
         self.metrics_port = metrics_port if metrics_port is not None else free_port()
-        # Chosen here, not the default (`listen`'s port + 1), which another server may hold.
+        # The data port is on in the sandbox (off by default in a bookie.toml).
         self.data_port = free_port()
         self.settings: dict[str, Any] = dict(settings or {})
         self.config_path = self.data_dir / "bookie.toml"

@@ -46,7 +46,7 @@ def test_writers_add_over_the_data_port_when_told_to(cluster: SandboxCluster) ->
 def test_a_bookie_without_a_data_port_is_added_to_over_grpc(
     cluster_factory: ClusterFactory,
 ) -> None:
-    cluster = cluster_factory(3, data_listen="off")
+    cluster = cluster_factory(3, data_listen="")
     assert [data_address(b) for b in cluster.bookies] == ["", "", ""]
     options = WriterOptions(data_port=True)
     with StreamClient.connect(cluster.metadata, writer_options=options) as client:

@@ -90,7 +90,7 @@ def test_plaintext_beyond_loopback_needs_allow_insecure() -> None:
 
 def test_a_plaintext_data_port_beyond_loopback_needs_allow_insecure() -> None:
     refuse_insecure_listen(config(listen="127.0.0.1:3181", data_listen="127.0.0.1:3182"))
-    refuse_insecure_listen(config(listen="127.0.0.1:3181", data_listen="off"))
+    refuse_insecure_listen(config(listen="127.0.0.1:3181", data_listen=""))
     with pytest.raises(ConfigError, match="data_listen 0.0.0.0 is not a loopback"):
         refuse_insecure_listen(config(listen="127.0.0.1:3181", data_listen="0.0.0.0:3182"))
     refuse_insecure_listen(
