@@ -12,8 +12,3 @@ def split_host_port(key: str, address: str) -> tuple[str, int]:
     if not host or not port.isdigit():
         raise ConfigError(f"{key} must be HOST:PORT", key=key, value=address)
     return host.strip("[]"), int(port)
-
-
-def join_host_port(host: str, port: int) -> str:
-    """Returns "HOST:PORT" (an IPv6 host in brackets), as `split_host_port` reads it."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

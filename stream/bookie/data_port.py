@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator
 
 import structlog
 
-from stream.addresses import join_host_port, split_host_port
 from stream.bookie import metrics
 from stream.bookie.access import CALLER, AccessControl, Caller
 from stream.bookie.config import BookieConfig
@@ -99,14 +98,13 @@ class DataPort:
             listening = socket.create_server((host, port), family=family)
         except OSError as e:
             raise ConfigError(
-                f"cannot listen on {join_host_port(host, port)} (the data port): {e}",
+                f"cannot listen on {config.data_listen} (the data port): {e}",
                 key="data_listen",
             ) from e
         return cls(config, listening, access, tls)
 
-    async def start(self, service: BookieService) -> str:
-        """Serves `service`'s Add on the bound port; returns the address to publish: as
-        configured (as `listen` is published)."""
+    async def start(self, service: BookieService) -> None:
+        """Serves `service`'s Add on the bound port."""
         listening, self._listening = self._listening, None
         assert listening is not None, "started twice"
         self._service = service
@@ -117,8 +115,6 @@ class DataPort:
             ssl_handshake_timeout=_HANDSHAKE_TIMEOUT_S if self._tls is not None else None,
             limit=_READ_AHEAD_BYTES,
         )
-        host = split_host_port("data_listen", self._config.data_listen)[0]
-        return join_host_port(host, listening.getsockname()[1])
 
     async def stop(self, grace_s: float) -> None:
         """Stops accepting; streams still open get `grace_s` to finish their answers, then are

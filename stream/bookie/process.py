@@ -231,7 +231,8 @@ class Bookie:
         add_to_server(self._service, server)
         await server.start()
         if self._data_port is not None:
-            self._data_address = await self._data_port.start(self._service)
+            await self._data_port.start(self._service)
+            self._data_address = config.data_listen  # published as configured, as `listen` is
 
         self._tasks.append(asyncio.create_task(self._register(), name="register"))
         self._tasks.append(asyncio.create_task(self._check_disks_forever(), name="disk-check"))

@@ -13,7 +13,6 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from stream.addresses import split_host_port
 from stream.client.ports import AddBatch, AddStream, fail_waiting
 from stream.wire import bookie_pb2 as pb
 from stream.wire import frames
@@ -82,7 +81,7 @@ class DataPortAddStream(asyncio.Protocol):
             return
         self._closed = True
         if self._transport is None:
-            if self._waiting is not None and not self._task.done():
+            if not self._task.done():
                 self._task.cancel()
             self._fail(self._broken("add stream closed"))
         elif not self._futures:
@@ -120,7 +119,7 @@ class DataPortAddStream(asyncio.Protocol):
             return
         self._transport = transport
         waiting, self._waiting = self._waiting or [], None
-        head = frames.PREAMBLE + _bookie_frame(self._bookie_id)
+        head = frames.PREAMBLE + frames.frame(self._bookie_id.encode())
         transport.write(b"".join([head, *(batch.to_frame() for batch in waiting)]))
 
     def _use_fallback(self, stream: AddStream) -> None:
@@ -184,12 +183,7 @@ class DataPortAddStream(asyncio.Protocol):
         if self._error is None:
             self._error = error
         fail_waiting(self._futures, self._error)
-        self._waiting = None if self._transport is not None else []
-
-
-def _bookie_frame(bookie_id: str) -> bytes:
-    data = bookie_id.encode()
-    return frames.length_prefix(len(data)) + data
+        self._waiting = None
 
 
 def _chain(source: asyncio.Future[pb.AddResponse], target: asyncio.Future[pb.AddResponse]) -> None:
@@ -204,8 +198,3 @@ def _chain(source: asyncio.Future[pb.AddResponse], target: asyncio.Future[pb.Add
             target.set_result(done.result())
 
     source.add_done_callback(copy)
-
-
-def host_of(address: str) -> str:
-    """Returns the host of "HOST:PORT" (what TLS checks the bookie's certificate against)."""
-    return split_host_port("data_address", address)[0]

@@ -131,21 +131,20 @@ class ServerCredentials:
         self._require_client_auth = require_client_auth
         self._lock = threading.Lock()
         self._pending: grpc.ServerCertificateConfiguration | None = None
-        self._current = _server_context(files, files.load(), require_client_auth)
-        # The listener's context: each handshake switches to the current one (the callback
-        # runs for every ClientHello, with or without a server name).
-        self.ssl_context = _server_context(files, files.load(), require_client_auth)
+        material = files.load()
+        # The listener's context, current until a reload: each handshake switches to the
+        # current one (the callback runs for every ClientHello, with or without a server name).
+        self.ssl_context = self._current = _server_context(files, material, require_client_auth)
         self.ssl_context.sni_callback = self._switch_context
         self.credentials = grpc.dynamic_ssl_server_credentials(
-            self._configuration(),
+            self._configuration(material),
             # grpc-stubs types the fetcher as never returning None, but gRPC documents None as
             # "keep the configuration in use", which `_fetch` relies on.
             self._fetch,  # type: ignore[arg-type]
             require_client_authentication=require_client_auth,
         )
 
-    def _configuration(self) -> grpc.ServerCertificateConfiguration:
-        material = self._files.load()
+    def _configuration(self, material: TLSMaterial) -> grpc.ServerCertificateConfiguration:
         assert material.key is not None and material.cert is not None
         return grpc.ssl_server_certificate_configuration(
             [(material.key, material.cert)], root_certificates=material.ca
@@ -163,8 +162,9 @@ class ServerCredentials:
     def reload(self) -> bool:
         """Re-reads the certificate, key and CA files; returns whether they were taken."""
         try:
-            configuration = self._configuration()
-            context = _server_context(self._files, self._files.load(), self._require_client_auth)
+            material = self._files.load()
+            configuration = self._configuration(material)
+            context = _server_context(self._files, material, self._require_client_auth)
         except ConfigError as e:
             log.error("tls.reload_failed", error=str(e))
             return False

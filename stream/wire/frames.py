@@ -22,8 +22,6 @@ import struct
 # The protocol's name and version: a bookie refuses any other (an old writer, another service).
 PREAMBLE = b"SKADD/1\n"
 LENGTH = struct.Struct(">I")
-# The largest length a frame header can say; a bookie's own limit is lower.
-MAX_FRAME = (1 << 32) - 1
 
 # The first byte of an answer frame.
 ANSWER = b"A"
@@ -33,3 +31,8 @@ REFUSAL = b"R"
 def length_prefix(size: int) -> bytes:
     """Returns the header of a frame of `size` bytes."""
     return LENGTH.pack(size)
+
+
+def frame(data: bytes) -> bytes:
+    """Returns `data` framed."""
+    return LENGTH.pack(len(data)) + data

@@ -41,7 +41,7 @@ class RawDataPort:
         self.sock.sendall(data)
 
     def frame(self, data: bytes) -> None:
-        self.send(frames.length_prefix(len(data)) + data)
+        self.send(frames.frame(data))
 
     def add(self, request: pb.AddRequest) -> None:
         self.frame(request.SerializeToString())
