@@ -142,7 +142,7 @@ class DataPort:
         peer = _peer_name(writer.get_extra_info("peername"))
         outcome: str | None = "dropped"
         try:
-            _keep_alive(writer.get_extra_info("socket"))
+            _tune(writer.get_extra_info("socket"))
             outcome = await self._connection(reader, writer, peer)
         except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError, TimeoutError) as e:
             log.info("data_port.connection_dropped", peer=peer, error=repr(e))
@@ -232,10 +232,16 @@ async def _refuse(writer: asyncio.StreamWriter, reason: str) -> str:
     return "refused"
 
 
-def _keep_alive(sock: socket.socket | None) -> None:
+def _tune(sock: socket.socket | None) -> None:
+    """Sets TCP_NODELAY and keepalive on an accepted connection. asyncio sets TCP_NODELAY only
+    on sockets whose `proto` is IPPROTO_TCP, and `socket.create_server`'s (so its accepted
+    ones') is 0: with Nagle on, an answer written while the previous one was unacknowledged
+    waited for the writer's next batch to carry the ACK (measured: 17 ms round trips in runs
+    of seconds at 15,000 appends/s, the p99 at 37 ms)."""
     if sock is None:
         return
     with contextlib.suppress(OSError):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         for option, value in _KEEPALIVE:
             sock.setsockopt(socket.IPPROTO_TCP, option, value)

@@ -116,12 +116,10 @@ class WriterOptions(Settings):
         doc="a bookie that leaves a batch unanswered this long is failed and replaced",
     )
     # A framed TCP stream costs a fraction of gRPC's CPU per batch (stream.wire.frames): about
-    # a fifth less CPU per entry at 20,000/s on the bench machine. Off by default for now: the
-    # bookie's event loop reads the socket itself, and while a write-cache flush holds the GIL
-    # some batches take 20-40 ms, which the pipelining turns into a p99 of ~35 ms at 15,000/s
-    # against ~12 over gRPC (docs/benchmarks.md).
+    # a fifth less CPU per entry at 15,000-20,000/s on the bench machine, and a shorter tail
+    # (docs/benchmarks.md). A bookie without a data port is added to over gRPC.
     data_port: bool = setting(
-        False,
+        True,
         doc="send adds to a bookie's data port when its registration has one (false: over "
         "gRPC, as to a bookie without one)",
     )

@@ -26,12 +26,11 @@ def connections(cluster: SandboxCluster, outcome: str) -> float:
 
 
 @pytest.mark.shared_cluster
-def test_writers_add_over_the_data_port_when_told_to(cluster: SandboxCluster) -> None:
+def test_writers_add_over_the_data_port_unless_told_not_to(cluster: SandboxCluster) -> None:
     assert all(data_address(b) for b in cluster.bookies)
     payloads = [f"entry-{i}".encode() * 20 for i in range(3000)]
-    for data_port, name in ((True, "framed"), (False, "grpc")):
+    for options, name in ((WriterOptions(), "framed"), (WriterOptions(data_port=False), "grpc")):
         before = connections(cluster, "served")
-        options = WriterOptions(data_port=data_port)
         with StreamClient.connect(cluster.metadata, writer_options=options) as client:
             client.create_stream(name, ensemble=3, write_quorum=3, ack_quorum=2)
             with client.open_writer(name) as writer:
@@ -40,7 +39,7 @@ def test_writers_add_over_the_data_port_when_told_to(cluster: SandboxCluster) ->
             read = [e.payload for e in client.open_reader(name).read(0, len(payloads) - 1)]
         assert read == payloads
         # One Add stream per bookie of the ensemble over the data port, none over gRPC.
-        assert connections(cluster, "served") - before == (3 if data_port else 0)
+        assert connections(cluster, "served") - before == (3 if options.data_port else 0)
 
 
 def test_a_bookie_without_a_data_port_is_added_to_over_grpc(
@@ -48,8 +47,7 @@ def test_a_bookie_without_a_data_port_is_added_to_over_grpc(
 ) -> None:
     cluster = cluster_factory(3, data_listen="")
     assert [data_address(b) for b in cluster.bookies] == ["", "", ""]
-    options = WriterOptions(data_port=True)
-    with StreamClient.connect(cluster.metadata, writer_options=options) as client:
+    with StreamClient.connect(cluster.metadata) as client:
         client.create_stream("plain", ensemble=3, write_quorum=3, ack_quorum=2)
         with client.open_writer("plain") as writer:
             ids = [writer.append(f"p{i}".encode()) for i in range(50)]
@@ -111,8 +109,7 @@ def test_the_data_port_refuses_what_is_not_an_add_stream(cluster: SandboxCluster
     ]
     assert failures == []
     # The bookie serves on: a writer adds through its data port.
-    options = WriterOptions(data_port=True)
-    with StreamClient.connect(cluster.metadata, writer_options=options) as client:
+    with StreamClient.connect(cluster.metadata) as client:
         client.create_stream("after-garbage", ensemble=3, write_quorum=3, ack_quorum=3)
         with client.open_writer("after-garbage") as writer:
             assert writer.append(b"fine") == 0
