@@ -79,11 +79,14 @@ class WriterOptions(Settings):
         4 << 20, unit="bytes", check=POSITIVE, doc="payload bytes of one AddRequest"
     )
     # Adaptive batching: one entry per batch when idle, large batches under load. A batch goes
-    # out beside one already in flight only when `pipelined_batch_min_entries` wait: at
-    # moderate rates one batch at a time coalesces everything that arrives during a round trip
-    # (measured on the 2-core bench machine at 12k/s: p50 9 ms against 13-22 ms with four small
+    # out beside one already in flight only when `pipelined_batch_min_entries` wait, or once
+    # `batch_linger_s` has passed since the bookie's previous batch: at moderate rates one
+    # batch per linger coalesces everything that arrives meanwhile (measured on the 2-core
+    # bench machine at 12k/s, before the linger: p50 9 ms against 13-22 ms with four small
     # batches in flight, whose per-batch cost in gRPC and journal wake-ups saturated the CPU),
-    # while under full load batches are large and several in flight keep every bookie busy.
+    # and an answer slower than the linger does not hold the next batch back (its round trip
+    # would add to that batch's own); under full load batches are large and several in flight
+    # keep every bookie busy.
     inflight_batches_per_bookie: int = setting(
         4,
         check=POSITIVE,
@@ -92,7 +95,8 @@ class WriterOptions(Settings):
     pipelined_batch_min_entries: int = setting(
         256,
         check=POSITIVE,
-        doc="entries that must wait before a batch goes out beside one in flight",
+        doc="entries that must wait before a batch goes out beside one in flight (sooner "
+        "once batch_linger_s has passed)",
     )
     # Fewer, larger batches: without a linger every answer sends whatever arrived meanwhile,
     # so the faster the answers (the more CPU is free) the smaller the batches, and their

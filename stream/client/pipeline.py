@@ -282,10 +282,15 @@ class AddPipeline:
             link.linger_timer.cancel()  # a full batch does not wait
             link.linger_timer = None
         inflight = link.inflight
-        while outbox and (
-            not inflight or (len(inflight) < max_inflight and len(outbox) >= pipelined_min)
-        ):
-            if linger and len(outbox) < pipelined_min:
+        while outbox:
+            small = len(outbox) < pipelined_min
+            # Beside a batch in flight, a small one goes out only once the linger has passed
+            # (without a linger: not at all, it waits for the answer). Waiting for the answer
+            # instead would add a slow round trip to the next batch's own: the tail of the
+            # latency would be two round trips.
+            if inflight and (len(inflight) >= max_inflight or (small and not linger)):
+                return
+            if linger and small:
                 wait = link.last_sent + linger - self._loop.time()
                 if wait > 0:
                     link.linger_timer = self._loop.call_later(wait, self._end_linger, link)
