@@ -178,8 +178,9 @@ class BookieConfig(Settings):
     )
 
     # Serving.
-    # Writers with `WriterOptions.data_port` send their adds here when the registration has
-    # it: framed TCP costs far less CPU per batch than a gRPC message (stream.wire.frames).
+    # Writers send their adds here when the registration has it (unless their
+    # `WriterOptions.data_port` is false): framed TCP costs far less CPU per batch than a gRPC
+    # message (stream.wire.frames).
     data_listen: str = setting(
         "",
         check=_ADDRESS_OR_OFF,
