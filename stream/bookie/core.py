@@ -58,6 +58,7 @@ from stream.bookie.storage.outcomes import (
 from stream.bookie.storage.scanned import AddRequest, entry_ids
 from stream.bookie.storage.state import StreamStateView
 from stream.bookie.terms import OVERWRITE, MetadataTerms, Refusal
+from stream.framing.range_answer import FramedEntries
 from stream.wire import bookie_pb2 as pb
 
 log = structlog.get_logger(__name__)
@@ -84,7 +85,7 @@ class Storage(Protocol):
     def read(self, stream_id: int, entry_id: int, term: int = 0) -> ReadResult: ...
     def read_range(
         self, stream_id: int, first: int, last: int, max_batch_bytes: int, *, raw: bool = False
-    ) -> Iterator[tuple[pb.Code, list[Any]]]: ...
+    ) -> Iterator[tuple[pb.Code, list[Any] | FramedEntries]]: ...
     def lac(self, stream_id: int) -> tuple[int, int] | None: ...
     def truncate(self, stream_id: int, term: int, after_entry_id: int) -> TruncateOutcome: ...
     def trim(self, stream_id: int, before_entry_id: int) -> TrimOutcome: ...
@@ -470,9 +471,9 @@ class BookieCore:
 
     def read_range(
         self, request: pb.ReadRangeRequest, *, raw: bool = False
-    ) -> Iterator[tuple[pb.ReadRangeResponse, list[Any]]]:
+    ) -> Iterator[tuple[pb.ReadRangeResponse, list[Any] | FramedEntries]]:
         """Yields the batches of [first_entry_id, last_entry_id], each a response head (code,
-        LAC, first retained entry when TRIMMED) and its entries (serialized with `raw`), in
+        LAC, first retained entry when TRIMMED) and its entries (framed with `raw`), in
         batches of at most `max_batch_bytes`; the last one carries the code that ended the
         range. A malformed request gives one BAD_REQUEST head."""
         reason = malformed_read_range(request)

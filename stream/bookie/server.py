@@ -33,7 +33,7 @@ from stream.bookie.core import (
 from stream.bookie.disk import DiskStatus
 from stream.bookie.storage.scanned import parse_add
 from stream.bookie.terms import MetadataTerms
-from stream.framing.encoding import varint
+from stream.framing.range_answer import FramedEntries
 from stream.protocol.invariant import invariant
 from stream.wire import bookie_pb2 as pb
 
@@ -222,7 +222,7 @@ class BookieService:
         self, request: pb.ReadRangeRequest | Malformed, context: Context
     ) -> AsyncIterator[pb.ReadRangeResponse | bytes]:
         """Streams the entries of [first_entry_id, last_entry_id] in batches of at most
-        `max_batch_bytes`, framed here from the serialized entries the storage reads; the
+        `max_batch_bytes`, as the storage framed them from the entries it stores; the
         last response carries the code that ended the range."""
         if isinstance(request, Malformed):
             self.core.count("ReadRange", BAD_REQUEST)
@@ -243,33 +243,11 @@ class BookieService:
             self.core.count("ReadRange", code)
 
 
-_ENTRIES_FIELD = b"\x12"  # ReadRangeResponse.entries: field 2, length-delimited
-
-
-class _Frames(dict[int, bytes]):
-    """Record length -> the field tag and length varint that frame a record of that length
-    as one of `entries` (made once per length; forgotten when too many lengths were seen)."""
-
-    def __missing__(self, length: int) -> bytes:
-        if len(self) >= 4096:
-            self.clear()
-        frame = self[length] = _ENTRIES_FIELD + varint(length)
-        return frame
-
-
-_FRAMES = _Frames()
-
-
-def _with_entries(head: pb.ReadRangeResponse, records: list[Any]) -> bytes:
-    """Returns `head` serialized with `records` (serialized entries, as the entry logs store
-    them) appended as its `entries`, framed by hand: no entry is parsed and built again (a
-    repeated field may follow the other fields on the wire). Framed by C-level steps only (a
-    cached frame per record length, interleaved with the records by slice assignment)."""
-    parts: list[Any] = [b""] * (2 * len(records) + 1)
-    parts[0] = head.SerializeToString()
-    parts[1::2] = map(_FRAMES.__getitem__, map(len, records))
-    parts[2::2] = records
-    return b"".join(parts)
+def _with_entries(head: pb.ReadRangeResponse, records: list[Any] | FramedEntries) -> bytes:
+    """Returns `head` serialized with `records` (a batch the storage framed as the answer's
+    `entries`, or none) after it: no entry is parsed and built again."""
+    serialized = head.SerializeToString()
+    return records.with_head(serialized) if isinstance(records, FramedEntries) else serialized
 
 
 def _serialized(response: Any) -> bytes:

@@ -1,4 +1,5 @@
 # The compiled walker (_native.c); see stream/framing/native.py.
+from collections.abc import Sequence
 from typing import Final, TypeVar
 
 T = TypeVar("T", bound=tuple[object, ...])
@@ -38,3 +39,11 @@ def prepare_entries(
     cls: type[T],
     /,
 ) -> list[T]: ...
+def frame_records(
+    span: bytes | bytearray | memoryview,
+    base: int,
+    offsets: Sequence[int],
+    lengths: Sequence[int],
+    tag: int,
+    /,
+) -> bytes: ...

@@ -1,10 +1,11 @@
 """The compiled module (`_native`, built from _native.c by the package's own build,
 docs/operations.md): the walker of ReadRange answers, the writer's entry framing
-(`prepare_entries`) and the bookie's scan of Add requests (`scan_add`). `BUILT` says whether it
-was built. Callers fall back to the Python definitions each is held to
-(`stream.client.entry.verified_columns`, `stream.framing.prepare.prepare_entries_python`,
-`stream.bookie.storage.scanned`), so a tree without it still works, only slower;
-tests/unit/client/test_native_walk.py fails there."""
+(`prepare_entries`), the bookie's scan of Add requests (`scan_add`) and its framing of range
+answers (`frame_records`). `BUILT` says whether it was built. Callers fall back to the Python
+definitions each is held to (`stream.client.entry.verified_columns`,
+`stream.framing.prepare.prepare_entries_python`, `stream.bookie.storage.scanned`,
+`stream.framing.range_answer.frame_records_python`), so a tree without it still works, only
+slower; tests/unit/client/test_native_walk.py fails there."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ try:
         FLAG_ATTRIBUTES,
         FLAG_NOOP,
         crc32c,
+        frame_records,
         prepare_entries,
         scan_add,
         set_hardware_crc,
@@ -42,6 +44,7 @@ __all__ = [
     "FLAG_NOOP",
     "Buffer",
     "crc32c",
+    "frame_records",
     "prepare_entries",
     "scan_add",
     "set_hardware_crc",

@@ -614,6 +614,7 @@ class SimBookie:
             raise ConnectionRefusedError(f"{self.bookie_id} is not serving")
         responses = []
         for head, entries in core.read_range(request):
+            assert isinstance(entries, list)  # parsed, as raw=False gives them
             head.entries.extend(entries)
             responses.append(head)
         return responses

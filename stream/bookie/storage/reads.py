@@ -31,6 +31,7 @@ from stream.bookie.storage.state import LocalStreamState
 from stream.bookie.storage.store import Store
 from stream.bookie.unsafe import UnsafeSkips
 from stream.errors import StorageError
+from stream.framing.range_answer import FramedEntries
 from stream.protocol.codes import Code, limbo_code
 from stream.protocol.terms import TermDecision
 from stream.wire import bookie_pb2 as pb
@@ -164,19 +165,20 @@ class ReadPath:
 
     def read_range(
         self, stream_id: int, first: int, last: int, max_batch_bytes: int = 0, *, raw: bool = False
-    ) -> Iterator[tuple[pb.Code, list[Any]]]:
+    ) -> Iterator[tuple[pb.Code, list[Any] | FramedEntries]]:
         """Yields (code, entries) batches of [first, last] of at most about
-        `max_batch_bytes` of payload (0: read_range_batch_bytes). Stops at the first entry
-        not held: the last batch carries the code of the stop (OK when the whole range was
-        returned; NO_SUCH_ENTRY, UNKNOWN in limbo, TRIMMED, NO_SUCH_STREAM...). With `raw`,
-        the entries come serialized (bytes-like: the entry log's records as stored, never
-        parsed), for a server that frames them into its answer as they are."""
+        `max_batch_bytes` (0: read_range_batch_bytes). Stops at the first entry not held: the
+        last batch carries the code of the stop (OK when the whole range was returned;
+        NO_SUCH_ENTRY, UNKNOWN in limbo, TRIMMED, NO_SUCH_STREAM...). With `raw`, the entries
+        of a batch come framed for a ReadRange answer (`FramedEntries`: the records as stored,
+        never parsed; an empty list where a batch has none), for a server that sends them as
+        they are."""
         max_bytes = max_batch_bytes if max_batch_bytes > 0 else self._batch_bytes
         return self._read_range(stream_id, first, last, max_bytes, raw)
 
     def _read_range(
         self, stream_id: int, first: int, last: int, max_bytes: int, raw: bool
-    ) -> Iterator[tuple[pb.Code, list[Any]]]:
+    ) -> Iterator[tuple[pb.Code, list[Any] | FramedEntries]]:
         store = self._store
         unusable = store.usable()
         if unusable is not None:
@@ -212,12 +214,12 @@ class ReadPath:
 
     def _read_batch(
         self, stream_id: int, entry_id: int, last: int, max_bytes: int, raw: bool = False
-    ) -> tuple[list[Any], int, bool]:
+    ) -> tuple[list[Any] | FramedEntries, int, bool]:
         """Returns (entries from `entry_id` on, next entry id, whether no entry was missing)
-        for one batch of at most `max_bytes` (at least one entry); serialized with `raw`."""
+        for one batch of at most `max_bytes` (at least one entry); framed with `raw`."""
         active, snap = self._store.cached(stream_id)
         index = self._store.index
-        batch: list[Any] = []
+        batch: list[Any] | FramedEntries = FramedEntries() if raw else []
         size = 0
         located: list[bytes] = []  # index locations of ids located_first, located_first + 1...
         located_first = entry_id
@@ -226,7 +228,10 @@ class ReadPath:
             if data is None:
                 data = snap.get(entry_id)
             if data is not None:  # the caches hold entries serialized
-                batch.append(data if raw else Entry.FromString(data))
+                if isinstance(batch, FramedEntries):
+                    batch.append(data)
+                else:
+                    batch.append(Entry.FromString(data))
                 size += len(data) + _ENTRY_OVERHEAD_BYTES
                 entry_id += 1
                 continue
@@ -239,20 +244,19 @@ class ReadPath:
             run = _index_run(
                 located[entry_id - located_first :], active, snap, entry_id, max_bytes - size
             )
-            entries = self._read_located(stream_id, entry_id, run, raw)
-            batch.extend(entries)
-            size += sum(map(len, entries)) if raw else sum(len(e.payload) for e in entries)
-            size += _ENTRY_OVERHEAD_BYTES * len(entries)
-            entry_id += len(entries)
-            if len(entries) < len(run):
+            added = self._read_located(stream_id, entry_id, run, batch)
+            size += sum(run.lengths[:added]) + _ENTRY_OVERHEAD_BYTES * added
+            entry_id += added
+            if added < len(run):
                 return batch, entry_id, False
         return batch, entry_id, True
 
     def _read_located(
-        self, stream_id: int, first_id: int, run: Locations, raw: bool = False
-    ) -> list[Any]:
-        """Returns the entries first_id, first_id + 1... at the locations `run` (serialized,
-        as stored, with `raw`), reading adjacent records with one pread."""
+        self, stream_id: int, first_id: int, run: Locations, batch: list[Any] | FramedEntries
+    ) -> int:
+        """Adds to `batch` the entries first_id, first_id + 1... at the locations `run`
+        (framed as stored into a `FramedEntries`, parsed into a list), reading adjacent records
+        with one pread; returns how many (fewer than `run` when some were deleted meanwhile)."""
         header = codec.ENTRY_RECORD_HEADER_BYTES
         logs, offsets, lengths = run.logs, run.offsets, run.lengths
         ends = list(map(add, offsets, lengths))
@@ -269,7 +273,7 @@ class ReadPath:
                     j += 1
                 groups.append((i, j))
                 i = j
-        entries: list[Any] = []
+        added = 0
         for i, j in groups:
             base = offsets[i]
             try:
@@ -279,16 +283,23 @@ class ReadPath:
                 for entry_id in range(first_id + i, first_id + j):
                     entry = self._store.lookup(stream_id, entry_id)
                     if entry is None:
-                        return entries  # deleted meanwhile: the range stops here
-                    entries.append(_serialize_entry(entry) if raw else entry)
+                        return added  # deleted meanwhile: the range stops here
+                    if isinstance(batch, FramedEntries):
+                        batch.append(_serialize_entry(entry))
+                    else:
+                        batch.append(entry)
+                    added += 1
                 continue
-            # Bytes slices (copies), not memoryviews: bytes are no work for the cyclic GC, which
-            # a memoryview per entry kept busy.
-            starts = map(sub, offsets[i:j], repeat(base))
-            stops = map(sub, ends[i:j], repeat(base))
-            records = map(span.__getitem__, map(slice, starts, stops))
-            entries.extend(records if raw else map(Entry.FromString, records))
-        return entries
+            if isinstance(batch, FramedEntries):
+                # One compiled step frames the whole span: no bytes object per entry.
+                batch.add_span(span, base, offsets[i:j], lengths[i:j])
+            else:
+                starts = map(sub, offsets[i:j], repeat(base))
+                stops = map(sub, ends[i:j], repeat(base))
+                records = map(span.__getitem__, map(slice, starts, stops))
+                batch.extend(map(Entry.FromString, records))
+            added += j - i
+        return added
 
     def missing_entry_ids(self, stream_id: int, entry_ids: list[int]) -> list[int]:
         """Returns those of `entry_ids` (ascending) that the bookie does not hold, looking at

@@ -57,6 +57,7 @@ from stream.bookie.storage.state import LocalStreamState, StreamStateView
 from stream.bookie.storage.store import Store
 from stream.bookie.unsafe import SAFE, UnsafeSkips
 from stream.errors import StorageError
+from stream.framing.range_answer import FramedEntries
 from stream.protocol.invariant import invariant
 from stream.wire import bookie_pb2 as pb
 
@@ -245,7 +246,7 @@ class StreamStorage:
 
     def read_range(
         self, stream_id: int, first: int, last: int, max_batch_bytes: int = 0, *, raw: bool = False
-    ) -> Iterator[tuple[pb.Code, list[Any]]]:
+    ) -> Iterator[tuple[pb.Code, list[Any] | FramedEntries]]:
         """Yields (code, entries) batches of [first, last] (`ReadPath.read_range`)."""
         return self._reads.read_range(stream_id, first, last, max_batch_bytes, raw=raw)
 

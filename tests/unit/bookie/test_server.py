@@ -400,29 +400,3 @@ def test_limbo_answers_unknown_instead_of_every_explicit_negative(tmp_path: Path
         assert (await s.Read(pb.ReadRequest(stream_id=9, entry_id=0))).code == pb.NO_SUCH_STREAM
 
     run(tmp_path, body)
-
-
-def test_hand_framed_read_range_answers_parse_as_the_answer() -> None:
-    """`_with_entries` (records framed with a cached tag+length per record length) gives the
-    head's fields then each record framed as one of `entries`: it parses as the answer,
-    across varint length boundaries and after its cache of frames was emptied."""
-    from stream.bookie import server
-    from stream.framing.encoding import varint
-
-    sizes = [0, 1, 100, 127, 128, 1000, 16_383, 16_384, 70_000]
-    entries = [
-        pb.Entry(entry_id=i, timestamp_ms=1_700_000_000_000, payload=b"p" * n, crc32c=i + 1)
-        for i, n in enumerate(sizes)
-    ]
-    records = [memoryview(e.SerializeToString()) for e in entries]
-    head = pb.ReadRangeResponse(code=pb.OK, lac=41)
-    expected = head.SerializeToString() + b"".join(
-        b"\x12" + varint(len(r)) + bytes(r) for r in records
-    )
-    answer = pb.ReadRangeResponse(code=pb.OK, lac=41, entries=entries)
-    assert server._with_entries(head, records) == expected
-    assert pb.ReadRangeResponse.FromString(expected) == answer
-    assert server._with_entries(head, []) == head.SerializeToString()
-    server._with_entries(head, [b"x" * n for n in range(5000)])  # more lengths than it keeps
-    assert len(server._FRAMES) <= 4096
-    assert server._with_entries(head, records) == expected
