@@ -12,6 +12,7 @@ from operator import sub
 
 from stream.framing import native
 from stream.framing.encoding import varint
+from stream.wire import bookie_pb2 as pb
 
 # ReadRangeResponse.entries: field 2, wire type 2 (length-delimited). A repeated field may
 # follow the response's other fields on the wire, so the entries go after its head.
@@ -85,6 +86,10 @@ class FramedEntries:
         read from offset `base` of an entry log."""
         self.pieces.append(frame_records(span, base, offsets, lengths))
         self.count += len(offsets)
+
+    def parsed(self) -> list[pb.Entry]:
+        """Returns the entries, parsed from their framing (for callers that want messages)."""
+        return list(pb.ReadRangeResponse.FromString(b"".join(self.pieces)).entries)
 
     def with_head(self, head: bytes) -> bytes:
         """Returns the answer: `head` (the response's other fields, serialized) and the

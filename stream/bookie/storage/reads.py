@@ -171,38 +171,39 @@ class ReadPath:
         last batch carries the code of the stop (OK when the whole range was returned;
         NO_SUCH_ENTRY, UNKNOWN in limbo, TRIMMED, NO_SUCH_STREAM...). With `raw`, the entries
         of a batch come framed for a ReadRange answer (`FramedEntries`: the records as stored,
-        never parsed; an empty list where a batch has none), for a server that sends them as
-        they are."""
+        never parsed), for a server that sends them as they are; without, parsed from that
+        same framing (the simulator's bookies read through the server's path)."""
         max_bytes = max_batch_bytes if max_batch_bytes > 0 else self._batch_bytes
-        return self._read_range(stream_id, first, last, max_bytes, raw)
+        batches = self._read_range(stream_id, first, last, max_bytes)
+        if raw:
+            return batches
+        return ((code, framed.parsed()) for code, framed in batches)
 
     def _read_range(
-        self, stream_id: int, first: int, last: int, max_bytes: int, raw: bool
-    ) -> Iterator[tuple[pb.Code, list[Any] | FramedEntries]]:
+        self, stream_id: int, first: int, last: int, max_bytes: int
+    ) -> Iterator[tuple[pb.Code, FramedEntries]]:
         store = self._store
         unusable = store.usable()
         if unusable is not None:
-            yield INTERNAL, []
+            yield INTERNAL, FramedEntries()
             return
         if store.states.get(stream_id) is None:
-            yield NO_SUCH_STREAM, []
+            yield NO_SUCH_STREAM, FramedEntries()
             return
         if first < 0 or last < first:
-            yield BAD_REQUEST, []
+            yield BAD_REQUEST, FramedEntries()
             return
         entry_id = first
         while True:
             state = store.states[stream_id]
             if entry_id < state.first_entry_id:
-                yield TRIMMED, []
+                yield TRIMMED, FramedEntries()
                 return
             try:
-                batch, entry_id, found_all = self._read_batch(
-                    stream_id, entry_id, last, max_bytes, raw
-                )
+                batch, entry_id, found_all = self._read_batch(stream_id, entry_id, last, max_bytes)
             except StorageError as e:
                 log.error("storage.read_range_failed", stream_id=stream_id, error=str(e))
-                yield INTERNAL, []
+                yield INTERNAL, FramedEntries()
                 return
             if not found_all:
                 yield self._negative(state), batch
@@ -213,13 +214,13 @@ class ReadPath:
             yield OK, batch
 
     def _read_batch(
-        self, stream_id: int, entry_id: int, last: int, max_bytes: int, raw: bool = False
-    ) -> tuple[list[Any] | FramedEntries, int, bool]:
-        """Returns (entries from `entry_id` on, next entry id, whether no entry was missing)
-        for one batch of at most `max_bytes` (at least one entry); framed with `raw`."""
+        self, stream_id: int, entry_id: int, last: int, max_bytes: int
+    ) -> tuple[FramedEntries, int, bool]:
+        """Returns (entries from `entry_id` on, framed, next entry id, whether no entry was
+        missing) for one batch of at most `max_bytes` (at least one entry)."""
         active, snap = self._store.cached(stream_id)
         index = self._store.index
-        batch: list[Any] | FramedEntries = FramedEntries() if raw else []
+        batch = FramedEntries()
         size = 0
         located: list[bytes] = []  # index locations of ids located_first, located_first + 1...
         located_first = entry_id
@@ -228,10 +229,7 @@ class ReadPath:
             if data is None:
                 data = snap.get(entry_id)
             if data is not None:  # the caches hold entries serialized
-                if isinstance(batch, FramedEntries):
-                    batch.append(data)
-                else:
-                    batch.append(Entry.FromString(data))
+                batch.append(data)
                 size += len(data) + _ENTRY_OVERHEAD_BYTES
                 entry_id += 1
                 continue
@@ -252,11 +250,11 @@ class ReadPath:
         return batch, entry_id, True
 
     def _read_located(
-        self, stream_id: int, first_id: int, run: Locations, batch: list[Any] | FramedEntries
+        self, stream_id: int, first_id: int, run: Locations, batch: FramedEntries
     ) -> int:
-        """Adds to `batch` the entries first_id, first_id + 1... at the locations `run`
-        (framed as stored into a `FramedEntries`, parsed into a list), reading adjacent records
-        with one pread; returns how many (fewer than `run` when some were deleted meanwhile)."""
+        """Adds to `batch` the entries first_id, first_id + 1... at the locations `run`,
+        reading adjacent records with one pread; returns how many (fewer than `run` when some
+        were deleted meanwhile)."""
         header = codec.ENTRY_RECORD_HEADER_BYTES
         logs, offsets, lengths = run.logs, run.offsets, run.lengths
         ends = list(map(add, offsets, lengths))
@@ -284,20 +282,11 @@ class ReadPath:
                     entry = self._store.lookup(stream_id, entry_id)
                     if entry is None:
                         return added  # deleted meanwhile: the range stops here
-                    if isinstance(batch, FramedEntries):
-                        batch.append(_serialize_entry(entry))
-                    else:
-                        batch.append(entry)
+                    batch.append(_serialize_entry(entry))
                     added += 1
                 continue
-            if isinstance(batch, FramedEntries):
-                # One compiled step frames the whole span: no bytes object per entry.
-                batch.add_span(span, base, offsets[i:j], lengths[i:j])
-            else:
-                starts = map(sub, offsets[i:j], repeat(base))
-                stops = map(sub, ends[i:j], repeat(base))
-                records = map(span.__getitem__, map(slice, starts, stops))
-                batch.extend(map(Entry.FromString, records))
+            # One compiled step frames the whole span: no bytes object per entry.
+            batch.add_span(span, base, offsets[i:j], lengths[i:j])
             added += j - i
         return added
 
