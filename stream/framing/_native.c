@@ -1011,8 +1011,8 @@ failed:
 
 /* ------------------------------------------------------------- the bookie's range answer */
 /* frame_records: the bookie's range read, in C (its Python definition is
- * `stream.bookie.storage.framed.frame_records_python`; tests/unit/bookie/test_framed.py holds
- * this to it). A span read from an entry log holds records at known offsets; each becomes one
+ * `stream.framing.range_answer.frame_records_python`; tests/unit/bookie/test_range_answer.py
+ * holds this to it). A span read from an entry log holds records at known offsets; each becomes one
  * `entries` field (tag, length varint, the serialized entry) of a ReadRangeResponse, all in one
  * bytes object: no bytes object per entry, and the records copied once. */
 
@@ -1034,6 +1034,10 @@ frame_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     long long base = PyLong_AsLongLong(args[1]);
     if (base == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (base < 0) {
+        PyErr_SetString(PyExc_ValueError, "base must not be negative");
         return NULL;
     }
     long tag = PyLong_AsLong(args[4]);

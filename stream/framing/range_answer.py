@@ -41,6 +41,8 @@ def frame_records_python(
     `entries`, as one bytes object; a record outside the span raises ValueError."""
     if len(offsets) != len(lengths):
         raise ValueError("offsets and lengths differ in length")
+    if base < 0:
+        raise ValueError("base must not be negative")
     starts = list(map(sub, offsets, repeat(base)))
     for i, (start, length) in enumerate(zip(starts, lengths, strict=True)):
         if start < 0 or length < 0 or start + length > len(span):

@@ -216,8 +216,8 @@ class ReadPath:
     def _read_batch(
         self, stream_id: int, entry_id: int, last: int, max_bytes: int
     ) -> tuple[FramedEntries, int, bool]:
-        """Returns (entries from `entry_id` on, framed, next entry id, whether no entry was
-        missing) for one batch of at most `max_bytes` (at least one entry)."""
+        """Returns the entries from `entry_id` on (framed), the next entry id and whether no
+        entry was missing, for one batch of at most `max_bytes` (at least one entry)."""
         active, snap = self._store.cached(stream_id)
         index = self._store.index
         batch = FramedEntries()

@@ -68,6 +68,8 @@ def test_a_record_outside_the_span_is_refused(frame: object) -> None:
     ]:
         with pytest.raises(ValueError):
             frame(span, 50, offsets, lengths)
+    with pytest.raises(ValueError):
+        frame(span, -1, [0], [1])  # a span from before the log's start
 
 
 @pytest.mark.skipif(not native.BUILT, reason="the compiled module is not built")
