@@ -6,6 +6,7 @@ with and without the compiled module."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 
@@ -53,9 +54,8 @@ def test_the_compiled_framing_is_the_python_definition(seed: int) -> None:
 
 
 @pytest.mark.parametrize("frame", [frame_records_python, frame_records])
-def test_a_record_outside_the_span_is_refused(frame: object) -> None:
+def test_a_record_outside_the_span_is_refused(frame: Callable[..., bytes]) -> None:
     span = bytes(range(100))
-    assert callable(frame)
     assert (
         frame(span, 50, [50, 60], [10, 40]) == b"\x12\x0a" + span[:10] + b"\x12\x28" + span[10:50]
     )
