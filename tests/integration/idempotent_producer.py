@@ -34,8 +34,10 @@ def main(metadata: str, stream: str, producer_id: str, total: str, out_path: str
                 out.write(f"sent {n}\n")
             out.flush()
         for n, future in enumerate(futures):
+            # Flushed line by line: a kill between buffer-sized writes would leave a torn line
+            # that the next run's first line joins.
             out.write(f"ack {n} {future.result()}\n")
-        out.flush()
+            out.flush()
     return 0
 
 
