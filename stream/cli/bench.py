@@ -445,6 +445,8 @@ _TAIL_S = 0.5
 _KEPT_RATE = 0.95
 # The disk test's write size (one fdatasync after each, like a journal's group commit).
 _DISK_TEST_BLOCK = 1 << 20
+# Written (not synced) to measure what new page-cache pages cost before a measured run.
+_PAGE_CACHE_TEST_BYTES = 256 << 20
 
 
 @dataclass
@@ -506,6 +508,9 @@ class MeasuredRun:
     per_second_max_ms: list[float]
     processes: list[ProcessFigures]
     disk: DiskCeiling | None = None
+    # CPU seconds per GiB written into new page-cache pages, measured before the run (see
+    # `page_cache_cpu_s_per_gib`): what each bookie write pays for memory on this machine.
+    page_cache_cpu_s_per_gib: float | None = None
 
 
 @dataclass(frozen=True)
@@ -638,6 +643,31 @@ def synced_write_mb_per_s(directory: Path, total: int) -> float:
     return total // _DISK_TEST_BLOCK * _DISK_TEST_BLOCK / elapsed / 1e6
 
 
+def page_cache_cpu_s_per_gib(directory: Path, total: int) -> float:
+    """Returns the CPU seconds per GiB (of this thread: user and system) that writing `total`
+    bytes to a new file in `directory`, 1 MiB at a time and not synced, took; the file is
+    removed. Every byte a bookie writes (journal, entry logs) lands in new page-cache pages,
+    so their cost is part of its CPU per entry. Where the memory was in use before, it is
+    about 0.2 s per GiB on the bench machine; in a VM whose memory the host backs only when
+    the guest first touches it (after boot, or after the guest reported it free), each new
+    page is a fault in the host and the cost was 2.4 s per GiB (docs/benchmarks.md)."""
+    path = directory / f"page-cache-test-{uuid.uuid4().hex[:8]}"
+    block = os.urandom(_DISK_TEST_BLOCK)
+    blocks = max(1, total // _DISK_TEST_BLOCK)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        started = time.thread_time()
+        for _ in range(blocks):
+            view = memoryview(block)
+            while view:
+                view = view[os.write(fd, view) :]
+        used = time.thread_time() - started
+    finally:
+        os.close(fd)
+        path.unlink()
+    return used / (blocks * _DISK_TEST_BLOCK / (1 << 30))
+
+
 def _measured_run(args: argparse.Namespace, command: str, rate: float | None) -> MeasuredRun:
     """Runs one writer's appends on a fresh sandbox (the disk test first when sustained)."""
     from stream.sandbox.processes import peak_rss_bytes
@@ -646,6 +676,7 @@ def _measured_run(args: argparse.Namespace, command: str, rate: float | None) ->
     settings = {"journal_write_data": args.journal == "on", "log_level": "warning"}
     load_average = os.getloadavg()[0]
     with _sandbox(args, bookie_settings=settings) as cluster:
+        page_cache = page_cache_cpu_s_per_gib(cluster.data_dir, _PAGE_CACHE_TEST_BYTES)
         synced = (
             synced_write_mb_per_s(cluster.data_dir, args.disk_test_bytes)
             if command == "sustained"
@@ -658,7 +689,9 @@ def _measured_run(args: argparse.Namespace, command: str, rate: float | None) ->
             with client.open_writer(name) as writer:
                 samples, window = _drive(writer, args, rate, [pid for _, pid in processes])
             peak = {pid: peak_rss_bytes(pid) for _, pid in processes}
-    return _figures(args, command, rate, load_average, samples, window, processes, peak, synced)
+    run = _figures(args, command, rate, load_average, samples, window, processes, peak, synced)
+    run.page_cache_cpu_s_per_gib = round(page_cache, 2)
+    return run
 
 
 def _drive(
@@ -782,6 +815,14 @@ def _print_measured(args: argparse.Namespace, run: MeasuredRun) -> None:
         f"{run.entries_per_s:,}/s (load average {run.load_average})",
         highlight=False,
     )
+    if run.page_cache_cpu_s_per_gib is not None:
+        # Compare it before comparing CPU figures across runs or days (docs/benchmarks.md).
+        out.print(
+            f"new page-cache pages: {run.page_cache_cpu_s_per_gib:.2f} s of CPU per GiB written "
+            "(about 0.2 where the machine's memory was in use before; much more in a VM whose "
+            "host backs memory only when it is first touched, and every bookie write pays it)",
+            highlight=False,
+        )
     if run.target_rate is not None and run.entries_per_s < _KEPT_RATE * run.target_rate:
         # Latency then measures the backlog, and CPU per entry a different batching.
         out.print(

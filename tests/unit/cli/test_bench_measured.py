@@ -5,10 +5,17 @@ from __future__ import annotations
 
 import json
 import tracemalloc
+from pathlib import Path
 
 import pytest
 
-from stream.cli.bench import MeasuredRun, _figures, _print_measured, _Snapshot
+from stream.cli.bench import (
+    MeasuredRun,
+    _figures,
+    _print_measured,
+    _Snapshot,
+    page_cache_cpu_s_per_gib,
+)
 from stream.cli.bench_memory import LatencySamples, rss_halves
 from stream.cli.main import build_parser, main
 
@@ -170,3 +177,17 @@ def test_a_paced_run_that_fell_behind_says_so(capsys: pytest.CaptureFixture[str]
     kept.target_rate = 10_000.0
     _print_measured(args, kept)
     assert "behind schedule: 80% of the target rate" in capsys.readouterr().out
+
+
+def test_the_cost_of_new_page_cache_pages_is_measured_and_printed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Written, not synced, and removed: the run's directory holds only the sandbox after it.
+    cost = page_cache_cpu_s_per_gib(tmp_path, 8 << 20)
+    assert 0.0 < cost < 60.0 and list(tmp_path.iterdir()) == []
+    run = _measured("paced", None)
+    run.page_cache_cpu_s_per_gib = 2.4
+    _print_measured(build_parser().parse_args(["--output", "json", "bench", "paced"]), run)
+    assert json.loads(capsys.readouterr().out)["page_cache_cpu_s_per_gib"] == 2.4
+    _print_measured(build_parser().parse_args(["bench", "paced"]), run)
+    assert "new page-cache pages: 2.40 s of CPU per GiB written" in capsys.readouterr().out
