@@ -16,7 +16,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -622,25 +622,36 @@ def _snapshot(pids: list[int]) -> _Snapshot:
     )
 
 
-def synced_write_mb_per_s(directory: Path, total: int) -> float:
-    """Returns the MB/s of `total` bytes written sequentially to a new file in `directory`,
-    1 MiB at a time with an fdatasync after each (as the journal makes entries durable); the
-    file is removed."""
+def _timed_test_file(
+    directory: Path, blocks: int, *, sync: bool, clock: Callable[[], float]
+) -> float:
+    """Writes `blocks` incompressible 1 MiB blocks sequentially to a new file in `directory`
+    (an fdatasync after each with `sync`), removes it, and returns the time `clock` measured
+    across the writes."""
     path = directory / f"disk-test-{uuid.uuid4().hex[:8]}"
     block = os.urandom(_DISK_TEST_BLOCK)  # incompressible, whatever the filesystem
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        started = time.perf_counter()
-        for _ in range(total // _DISK_TEST_BLOCK):
+        started = clock()
+        for _ in range(blocks):
             view = memoryview(block)
             while view:
                 view = view[os.write(fd, view) :]
-            os.fdatasync(fd)
-        elapsed = time.perf_counter() - started
+            if sync:
+                os.fdatasync(fd)
+        return clock() - started
     finally:
         os.close(fd)
         path.unlink()
-    return total // _DISK_TEST_BLOCK * _DISK_TEST_BLOCK / elapsed / 1e6
+
+
+def synced_write_mb_per_s(directory: Path, total: int) -> float:
+    """Returns the MB/s of `total` bytes written sequentially to a new file in `directory`,
+    1 MiB at a time with an fdatasync after each (as the journal makes entries durable); the
+    file is removed."""
+    blocks = total // _DISK_TEST_BLOCK
+    elapsed = _timed_test_file(directory, blocks, sync=True, clock=time.perf_counter)
+    return blocks * _DISK_TEST_BLOCK / elapsed / 1e6
 
 
 def page_cache_cpu_s_per_gib(directory: Path, total: int) -> float:
@@ -651,20 +662,8 @@ def page_cache_cpu_s_per_gib(directory: Path, total: int) -> float:
     about 0.2 s per GiB on the bench machine; in a VM whose memory the host backs only when
     the guest first touches it (after boot, or after the guest reported it free), each new
     page is a fault in the host and the cost was 2.4 s per GiB (docs/benchmarks.md)."""
-    path = directory / f"page-cache-test-{uuid.uuid4().hex[:8]}"
-    block = os.urandom(_DISK_TEST_BLOCK)
     blocks = max(1, total // _DISK_TEST_BLOCK)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        started = time.thread_time()
-        for _ in range(blocks):
-            view = memoryview(block)
-            while view:
-                view = view[os.write(fd, view) :]
-        used = time.thread_time() - started
-    finally:
-        os.close(fd)
-        path.unlink()
+    used = _timed_test_file(directory, blocks, sync=False, clock=time.thread_time)
     return used / (blocks * _DISK_TEST_BLOCK / (1 << 30))
 
 
