@@ -190,9 +190,6 @@ class MetadataSession:
                 "timeouts must be > 0", timeout_s=timeout_s, session_timeout_s=session_timeout_s
             )
         deadline_s = session_timeout_s if retry_deadline_s is None else retry_deadline_s
-        _ensure_root(
-            hosts, root, timeout_s=timeout_s, session_timeout_s=session_timeout_s, auth=auth
-        )
         zk = KazooClient(
             hosts=hosts + root,
             timeout=session_timeout_s,
@@ -215,7 +212,14 @@ class MetadataSession:
             session._give_up()
             raise
         try:
-            session._check_readable()
+            # The root usually exists: then this is the only session, and the layout is
+            # checked in one round trip (a Spark query's driver connects at every start).
+            if not session._check_readable():
+                _ensure_root(
+                    hosts, root, timeout_s=timeout_s, session_timeout_s=session_timeout_s, auth=auth
+                )
+                if not session._check_readable():
+                    raise MetadataError("the metadata root was deleted while connecting", root=root)
             session._create_base_layout()
             session._warn_if_open()
         except BaseException:
@@ -230,13 +234,15 @@ class MetadataSession:
         )
         return session
 
-    def _check_readable(self) -> None:
-        """Returns None when this identity may read the root; else raises
-        `PermissionDeniedError` at once, rather than at some later call: with a wrong password
-        (ZooKeeper's digest scheme accepts any credentials, it just matches no ACL) or no auth
-        file for a root that has ACLs, nothing else would work either."""
+    def _check_readable(self) -> bool:
+        """Returns True when this identity may read the root, False when there is no root;
+        else raises `PermissionDeniedError` at once, rather than at some later call: with a
+        wrong password (ZooKeeper's digest scheme accepts any credentials, it just matches no
+        ACL) or no auth file for a root that has ACLs, nothing else would work either."""
         try:
             self.retry(self._zk.get_children, "/")
+        except NoNodeError:
+            return False
         except PermissionDeniedError as exc:
             raise PermissionDeniedError(
                 "ZooKeeper does not let this identity read the metadata root: "
@@ -248,6 +254,17 @@ class MetadataSession:
                 root=self.root,
                 user=None if self.auth is None else self.auth.user,
             ) from exc
+        return True
+
+    def _any_missing(self, znodes: tuple[str, ...]) -> bool:
+        """Returns whether any of `znodes` is missing, asking for all of them at once (one
+        round trip, not one per znode). Any trouble getting the answers also returns True:
+        the caller's retried calls then meet it and raise the true error."""
+        try:
+            asked = [self._zk.exists_async(znode) for znode in znodes]
+            return any(answer.get(timeout=self.retry_deadline_s) is None for answer in asked)
+        except Exception:
+            return True
 
     def _warn_if_open(self) -> None:
         """Logs a warning when this session authenticates but the root is open to anyone:
@@ -265,6 +282,8 @@ class MetadataSession:
     def _create_base_layout(self) -> None:
         # Only what is missing is created (ensure_path and this look first): a read-only
         # identity connects to an existing layout without writing.
+        if not self._any_missing((*paths.BASE_LAYOUT, paths.STREAMS_NEXT_ID)):
+            return
         for path in paths.BASE_LAYOUT:
             self.retry(self._zk.ensure_path, path)
         if self.retry(self._zk.exists, paths.STREAMS_NEXT_ID) is not None:

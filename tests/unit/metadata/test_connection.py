@@ -17,6 +17,7 @@ from stream.metadata import (
     MetadataSession,
     MetadataSessionExpiredError,
     SessionState,
+    connection,
     parse_connect_string,
 )
 from stream.sandbox.ports import free_port
@@ -130,6 +131,35 @@ def test_connect_creates_missing_root_and_layout(zookeeper: ZooKeeperServer) -> 
     finally:
         raw.stop()
         raw.close()
+
+
+@pytest.mark.integration
+def test_connect_to_an_existing_layout_is_one_session_and_writes_nothing(
+    metadata_root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every client, tool and Spark query's driver connects: to an existing root and layout
+    that is one ZooKeeper session (no second, unchrooted one to create the root) and one
+    round of `exists`, no `ensure_path` per znode. A znode missing from the layout is still
+    created."""
+    MetadataSession.connect(metadata_root).close()  # the layout exists from here on
+    ensured: list[str] = []
+    real_ensure_path = KazooClient.ensure_path
+
+    def recording_ensure_path(self: KazooClient, path: str, *args: object) -> bool:
+        ensured.append(path)
+        return bool(real_ensure_path(self, path, *args))
+
+    def no_root_session(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a second session to create a root that exists")
+
+    monkeypatch.setattr(KazooClient, "ensure_path", recording_ensure_path)
+    monkeypatch.setattr(connection, "_ensure_root", no_root_session)
+    with MetadataSession.connect(metadata_root) as session:
+        assert ensured == []
+        session.zk.delete("/bookies/draining")
+    with MetadataSession.connect(metadata_root) as session:
+        assert "/bookies/draining" in ensured
+        assert session.zk.exists("/bookies/draining") is not None
 
 
 @pytest.mark.integration
