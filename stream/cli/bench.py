@@ -447,6 +447,8 @@ _KEPT_RATE = 0.95
 _DISK_TEST_BLOCK = 1 << 20
 # Written (not synced) to measure what new page-cache pages cost before a measured run.
 _PAGE_CACHE_TEST_BYTES = 256 << 20
+# Wake-ups each way of the wake-up test (about 0.2 s on the bench machine).
+_WAKEUP_TEST_ROUNDS = 10_000
 
 
 @dataclass
@@ -462,6 +464,9 @@ class ProcessFigures:
     cpu_us_per_entry: float
     peak_rss_mib: float
     written_mb: float
+    # Times its threads went to sleep (voluntary context switches) per 1,000 acknowledged
+    # entries: each is a wake-up, which costs `MeasuredRun.wakeup_cpu_us` of CPU.
+    sleeps_per_1k_entries: float = float("nan")
     rss_first_half_mib: float = float("nan")
     rss_last_half_mib: float = float("nan")
     rss_growth_mib: float = float("nan")
@@ -511,18 +516,22 @@ class MeasuredRun:
     # CPU seconds per GiB written into new page-cache pages, measured before the run (see
     # `page_cache_cpu_s_per_gib`): what each bookie write pays for memory on this machine.
     page_cache_cpu_s_per_gib: float | None = None
+    # CPU microseconds of one thread waking another on another CPU, measured before the run
+    # (see `wakeup_cpu_us`): what each of the processes' sleeps costs on this machine.
+    wakeup_cpu_us: float | None = None
 
 
 @dataclass(frozen=True)
 class _Snapshot:
-    """CPU seconds, bytes written, resident bytes and resident anonymous bytes of each process
-    at one moment (perf_counter `at`)."""
+    """CPU seconds, bytes written, resident bytes, resident anonymous bytes and sleeps of each
+    process at one moment (perf_counter `at`)."""
 
     at: float
     cpu: dict[int, float]
     written: dict[int, int]
     rss: dict[int, int]
     anon: dict[int, int]
+    sleeps: dict[int, int]
 
 
 def _positive_rate(text: str) -> float:
@@ -610,7 +619,7 @@ def _sustained(args: argparse.Namespace) -> int:
 
 
 def _snapshot(pids: list[int]) -> _Snapshot:
-    from stream.sandbox.processes import cpu_seconds, resident_bytes, write_bytes
+    from stream.sandbox.processes import cpu_seconds, resident_bytes, sleeps, write_bytes
 
     resident = {pid: resident_bytes(pid) for pid in pids}
     return _Snapshot(
@@ -619,6 +628,7 @@ def _snapshot(pids: list[int]) -> _Snapshot:
         {pid: write_bytes(pid) for pid in pids},
         {pid: rss for pid, (rss, _) in resident.items()},
         {pid: anon for pid, (_, anon) in resident.items()},
+        {pid: sleeps(pid) for pid in pids},
     )
 
 
@@ -667,6 +677,41 @@ def page_cache_cpu_s_per_gib(directory: Path, total: int) -> float:
     return used / (blocks * _DISK_TEST_BLOCK / (1 << 30))
 
 
+def wakeup_cpu_us(rounds: int) -> float:
+    """Returns the CPU microseconds (of the whole process) per wake-up of a thread by a thread
+    on another CPU: two threads, each held to a CPU of its own where there are two, wake each
+    other through pipes `rounds` times each. On the bench VM a wake-up across CPUs cost about
+    10 us and one on the same CPU about 1 (a vCPU that went idle halts, and waking it is an
+    interrupt through the host): the processes' sleeps are a part of their CPU per entry that
+    depends on the machine (docs/benchmarks.md)."""
+    allowed = sorted(os.sched_getaffinity(0))
+    mine, theirs = allowed[0], allowed[-1]  # one CPU when only one is allowed
+    ping_r, ping_w = os.pipe()
+    pong_r, pong_w = os.pipe()
+
+    def answer() -> None:
+        os.sched_setaffinity(0, {theirs})  # this thread only
+        for _ in range(rounds):
+            os.read(ping_r, 1)
+            os.write(pong_w, b"x")
+
+    other = threading.Thread(target=answer, name="wakeup-test")
+    os.sched_setaffinity(0, {mine})
+    try:
+        started = time.process_time()
+        other.start()
+        for _ in range(rounds):
+            os.write(ping_w, b"x")
+            os.read(pong_r, 1)
+        other.join()
+        used = time.process_time() - started
+    finally:
+        os.sched_setaffinity(0, allowed)
+        for fd in (ping_r, ping_w, pong_r, pong_w):
+            os.close(fd)
+    return used / (2 * rounds) * 1e6
+
+
 def _measured_run(args: argparse.Namespace, command: str, rate: float | None) -> MeasuredRun:
     """Runs one writer's appends on a fresh sandbox (the disk test first when sustained)."""
     from stream.sandbox.processes import peak_rss_bytes
@@ -676,6 +721,7 @@ def _measured_run(args: argparse.Namespace, command: str, rate: float | None) ->
     load_average = os.getloadavg()[0]
     with _sandbox(args, bookie_settings=settings) as cluster:
         page_cache = page_cache_cpu_s_per_gib(cluster.data_dir, _PAGE_CACHE_TEST_BYTES)
+        wakeup = wakeup_cpu_us(_WAKEUP_TEST_ROUNDS)
         synced = (
             synced_write_mb_per_s(cluster.data_dir, args.disk_test_bytes)
             if command == "sustained"
@@ -690,6 +736,7 @@ def _measured_run(args: argparse.Namespace, command: str, rate: float | None) ->
             peak = {pid: peak_rss_bytes(pid) for _, pid in processes}
     run = _figures(args, command, rate, load_average, samples, window, processes, peak, synced)
     run.page_cache_cpu_s_per_gib = round(page_cache, 2)
+    run.wakeup_cpu_us = round(wakeup, 1)
     return run
 
 
@@ -751,6 +798,7 @@ def _figures(
             cpu_us_per_entry=_per_entry(last.cpu[pid] - first.cpu[pid], acked),
             peak_rss_mib=round(peak[pid] / (1 << 20), 1),
             written_mb=round((last.written[pid] - first.written[pid]) / 1e6, 1),
+            sleeps_per_1k_entries=_per_1k(last.sleeps[pid] - first.sleeps[pid], acked),
             rss_first_half_mib=round(halves[0] / (1 << 20), 1),
             rss_last_half_mib=round(halves[1] / (1 << 20), 1),
             rss_growth_mib=round((halves[1] - halves[0]) / (1 << 20), 1),
@@ -800,6 +848,11 @@ def _per_entry(cpu_s: float, entries: int) -> float:
     return round(cpu_s / entries * 1e6, 2) if entries else float("nan")
 
 
+def _per_1k(count: int, entries: int) -> float:
+    # A thread that ended during the window takes its count along: never below zero.
+    return round(max(count, 0) / entries * 1000, 1) if entries else float("nan")
+
+
 def _print_measured(args: argparse.Namespace, run: MeasuredRun) -> None:
     """Prints `run` as one JSON line with `--output json`, as tables otherwise."""
     if wants_json(args):
@@ -822,22 +875,32 @@ def _print_measured(args: argparse.Namespace, run: MeasuredRun) -> None:
             "host backs memory only when it is first touched, and every bookie write pays it)",
             highlight=False,
         )
+    if run.wakeup_cpu_us is not None:
+        out.print(
+            f"a thread's wake-up by another CPU: {run.wakeup_cpu_us:.1f} us of CPU (the table's "
+            "sleeps each end in one; about 1 us on one CPU)",
+            highlight=False,
+        )
     if run.target_rate is not None and run.entries_per_s < _KEPT_RATE * run.target_rate:
         # Latency then measures the backlog, and CPU per entry a different batching.
         out.print(
             f"behind schedule: {run.entries_per_s / run.target_rate:.0%} of the target rate",
             highlight=False,
         )
-    table = Table(title="CPU per acknowledged entry, memory (RSS: window halves), disk writes")
-    columns = ("process", "pid", "CPU s", "CPU us/entry", "peak RSS MiB", "RSS 1st half")
-    for column in (*columns, "RSS 2nd half", "RSS growth", "anon growth", "written MB"):
+    table = Table(
+        title="CPU and sleeps per acknowledged entry, memory (RSS: window halves), disk writes"
+    )
+    columns = ("process", "pid", "CPU s", "CPU us/entry", "sleeps/1k entries", "peak RSS MiB")
+    for column in (*columns, "RSS 1st half", "RSS 2nd half", "RSS growth", "anon growth"):
         table.add_column(column, justify="right")
+    table.add_column("written MB", justify="right")
     for p in run.processes:
         table.add_row(
             p.process,
             str(p.pid),
             f"{p.cpu_s:.2f}",
             f"{p.cpu_us_per_entry:.1f}",
+            f"{p.sleeps_per_1k_entries:.0f}",
             f"{p.peak_rss_mib:.0f}",
             f"{p.rss_first_half_mib:.1f}",
             f"{p.rss_last_half_mib:.1f}",
@@ -847,11 +910,13 @@ def _print_measured(args: argparse.Namespace, run: MeasuredRun) -> None:
         )
     total_cpu = sum(p.cpu_s for p in run.processes)
     total_written = sum(p.written_mb for p in run.processes)
+    total_sleeps = sum(p.sleeps_per_1k_entries for p in run.processes)
     table.add_row(
         "total",
         "",
         f"{total_cpu:.2f}",
         f"{run.cpu_us_per_entry:.1f}",
+        f"{total_sleeps:.0f}",
         *([""] * 5),
         f"{total_written:.0f}",
     )

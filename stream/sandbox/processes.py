@@ -48,6 +48,19 @@ def write_bytes(pid: int) -> int:
     return int(_proc_field(f"/proc/{pid}/io", "write_bytes"))
 
 
+def sleeps(pid: int) -> int:
+    """Returns how many times the threads of process `pid` that are alive now went to sleep so
+    far (their voluntary context switches: waits for I/O, a lock, a wake-up), each a wake-up
+    to pay for later (docs/benchmarks.md); a thread that ended is no longer counted."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int(_proc_field(str(task / "status"), "voluntary_ctxt_switches"))
+        except (OSError, StreamError):
+            continue  # the thread ended meanwhile
+    return total
+
+
 def peak_rss_bytes(pid: int) -> int:
     """Returns the largest resident set process `pid` had so far (VmHWM)."""
     return int(_proc_field(f"/proc/{pid}/status", "VmHWM").split()[0]) * 1024

@@ -4,6 +4,8 @@ sandbox, and the figures and output they make of a window's measurements (no pro
 from __future__ import annotations
 
 import json
+import os
+import time
 import tracemalloc
 from pathlib import Path
 
@@ -15,9 +17,11 @@ from stream.cli.bench import (
     _print_measured,
     _Snapshot,
     page_cache_cpu_s_per_gib,
+    wakeup_cpu_us,
 )
 from stream.cli.bench_memory import LatencySamples, rss_halves
 from stream.cli.main import build_parser, main
+from stream.sandbox.processes import sleeps
 
 
 def _usage_error(*argv: str) -> bool:
@@ -76,6 +80,7 @@ def _window() -> tuple[list[tuple[float, float]], list[_Snapshot]]:
         {1: 0, 2: 1000, 3: 1000},
         {1: 50 * mib, 2: 90 * mib, 3: 90 * mib},
         {1: 30 * mib, 2: 40 * mib, 3: 40 * mib},
+        {1: 500, 2: 900, 3: 900},
     )
     middle = _Snapshot(
         101.0,
@@ -83,6 +88,7 @@ def _window() -> tuple[list[tuple[float, float]], list[_Snapshot]]:
         {1: 0, 2: 1000, 3: 1000},
         {1: 51 * mib, 2: 91 * mib, 3: 92 * mib},
         {1: 31 * mib, 2: 41 * mib, 3: 40 * mib},
+        {1: 1500, 2: 2900, 3: 1900},
     )
     written = 1000 + 16_384_000
     last = _Snapshot(
@@ -91,6 +97,8 @@ def _window() -> tuple[list[tuple[float, float]], list[_Snapshot]]:
         {1: 0, 2: written, 3: written},
         {1: 52 * mib, 2: 90 * mib, 3: 94 * mib},
         {1: 32 * mib, 2: 40 * mib, 3: 40 * mib},
+        # bookie-2 lost a thread that had slept more than the others' since: no negative count.
+        {1: 2500, 2: 4900, 3: 800},
     )
     samples = [(99.5, 0.002)]  # before the window: neither counted nor timed
     # Acknowledged at 100.0005 ... 101.9995, the first two due before the window.
@@ -119,6 +127,10 @@ def test_a_window_gives_rate_cpu_per_entry_latency_and_each_seconds_maximum() ->
     assert run.cpu_us_per_entry == 20.0
     assert by_name["bookie-2"].peak_rss_mib == 300.0
     assert by_name["bookie-1"].written_mb == 16.4
+    # 2,000 and 4,000 sleeps over 16,000 entries.
+    assert by_name["client"].sleeps_per_1k_entries == 125.0
+    assert by_name["bookie-1"].sleeps_per_1k_entries == 250.0
+    assert by_name["bookie-2"].sleeps_per_1k_entries == 0.0
     assert (run.p50_ms, run.p99_ms, run.max_ms) == (2.0, 2.0, 40.0)
     assert run.latency_samples == 1999
     assert run.per_second_max_ms == [2.0, 40.0]
@@ -191,3 +203,23 @@ def test_the_cost_of_new_page_cache_pages_is_measured_and_printed(
     assert json.loads(capsys.readouterr().out)["page_cache_cpu_s_per_gib"] == 2.4
     _print_measured(build_parser().parse_args(["bench", "paced"]), run)
     assert "new page-cache pages: 2.40 s of CPU per GiB written" in capsys.readouterr().out
+
+
+def test_what_a_wake_up_costs_is_measured_and_printed(capsys: pytest.CaptureFixture[str]) -> None:
+    slept = sleeps(os.getpid())
+    time.sleep(0.01)
+    assert sleeps(os.getpid()) > slept
+    affinity = os.sched_getaffinity(0)
+    cost = wakeup_cpu_us(200)
+    # The test holds this thread to one CPU and gives it back.
+    assert 0.0 < cost < 1000.0 and os.sched_getaffinity(0) == affinity
+    run = _measured("paced", None)
+    run.wakeup_cpu_us = 9.8
+    _print_measured(build_parser().parse_args(["--output", "json", "bench", "paced"]), run)
+    figures = json.loads(capsys.readouterr().out)
+    assert figures["wakeup_cpu_us"] == 9.8
+    assert [p["sleeps_per_1k_entries"] for p in figures["processes"]] == [125.0, 250.0, 0.0]
+    _print_measured(build_parser().parse_args(["bench", "paced"]), run)
+    text = capsys.readouterr().out
+    assert "a thread's wake-up by another CPU: 9.8 us of CPU" in text
+    assert "sleeps/1k entries" in text
