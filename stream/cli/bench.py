@@ -680,10 +680,10 @@ def page_cache_cpu_s_per_gib(directory: Path, total: int) -> float:
 def wakeup_cpu_us(rounds: int) -> float:
     """Returns the CPU microseconds (of the whole process) per wake-up of a thread by a thread
     on another CPU: two threads, each held to a CPU of its own where there are two, wake each
-    other through pipes `rounds` times each. On the bench VM a wake-up across CPUs cost about
-    10 us and one on the same CPU about 1 (a vCPU that went idle halts, and waking it is an
-    interrupt through the host): the processes' sleeps are a part of their CPU per entry that
-    depends on the machine (docs/benchmarks.md)."""
+    other through pipes `rounds` times each. On the bench VM a wake-up across CPUs cost 21-26
+    us and one on the same CPU about 1 (a vCPU that went idle halts, and waking it goes
+    through the host): the processes' sleeps are a part of their CPU per entry that depends on
+    the machine (docs/benchmarks.md)."""
     allowed = sorted(os.sched_getaffinity(0))
     mine, theirs = allowed[0], allowed[-1]  # one CPU when only one is allowed
     ping_r, ping_w = os.pipe()
