@@ -146,7 +146,8 @@ class BookieCore:
         self._start_report = start_report
         self._mode = ReadOnlyMode(disk_status, config.disk_usage_threshold)
         self._loop = asyncio.get_running_loop()
-        self._group_waits = GroupWaits()
+        # Loop-side waits for journal groups (`finish_add`; the data port's done callbacks).
+        self.group_waits = GroupWaits()
         self._lac_polls = LacPolls(MAX_LAC_WAITERS)
         storage.on_lac_advanced = self.notify_lac_advanced
         self._log = RequestLog()
@@ -255,14 +256,22 @@ class BookieCore:
         """Checks one batch against metadata (when its term needs it) and hands it to the
         storage; returns its response (to send once durable, `finish_add`), the durability
         future and the codes. `raw` is the batch as received (journaled as is)."""
-        terms = self._terms  # a sync test first: no coroutine per batch
-        refusal = (
-            await self._refusal("Add", request.stream_id, request.term, context)
-            if terms is not None and terms.must_check(request.stream_id, request.term)
-            else None
-        )
+        started = self.start_add_now(request, raw, context)
+        if started is not None:
+            return started
+        refusal = await self._refusal("Add", request.stream_id, request.term, context)
         if refusal is not None:
             return self._add_rejected(request, wire_code(refusal.code), refusal.message)
+        return self._start_add(request, raw, context)
+
+    def start_add_now(
+        self, request: AddRequest, raw: bytes | None = None, context: Peer | None = None
+    ) -> _PendingAdd | None:
+        """`start_add` without awaiting: None when the batch's term needs a metadata check
+        first (a term this bookie has not checked yet; then call `start_add`)."""
+        terms = self._terms
+        if terms is not None and terms.must_check(request.stream_id, request.term):
+            return None
         return self._start_add(request, raw, context)
 
     def rejected_add(self, request: AddRequest, code: pb.Code, message: str) -> _PendingAdd:
@@ -272,15 +281,25 @@ class BookieCore:
     async def finish_add(self, item: _PendingAdd) -> pb.AddResponse:
         """Returns the response of a started batch once it is durable (INTERNAL for every
         entry when the journal failed to sync: nothing about the batch can be promised)."""
-        response, durable, codes = item
         try:
-            await self._group_waits.wait(durable)
+            await self.group_waits.wait(item[1])
         except Exception as e:
-            log.error("add.durability_failed", stream_id=response.stream_id, error=repr(e))
+            return self.answer_add(item, e)
+        return self.answer_add(item)
+
+    def answer_add(self, item: _PendingAdd, failure: BaseException | None = None) -> pb.AddResponse:
+        """Returns the response of a started batch that is durable, or whose journal group
+        failed with `failure` (INTERNAL for every entry: nothing about the batch can be
+        promised), and counts it."""
+        response, durable, codes = item
+        if failure is None and durable is not None and durable.done():
+            failure = durable.exception()
+        if failure is not None:
+            log.error("add.durability_failed", stream_id=response.stream_id, error=repr(failure))
             codes = [INTERNAL] * max(len(response.entry_ids), 1)
             del response.codes[:]
             response.codes.extend(codes)
-            response.message = f"journal failure: {e!r}"
+            response.message = f"journal failure: {failure!r}"
         self._log.count_add(codes)
         return response
 

@@ -1,22 +1,29 @@
 """The bookie's data port (`data_listen`): Add streams framed over TCP (`stream.wire.frames`),
-TLS as the gRPC port has it, each served by the gRPC Add's own handler (`BookieService.Add`):
-the same parsing, term rule, metadata checks, backpressure and answers. Only the edge differs:
-a connection is admitted by `AccessControl.admit` once its preamble arrived, and a fault of
-the connection itself is answered by a refusal frame, then the connection closes."""
+TLS as the gRPC port has it, each batch taken by the Add stream's one definition
+(`BookieService.start_raw_add`, as gRPC's `Add` takes it): the same parsing, term rule,
+metadata checks and answers, in request order, and the same bound of batches in flight. Only
+the edge differs: a connection is admitted by `AccessControl.admit` once its preamble arrived,
+a fault of the connection itself is answered by a refusal frame (then the connection closes),
+and a connection is a protocol driven by the event loop's callbacks rather than tasks: a
+batch costs no task switch, and the answers of a journal group go out in one write as its
+sync completes (measured in docs/benchmarks.md)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import socket
 import ssl
-from collections.abc import AsyncIterator
+from collections import deque
+from typing import Any
 
 import structlog
 
 from stream.bookie import metrics
 from stream.bookie.access import CALLER, AccessControl, Caller
 from stream.bookie.config import BookieConfig
+from stream.bookie.core import _PendingAdd
 from stream.bookie.server import BookieService
 from stream.errors import ConfigError
 from stream.security.tls import ServerCredentials
@@ -29,12 +36,11 @@ log = structlog.get_logger(__name__)
 _HANDSHAKE_TIMEOUT_S = 10.0
 # Bookie ids are at most 128 characters (stream.bookie.config).
 _MAX_BOOKIE_ID = 512
-# Read this much ahead of the handler: a few batches (the Add handler's queue bounds how many
-# batches are taken at once; beyond that, TCP pushes back on the writer).
-_READ_AHEAD_BYTES = 4 << 20
 # Dead writers (a killed host) are noticed by TCP keepalive, as gRPC's keepalive notices them
 # on the gRPC port: idle 30 s, then 3 probes 10 s apart.
 _KEEPALIVE = ((socket.TCP_KEEPIDLE, 30), (socket.TCP_KEEPINTVL, 10), (socket.TCP_KEEPCNT, 3))
+_LENGTH = frames.LENGTH
+_PREAMBLE = frames.PREAMBLE
 
 
 class _Peer:
@@ -57,10 +63,6 @@ def _peer_name(address: object) -> str:
     return str(address)
 
 
-class FrameError(Exception):
-    """A frame the data port refuses (the connection closes after a refusal frame)."""
-
-
 class DataPort:
     """The data port of one bookie: `start()` binds it, `stop()` closes it and its streams."""
 
@@ -78,7 +80,7 @@ class DataPort:
         self._access = access
         self._tls = tls
         self._server: asyncio.Server | None = None
-        self._connections: set[asyncio.Task[None]] = set()
+        self._connections: set[_Connection] = set()
         # The largest AddRequest taken, as on the gRPC port.
         self._max_frame = config.grpc_max_message_bytes
         self._bookie_id = config.bookie_id.encode()
@@ -108,95 +110,35 @@ class DataPort:
         listening, self._listening = self._listening, None
         assert listening is not None, "started twice"
         self._service = service
-        self._server = await asyncio.start_server(
-            self._serve,
+        self._server = await asyncio.get_running_loop().create_server(
+            lambda: _Connection(self, service),
             sock=listening,
             ssl=None if self._tls is None else self._tls.ssl_context,
             ssl_handshake_timeout=_HANDSHAKE_TIMEOUT_S if self._tls is not None else None,
-            limit=_READ_AHEAD_BYTES,
         )
 
     async def stop(self, grace_s: float) -> None:
         """Stops accepting; streams still open get `grace_s` to finish their answers, then are
-        cancelled (or closes the port, when it never served)."""
+        dropped (or closes the port, when it never served)."""
         if self._listening is not None:
             self._listening.close()
         if self._server is not None:
             self._server.close()
         if self._connections:
-            await asyncio.wait(set(self._connections), timeout=grace_s)
-        for task in list(self._connections):
-            task.cancel()
-        for task in list(self._connections):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            await asyncio.wait([c.ended for c in self._connections], timeout=grace_s)
+        for connection in list(self._connections):
+            connection.abort()
+        if self._connections:  # aborted: each ends at the loop's next turn
+            await asyncio.wait([c.ended for c in self._connections], timeout=1.0)
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), _HANDSHAKE_TIMEOUT_S)
             self._server = None
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._connections.add(task)
-        peer = _peer_name(writer.get_extra_info("peername"))
-        outcome: str | None = "dropped"
-        try:
-            _tune(writer.get_extra_info("socket"))
-            outcome = await self._connection(reader, writer, peer)
-        except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError, TimeoutError) as e:
-            log.info("data_port.connection_dropped", peer=peer, error=repr(e))
-        except Exception:
-            log.exception("data_port.connection_failed", peer=peer)
-        finally:
-            if outcome is not None:
-                metrics.DATA_PORT_CONNECTIONS.labels(outcome=outcome).inc()
-            self._connections.discard(task)
-            writer.close()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(writer.wait_closed(), 1.0)
-
-    async def _connection(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str
-    ) -> str | None:
-        """Serves one connection; returns how it went (`DATA_PORT_CONNECTIONS`' outcome; None:
-        counted already, as served when admitted)."""
-        preamble = await asyncio.wait_for(
-            reader.readexactly(len(frames.PREAMBLE)), _HANDSHAKE_TIMEOUT_S
-        )
-        if preamble != frames.PREAMBLE:
-            return await _refuse(writer, f"not a data port client: expected {frames.PREAMBLE!r}")
-        (size,) = frames.LENGTH.unpack(
-            await asyncio.wait_for(reader.readexactly(frames.LENGTH.size), _HANDSHAKE_TIMEOUT_S)
-        )
-        if size > _MAX_BOOKIE_ID:
-            return await _refuse(writer, f"a bookie id of {size} bytes")
-        meant = await asyncio.wait_for(reader.readexactly(size), _HANDSHAKE_TIMEOUT_S)
-        if meant != self._bookie_id:
-            name = meant.decode("utf-8", "replace")
-            return await _refuse(writer, f"this is bookie {self._config.bookie_id}, not {name}")
-        caller = self._caller(writer, peer)
-        refusal = self._access.admit("Add", None, caller)
-        if refusal is not None:
-            return await _refuse(writer, refusal)
-        CALLER.set(caller)  # the Add handler's reader task copies this context
-        metrics.DATA_PORT_CONNECTIONS.labels(outcome="served").inc()
-        requests = _requests(reader, self._max_frame)
-        try:
-            assert self._service is not None  # connections come once it serves
-            async for response in self._service.Add(requests, _Peer(peer)):  # type: ignore[arg-type]
-                data = response.SerializeToString()
-                writer.write(frames.length_prefix(len(data) + 1) + frames.ANSWER + data)
-                await writer.drain()
-        except FrameError as e:
-            await _refuse(writer, str(e))
-        except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError) as e:
-            log.info("data_port.stream_broken", peer=peer, error=repr(e))
-        return None
-
-    def _caller(self, writer: asyncio.StreamWriter, peer: str) -> Caller:
+    def caller(self, transport: asyncio.BaseTransport, peer: str) -> Caller:
+        """Returns who calls over `transport` (its TLS client certificate, if any)."""
         pem = None
-        ssl_object = writer.get_extra_info("ssl_object")
+        ssl_object = transport.get_extra_info("ssl_object")
         if ssl_object is not None:
             der = ssl_object.getpeercert(binary_form=True)
             if der:
@@ -204,32 +146,281 @@ class DataPort:
         return self._access.caller_of(pem, peer)
 
 
-async def _requests(reader: asyncio.StreamReader, max_frame: int) -> AsyncIterator[bytes]:
-    """Yields the serialized AddRequests the writer sends, until it closes its side; raises
-    `FrameError` at a frame over `max_frame`."""
-    length = frames.LENGTH
-    while True:
+class _Connection(asyncio.Protocol):
+    """One data port connection: its preamble and bookie id, then one Add stream. Each
+    complete frame is taken at once (`BookieService.start_raw_add`) unless a batch's term is
+    being checked against the metadata (then later frames wait) or `add_max_inflight_batches`
+    await their answers (then the connection stops reading, as the gRPC Add stream does);
+    answers go out in request order as their journal groups complete."""
+
+    def __init__(self, port: DataPort, service: BookieService) -> None:
+        self._port = port
+        self._service = service
+        self._core = service.core
+        self._max_inflight = port._config.add_max_inflight_batches
+        self._loop = asyncio.get_running_loop()
+        self.ended: asyncio.Future[None] = self._loop.create_future()
+        self._transport: asyncio.Transport | None = None
+        self._peer = ""
+        self._request_peer = _Peer("")
+        self._buffer = bytearray()
+        # Set once admitted: the context the batches are taken in (CALLER is the caller).
+        self._context: contextvars.Context | None = None
+        self._refused = False
+        self._closing = False
+        # Batches taken, not yet answered, in request order.
+        self._answers: deque[_PendingAdd] = deque()
+        self._watched: asyncio.Future[Any] | None = None  # the last group waiter watched
+        self._checking: asyncio.Task[_PendingAdd] | None = None  # a batch's term check
+        self._reading = True
+        self._writable = True
+        self._writer_done = False  # the writer half-closed its side
+        self._handshake_timer: asyncio.TimerHandle | None = None
+
+    # -- the transport's callbacks ----------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        self._peer = _peer_name(transport.get_extra_info("peername"))
+        self._request_peer = _Peer(self._peer)
+        _tune(transport.get_extra_info("socket"))
+        self._port._connections.add(self)
+        self._handshake_timer = self._loop.call_later(_HANDSHAKE_TIMEOUT_S, self._too_slow)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused or self._closing:
+            return
+        self._buffer += data
         try:
-            head = await reader.readexactly(length.size)
-        except asyncio.IncompleteReadError as e:
-            if e.partial:
-                raise
-            return  # the writer closed between frames: the stream's end
-        (size,) = length.unpack(head)
-        if size > max_frame:
-            raise FrameError(f"a frame of {size} bytes is over this bookie's limit ({max_frame})")
-        yield await reader.readexactly(size)
+            self._take_frames()
+        except Exception:
+            log.exception("data_port.connection_failed", peer=self._peer)
+            self.abort()
 
+    def eof_received(self) -> bool:
+        self._writer_done = True
+        if self._context is None:
+            return False  # no stream yet: close
+        self._close_when_answered()
+        # The answers in flight still go out (TLS closes at the writer's end regardless).
+        assert self._transport is not None
+        return self._transport.get_extra_info("sslcontext") is None
 
-async def _refuse(writer: asyncio.StreamWriter, reason: str) -> str:
-    log.warning(
-        "data_port.refused", peer=_peer_name(writer.get_extra_info("peername")), reason=reason
-    )
-    data = reason.encode()
-    writer.write(frames.length_prefix(len(data) + 1) + frames.REFUSAL + data)
-    with contextlib.suppress(ConnectionError):
-        await writer.drain()
-    return "refused"
+    def pause_writing(self) -> None:
+        self._writable = False
+        self._pause_reading()
+
+    def resume_writing(self) -> None:
+        self._writable = True
+        self._take_more()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closing = True
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+        if self._checking is not None:
+            self._checking.cancel()
+        self._port._connections.discard(self)
+        if self._context is not None:
+            self._service.add_stream_closed()
+            if exc is not None or self._answers or self._buffer:
+                # The writer went away with batches unanswered, or mid-frame: what was not
+                # answered has an unknown fate, as when a gRPC stream fails.
+                log.info("data_port.stream_broken", peer=self._peer, error=repr(exc))
+        elif not self._refused:
+            metrics.DATA_PORT_CONNECTIONS.labels(outcome="dropped").inc()
+            log.info("data_port.connection_dropped", peer=self._peer, error=repr(exc))
+        self._answers.clear()
+        if not self.ended.done():
+            self.ended.set_result(None)
+
+    def abort(self) -> None:
+        """Drops the connection at once (the bookie stops)."""
+        if self._transport is not None:
+            self._transport.abort()
+
+    # -- the handshake ------------------------------------------------------------------------
+
+    def _too_slow(self) -> None:
+        self._handshake_timer = None
+        if self._context is None and not self._refused:
+            self.abort()
+
+    def _admit(self) -> bool:
+        """Reads the preamble and the bookie id from the buffer and admits the caller;
+        returns whether the stream may start (False: wait for more, or refused)."""
+        buffer = self._buffer
+        end_preamble = len(_PREAMBLE)
+        if len(buffer) < end_preamble:
+            return False
+        if buffer[:end_preamble] != _PREAMBLE:
+            self._refuse(f"not a data port client: expected {_PREAMBLE!r}")
+            return False
+        end_length = end_preamble + _LENGTH.size
+        if len(buffer) < end_length:
+            return False
+        (size,) = _LENGTH.unpack_from(buffer, end_preamble)
+        if size > _MAX_BOOKIE_ID:
+            self._refuse(f"a bookie id of {size} bytes")
+            return False
+        if len(buffer) < end_length + size:
+            return False
+        meant = bytes(buffer[end_length : end_length + size])
+        del buffer[: end_length + size]
+        port = self._port
+        if meant != port._bookie_id:
+            name = meant.decode("utf-8", "replace")
+            self._refuse(f"this is bookie {port._config.bookie_id}, not {name}")
+            return False
+        assert self._transport is not None
+        caller = port.caller(self._transport, self._peer)
+        refusal = port._access.admit("Add", None, caller)
+        if refusal is not None:
+            self._refuse(refusal)
+            return False
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+            self._handshake_timer = None
+        context = contextvars.copy_context()
+        context.run(CALLER.set, caller)  # read by the Add handling's refusal log and audit
+        self._context = context
+        metrics.DATA_PORT_CONNECTIONS.labels(outcome="served").inc()
+        self._service.add_stream_opened()
+        return True
+
+    def _refuse(self, reason: str) -> None:
+        """Answers a fault of the connection by a refusal frame and closes it."""
+        log.warning("data_port.refused", peer=self._peer, reason=reason)
+        self._refused = True
+        if self._context is None:  # an admitted stream was counted as served
+            metrics.DATA_PORT_CONNECTIONS.labels(outcome="refused").inc()
+        data = reason.encode()
+        assert self._transport is not None
+        self._transport.write(frames.length_prefix(len(data) + 1) + frames.REFUSAL + data)
+        self._transport.close()
+
+    # -- the Add stream ---------------------------------------------------------------------
+
+    def _take_frames(self) -> None:
+        """Takes every complete frame in the buffer while the stream may take more."""
+        if self._context is None and not self._admit():
+            return
+        buffer = self._buffer
+        context = self._context
+        assert context is not None
+        start_raw_add = self._service.start_raw_add
+        peer = self._request_peer
+        max_frame = self._port._max_frame
+        available = len(buffer)
+        start = 0
+        with memoryview(buffer) as view:
+            while (
+                self._checking is None
+                and len(self._answers) < self._max_inflight
+                and self._writable
+                and available - start >= _LENGTH.size
+            ):
+                (size,) = _LENGTH.unpack_from(view, start)
+                if size > max_frame:
+                    self._refuse(
+                        f"a frame of {size} bytes is over this bookie's limit ({max_frame})"
+                    )
+                    return
+                end = start + _LENGTH.size + size
+                if end > available:
+                    break
+                raw = bytes(view[start + _LENGTH.size : end])
+                start = end
+                item = context.run(start_raw_add, raw, peer)
+                if isinstance(item, tuple):
+                    self._queue(item)
+                else:  # the batch's term needs a metadata check: later frames wait for it
+                    task = self._loop.create_task(item, context=context)
+                    self._checking = task
+                    task.add_done_callback(self._checked)
+        if start:
+            del buffer[:start]
+        if self._checking is not None or len(self._answers) >= self._max_inflight:
+            self._pause_reading()
+        elif not self._reading and self._writable:
+            self._reading = True
+            assert self._transport is not None
+            self._transport.resume_reading()
+
+    def _checked(self, task: asyncio.Task[_PendingAdd]) -> None:
+        if self._checking is task:
+            self._checking = None
+        if task.cancelled() or self._closing:
+            return
+        self._queue(task.result())
+        self._take_more()
+
+    def _take_more(self) -> None:
+        if self._refused or self._closing or self._context is None:
+            return
+        try:
+            self._take_frames()
+        except Exception:
+            log.exception("data_port.connection_failed", peer=self._peer)
+            self.abort()
+            return
+        self._close_when_answered()
+
+    def _pause_reading(self) -> None:
+        if self._reading and self._transport is not None:
+            self._reading = False
+            self._transport.pause_reading()
+
+    def _queue(self, item: _PendingAdd) -> None:
+        """Queues a taken batch's answer; sends it (and what follows it, if durable) when it
+        is first in line and durable."""
+        self._answers.append(item)
+        waiter = self._core.group_waits.waiter(item[1])
+        if waiter is None:
+            if len(self._answers) == 1:
+                self._answer_ready()
+        elif waiter is not self._watched:
+            self._watched = waiter
+            waiter.add_done_callback(self._group_done)
+
+    def _group_done(self, _: asyncio.Future[Any]) -> None:
+        if self._closing or self._transport is None:
+            return
+        self._answer_ready()
+        self._take_more()
+
+    def _answer_ready(self) -> None:
+        """Writes, in one write, the answers first in line whose batches are durable."""
+        answers = self._answers
+        core = self._core
+        out: list[bytes] = []
+        while answers:
+            item = answers[0]
+            durable = item[1]
+            if durable is not None and not durable.done():
+                break
+            answers.popleft()
+            data = core.answer_add(item).SerializeToString()
+            out += (frames.length_prefix(len(data) + 1), frames.ANSWER, data)
+        if out and self._transport is not None and not self._transport.is_closing():
+            self._transport.write(b"".join(out))
+
+    def _close_when_answered(self) -> None:
+        """Closes the connection once the writer half-closed and everything it sent is
+        answered (an incomplete frame left: the stream is broken; it closes all the same)."""
+        if (
+            self._writer_done
+            and not self._answers
+            and self._checking is None
+            and self._transport is not None
+            and not self._closing
+        ):
+            if self._buffer:
+                log.info("data_port.stream_broken", peer=self._peer, error="a frame cut short")
+                self._buffer.clear()
+            self._closing = True
+            self._transport.close()
 
 
 def _tune(sock: socket.socket | None) -> None:

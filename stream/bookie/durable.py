@@ -29,6 +29,19 @@ class GroupWaits:
         if durable.done():
             durable.result()
             return
+        # Shielded: a cancelled waiter (its Add stream ended) must not cancel the shared
+        # future under the other batches of the group.
+        await asyncio.shield(self._wrapped(durable))
+
+    def waiter(self, durable: concurrent.futures.Future[Any] | None) -> asyncio.Future[Any] | None:
+        """Returns the loop-side future of `durable` (a journal group future) for done
+        callbacks, shared by the batches of its group; None when there is nothing to wait
+        for (None, or done already). Callers must not cancel it. Call on the event loop."""
+        if durable is None or durable.done():
+            return None
+        return self._wrapped(durable)
+
+    def _wrapped(self, durable: concurrent.futures.Future[Any]) -> asyncio.Future[Any]:
         waiter = self._waiter
         if durable is not self._group or waiter is None:
             # Groups complete in order: only the newest is worth remembering.
@@ -38,9 +51,7 @@ class GroupWaits:
             # of the group went away (their streams ended) before the journal failed it, its
             # error is for nobody; the journal reports its own failure.
             waiter.add_done_callback(_mark_retrieved)
-        # Shielded: a cancelled waiter (its Add stream ended) must not cancel the shared
-        # future under the other batches of the group.
-        await asyncio.shield(waiter)
+        return waiter
 
 
 def _mark_retrieved(waiter: asyncio.Future[Any]) -> None:

@@ -10,7 +10,7 @@ storage engine.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeVar
 
@@ -31,7 +31,8 @@ from stream.bookie.core import (
     _PendingAdd,
 )
 from stream.bookie.disk import DiskStatus
-from stream.bookie.storage.scanned import parse_add
+from stream.bookie.request_log import Peer
+from stream.bookie.storage.scanned import AddRequest, parse_add
 from stream.bookie.terms import MetadataTerms
 from stream.framing.range_answer import FramedEntries
 from stream.protocol.invariant import invariant
@@ -159,6 +160,50 @@ class BookieService:
 
     # -- Add --------------------------------------------------------------------------------
 
+    def start_raw_add(
+        self, raw: bytes, context: Peer | None
+    ) -> _PendingAdd | Coroutine[Any, Any, _PendingAdd]:
+        """Parses one serialized AddRequest and hands it to the core: returns its pending
+        answer (`BookieCore.start_add`), or a coroutine giving it when the batch's term needs
+        a metadata check first (rare: await it before taking the next batch, whose answer
+        comes after). A request that does not parse is answered BAD_REQUEST (the stream goes
+        on), an unexpected exception INTERNAL. The Add stream's one definition of a batch,
+        for gRPC and the data port alike."""
+        try:
+            request = parse_add(raw, self._config.max_entry_bytes)
+        except DecodeError as e:
+            metrics.ADD_BATCHES.inc()
+            response = pb.AddResponse(message=f"malformed AddRequest: {e}")
+            response.codes.append(BAD_REQUEST)
+            return response, None, [BAD_REQUEST]
+        try:
+            item = self.core.start_add_now(request, raw, context)
+        except Exception as e:
+            return self._internal_add(request, e)
+        return item if item is not None else self._start_checked_add(request, raw, context)
+
+    async def _start_checked_add(
+        self, request: AddRequest, raw: bytes, context: Peer | None
+    ) -> _PendingAdd:
+        try:
+            return await self.core.start_add(request, raw, context)
+        except Exception as e:
+            return self._internal_add(request, e)
+
+    def _internal_add(self, request: AddRequest, error: Exception) -> _PendingAdd:
+        log.exception("rpc.internal_error", rpc="Add", stream_id=request.stream_id)
+        return self.core.rejected_add(request, INTERNAL, f"internal error: {error!r}")
+
+    def add_stream_opened(self) -> None:
+        """Counts an Add stream (gRPC's or the data port's) as open."""
+        self._add_streams += 1
+        metrics.ADD_STREAMS.inc()
+
+    def add_stream_closed(self) -> None:
+        """Counts an Add stream as ended."""
+        self._add_streams -= 1
+        metrics.ADD_STREAMS.dec()
+
     async def _read_adds(
         self,
         requests: AsyncIterator[bytes],
@@ -168,25 +213,11 @@ class BookieService:
         """Reads batches and hands each to the core at once (many batches in flight), queueing
         its response; stops reading while the queue is full (backpressure to the writer). A
         batch is scanned without a message per entry where it can be (`parse_add`)."""
-        core = self.core
-        max_entry_bytes = self._config.max_entry_bytes
         ended_by: Exception | None = None
         try:
             async for raw in requests:
-                try:
-                    request = parse_add(raw, max_entry_bytes)
-                except DecodeError as e:
-                    metrics.ADD_BATCHES.inc()
-                    response = pb.AddResponse(message=f"malformed AddRequest: {e}")
-                    response.codes.append(BAD_REQUEST)
-                    await pending.put((response, None, [BAD_REQUEST]))
-                    continue
-                try:
-                    item = await core.start_add(request, raw, context)
-                except Exception as e:
-                    log.exception("rpc.internal_error", rpc="Add", stream_id=request.stream_id)
-                    item = core.rejected_add(request, INTERNAL, f"internal error: {e!r}")
-                await pending.put(item)
+                item = self.start_raw_add(raw, context)
+                await pending.put(item if isinstance(item, tuple) else await item)
         except Exception as e:  # the request stream broke: answer what was taken, then fail
             ended_by = e
         # Not in a `finally`: when cancelled, the writer side is gone and nobody reads it.
@@ -203,16 +234,14 @@ class BookieService:
             maxsize=self._config.add_max_inflight_batches
         )
         reader = asyncio.create_task(self._read_adds(request_iterator, pending, context))
-        self._add_streams += 1
-        metrics.ADD_STREAMS.inc()
+        self.add_stream_opened()
         try:
             while (item := await pending.get()) is not None:
                 yield await self.core.finish_add(item)
             # The reader ended (the writer half-closed); surface its failure, if any.
             await reader
         finally:
-            self._add_streams -= 1
-            metrics.ADD_STREAMS.dec()
+            self.add_stream_closed()
             if not reader.done():
                 reader.cancel()
 

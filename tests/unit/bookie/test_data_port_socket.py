@@ -8,25 +8,36 @@ import asyncio
 import contextlib
 import os
 import socket
-from collections.abc import AsyncIterator
 from typing import Any
 
 from stream.bookie.access import AccessControl
 from stream.bookie.config import BookieConfig
 from stream.bookie.data_port import DataPort
+from stream.bookie.durable import GroupWaits
 from stream.sandbox.ports import free_port
 from stream.wire import bookie_pb2 as pb
 from stream.wire import frames
 
 
 class _EchoService:
-    """Answers every AddRequest with an empty AddResponse."""
+    """Answers every AddRequest at once with an empty AddResponse (the parts of
+    `BookieService` the data port calls)."""
 
-    async def Add(  # noqa: N802 - the gRPC method name DataPort calls
-        self, requests: AsyncIterator[bytes], context: Any
-    ) -> AsyncIterator[pb.AddResponse]:
-        async for _ in requests:
-            yield pb.AddResponse()
+    def __init__(self) -> None:
+        self.core = self
+        self.group_waits = GroupWaits()
+
+    def start_raw_add(self, raw: bytes, context: Any) -> Any:
+        return pb.AddResponse(), None, []
+
+    def answer_add(self, item: Any) -> pb.AddResponse:
+        return item[0]
+
+    def add_stream_opened(self) -> None:
+        pass
+
+    def add_stream_closed(self) -> None:
+        pass
 
 
 def _socket_between(local: tuple[str, int], peer: tuple[str, int]) -> socket.socket:

@@ -1,0 +1,263 @@
+"""The data port's Add streams over the real storage engine (in tmp_path), in-process: answers
+in request order once durable, a batch whose term is checked against metadata holding the
+later ones back, the in-flight bound stopping the reads, the writer's end closing the stream
+after its answers, and a failed journal sync answered INTERNAL."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stream.bookie.access import AccessControl
+from stream.bookie.data_port import DataPort
+from stream.bookie.storage import StreamStorage
+from stream.bookie.storage.journal import Journal
+from stream.bookie.terms import MetadataTerms, StreamFacts
+from stream.sandbox.ports import free_port
+from stream.wire import bookie_pb2 as pb
+from stream.wire import frames
+
+from .test_server import Harness, add, start
+
+_TIMEOUT_S = 10.0
+
+
+class JournalSteps:
+    """Holds each of the real journal thread's group commits until `allow` lets it go, one
+    commit per call; `let_go` lets every commit go from then on."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self._permits = threading.Semaphore(0)
+        self.free = False
+        original = Journal._commit_group
+        steps = self
+
+        def held_commit(journal: Journal, items: list[tuple[int, object]], fut: Any) -> None:
+            if not steps.free and not steps._permits.acquire(timeout=30):
+                raise TimeoutError("journal commit never allowed")
+            original(journal, items, fut)
+
+        monkeypatch.setattr(Journal, "_commit_group", held_commit)
+
+    def allow(self, commits: int = 1) -> None:
+        self._permits.release(commits)
+
+    def let_go(self) -> None:
+        self.free = True
+        self._permits.release(1000)
+
+
+class Writer:
+    """A writer's end of one data port connection (asyncio streams)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    def add(self, request: pb.AddRequest) -> None:
+        self.writer.write(frames.frame(request.SerializeToString()))
+
+    async def answer(self) -> pb.AddResponse | None:
+        """The next answer; None once the bookie closed the connection."""
+        try:
+            head = await asyncio.wait_for(self.reader.readexactly(frames.LENGTH.size), _TIMEOUT_S)
+        except asyncio.IncompleteReadError:
+            return None
+        (size,) = frames.LENGTH.unpack(head)
+        body = await asyncio.wait_for(self.reader.readexactly(size), _TIMEOUT_S)
+        assert body[:1] == frames.ANSWER, body
+        return pb.AddResponse.FromString(body[1:])
+
+    async def nothing_for(self, seconds: float) -> bool:
+        """Returns whether no byte came for `seconds`."""
+        try:
+            await asyncio.wait_for(self.reader.read(1), seconds)
+        except TimeoutError:
+            return True
+        return False
+
+
+def run_port(
+    tmp_path: Path,
+    body: Callable[[Harness, Writer], Awaitable[None]],
+    *,
+    metadata_terms: Callable[[StreamStorage], MetadataTerms] | None = None,
+    steps: JournalSteps | None = None,
+    **overrides: Any,
+) -> None:
+    """Runs `body` against a service over the real storage, with one writer connected to its
+    data port; `overrides` are config keys. `steps` is let go at the end, pass or fail."""
+    overrides.setdefault("data_listen", f"127.0.0.1:{free_port()}")
+
+    async def main() -> None:
+        h, server = await start(tmp_path, metadata_terms=metadata_terms, **overrides)
+        config = h.service._config
+        port = DataPort.bind(config, AccessControl(config), None)
+        assert port is not None
+        await port.start(h.service)
+        host, number = config.data_listen.rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(number))
+        writer.write(frames.PREAMBLE + frames.frame(config.bookie_id.encode()))
+        try:
+            await asyncio.wait_for(body(h, Writer(reader, writer)), 30)
+        finally:
+            if steps is not None:
+                steps.let_go()
+            writer.close()
+            await port.stop(1.0)
+            await h.channel.close()
+            await server.stop(0)
+            h.storage.close()
+
+    asyncio.run(main())
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + _TIMEOUT_S
+    while not condition():
+        assert time.monotonic() < deadline, "condition never met"
+        await asyncio.sleep(0.01)
+
+
+def _stored_up_to(h: Harness, stream_id: int) -> int:
+    state = h.storage.stream_state(stream_id)
+    return -1 if state is None else state.last_entry_id
+
+
+def test_pipelined_batches_are_answered_in_order_once_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    steps = JournalSteps(monkeypatch)
+
+    async def body(h: Harness, w: Writer) -> None:
+        w.add(add(1, 1, range(0, 10), rid=0))
+        await _until(lambda: _stored_up_to(h, 1) == 9)
+        await asyncio.sleep(0.05)  # the journal thread holds batch 0's group commit
+        # The later batches reach the storage (a second group) before any is durable...
+        for i in range(1, 20):
+            w.add(add(1, 1, range(i * 10, i * 10 + 10), rid=i))
+        await _until(lambda: _stored_up_to(h, 1) == 199)
+        assert await w.nothing_for(0.2)
+        # ...and only the first group's batch is answered when only its commit completes.
+        steps.allow()
+        first = await w.answer()
+        assert first is not None and first.request_id == 0
+        assert await w.nothing_for(0.2)
+        steps.allow()
+        answers = [first] + [await w.answer() for _ in range(19)]
+        assert [a.request_id for a in answers if a] == list(range(20))
+        for i, a in enumerate(answers):
+            assert a is not None
+            assert list(a.entry_ids) == list(range(i * 10, i * 10 + 10))
+            assert list(a.codes) == [pb.OK] * 10
+
+    run_port(tmp_path, body, steps=steps)
+
+
+def test_a_full_window_stops_the_reads_until_answers_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    steps = JournalSteps(monkeypatch)
+
+    async def body(h: Harness, w: Writer) -> None:
+        for i in range(10):
+            w.add(add(1, 1, range(i * 10, i * 10 + 10), rid=i))
+        # Three batches in flight, the bound: the rest wait in the socket, not in the storage.
+        await _until(lambda: _stored_up_to(h, 1) == 29)
+        await asyncio.sleep(0.2)
+        assert _stored_up_to(h, 1) == 29
+        steps.let_go()
+        answers = [await w.answer() for _ in range(10)]
+        assert [a.request_id for a in answers if a] == list(range(10))
+        assert all(list(a.codes) == [pb.OK] * 10 for a in answers if a)
+        assert _stored_up_to(h, 1) == 99
+
+    run_port(tmp_path, body, steps=steps, add_max_inflight_batches=3)
+
+
+class SlowMetadata:
+    """Metadata holding stream 3 at term 2, whose reads wait until `release` is set, and
+    stream 5 at term 1, read at once."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.reads: list[int] = []
+
+    async def read_facts(self, stream_id: int) -> StreamFacts | None:
+        self.reads.append(stream_id)
+        if stream_id == 3:
+            await self.release.wait()
+            return StreamFacts(2, 0)
+        return StreamFacts(1, 0) if stream_id == 5 else None
+
+
+def test_a_batch_whose_term_is_checked_holds_the_later_batches(tmp_path: Path) -> None:
+    metadata = SlowMetadata()
+
+    async def body(h: Harness, w: Writer) -> None:
+        w.add(add(5, 1, range(0, 2), rid=1))
+        first = await w.answer()
+        assert first is not None and list(first.codes) == [pb.OK] * 2
+        # A term the bookie has not seen is checked against metadata first; the batches behind
+        # it are not taken meanwhile, even one that needs no check (its answer comes after).
+        w.add(add(3, 2, range(0, 2), rid=2))
+        w.add(add(5, 1, range(2, 4), lac=1, rid=3))
+        w.add(add(3, 2, range(2, 4), lac=0, rid=4))
+        await _until(lambda: metadata.reads == [5, 3])
+        assert await w.nothing_for(0.2)
+        assert h.storage.stream_state(3) is None
+        assert _stored_up_to(h, 5) == 1
+        metadata.release.set()
+        answers = [await w.answer() for _ in range(3)]
+        assert [a.request_id for a in answers if a] == [2, 3, 4]
+        assert all(list(a.codes) == [pb.OK] * 2 for a in answers if a)
+        assert metadata.reads == [5, 3]  # once per stream: the later batches found it checked
+
+    run_port(
+        tmp_path, body, metadata_terms=lambda storage: MetadataTerms(storage, metadata.read_facts)
+    )
+
+
+def test_the_writers_end_closes_the_stream_after_its_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    steps = JournalSteps(monkeypatch)
+
+    async def body(h: Harness, w: Writer) -> None:
+        for i in range(3):
+            w.add(add(1, 1, range(i * 2, i * 2 + 2), rid=i))
+        await _until(lambda: _stored_up_to(h, 1) == 5)
+        w.writer.write_eof()  # the writer is done sending; its answers are still due
+        await asyncio.sleep(0.1)
+        steps.let_go()
+        answers = [await w.answer() for _ in range(3)]
+        assert [a.request_id for a in answers if a] == [0, 1, 2]
+        assert await w.answer() is None  # then the bookie closes the connection
+
+    run_port(tmp_path, body, steps=steps)
+
+
+def test_a_failed_journal_sync_answers_internal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    steps = JournalSteps(monkeypatch)
+
+    def failing_sync(journal: Journal, group: Any) -> None:
+        raise OSError(5, "Input/output error")
+
+    async def body(h: Harness, w: Writer) -> None:
+        w.add(add(1, 1, range(0, 3), rid=7))
+        await _until(lambda: _stored_up_to(h, 1) == 2)
+        monkeypatch.setattr(Journal, "_sync", failing_sync)
+        steps.let_go()
+        answer = await w.answer()
+        assert answer is not None and answer.request_id == 7
+        assert list(answer.codes) == [pb.INTERNAL] * 3
+        assert "journal failure" in answer.message
+
+    run_port(tmp_path, body, steps=steps)
