@@ -16,7 +16,7 @@ import contextvars
 import socket
 import ssl
 from collections import deque
-from typing import Any
+from typing import Any, cast
 
 import structlog
 
@@ -180,8 +180,7 @@ class _Connection(asyncio.Protocol):
     # -- the transport's callbacks ----------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        self._transport = cast(asyncio.Transport, transport)  # a stream transport
         self._peer = _peer_name(transport.get_extra_info("peername"))
         self._request_peer = _Peer(self._peer)
         _tune(transport.get_extra_info("socket"))
