@@ -84,17 +84,129 @@ crc_software(uint32_t crc, const uint8_t *p, size_t n)
 }
 
 #ifdef HAVE_SSE42
-__attribute__((target("sse4.2"))) static uint32_t
-crc_hardware(uint32_t crc, const uint8_t *p, size_t n)
+/* The crc instruction has a latency of three cycles and a throughput of one per cycle: three
+ * independent crcs over three blocks run about three times as fast as one over the whole, and
+ * are then combined by shifting the earlier ones over the later blocks' lengths (appending
+ * zeros to a raw crc is linear: four table lookups per shift). Mark Adler's crc32c.c does the
+ * same with the same block sizes. */
+#define CRC_LONG 8192
+#define CRC_SHORT 256
+static uint32_t crc_long_shift[4][256];
+static uint32_t crc_short_shift[4][256];
+
+/* The operator (a 32x32 matrix over GF(2), one row per bit) times `vec`. */
+static uint32_t
+gf2_times(const uint32_t *mat, uint32_t vec)
 {
-    uint64_t c = crc;
-    while (n >= 8) {
+    uint32_t sum = 0;
+    while (vec) {
+        if (vec & 1) {
+            sum ^= *mat;
+        }
+        vec >>= 1;
+        mat++;
+    }
+    return sum;
+}
+
+static void
+gf2_square(uint32_t *square, const uint32_t *mat)
+{
+    for (int n = 0; n < 32; n++) {
+        square[n] = gf2_times(mat, mat[n]);
+    }
+}
+
+/* Fills `table` to append `len` zero bytes (a power of two) to a raw crc, a byte at a time. */
+static void
+crc_shift_table(uint32_t table[4][256], size_t len)
+{
+    uint32_t odd[32], even[32], *op = even;
+    odd[0] = 0x82F63B78u; /* one zero bit */
+    for (int n = 1; n < 32; n++) {
+        odd[n] = 1u << (n - 1);
+    }
+    gf2_square(even, odd); /* two zero bits */
+    gf2_square(odd, even); /* four */
+    for (;;) {
+        gf2_square(even, odd); /* a byte, then doubled as len halves */
+        op = even;
+        len >>= 1;
+        if (len == 0) {
+            break;
+        }
+        gf2_square(odd, even);
+        op = odd;
+        len >>= 1;
+        if (len == 0) {
+            break;
+        }
+    }
+    for (uint32_t n = 0; n < 256; n++) {
+        table[0][n] = gf2_times(op, n);
+        table[1][n] = gf2_times(op, n << 8);
+        table[2][n] = gf2_times(op, n << 16);
+        table[3][n] = gf2_times(op, n << 24);
+    }
+}
+
+static inline uint32_t
+crc_shift(uint32_t table[4][256], uint32_t crc)
+{
+    return table[0][crc & 0xff] ^ table[1][(crc >> 8) & 0xff] ^ table[2][(crc >> 16) & 0xff] ^
+           table[3][crc >> 24];
+}
+
+__attribute__((target("sse4.2"))) static inline uint64_t
+crc_words(uint64_t c, const uint8_t *p, size_t words)
+{
+    while (words--) {
         uint64_t w;
         memcpy(&w, p, 8);
         c = _mm_crc32_u64(c, w);
         p += 8;
-        n -= 8;
     }
+    return c;
+}
+
+/* Three crcs at once over three blocks of `block` bytes each, combined; returns the crc after
+ * the 3 * block bytes at `p`. */
+__attribute__((target("sse4.2"))) static inline uint64_t
+crc_three(uint64_t c0, const uint8_t *p, size_t block, uint32_t shift[4][256])
+{
+    uint64_t c1 = 0, c2 = 0;
+    const uint8_t *end = p + block;
+    while (p < end) {
+        uint64_t w0, w1, w2;
+        memcpy(&w0, p, 8);
+        memcpy(&w1, p + block, 8);
+        memcpy(&w2, p + 2 * block, 8);
+        c0 = _mm_crc32_u64(c0, w0);
+        c1 = _mm_crc32_u64(c1, w1);
+        c2 = _mm_crc32_u64(c2, w2);
+        p += 8;
+    }
+    c0 = crc_shift(shift, (uint32_t)c0) ^ (uint32_t)c1;
+    return crc_shift(shift, (uint32_t)c0) ^ (uint32_t)c2;
+}
+
+__attribute__((target("sse4.2"))) static uint32_t
+crc_hardware(uint32_t crc, const uint8_t *p, size_t n)
+{
+    uint64_t c = crc;
+    while (n >= 3 * CRC_LONG) {
+        c = crc_three(c, p, CRC_LONG, crc_long_shift);
+        p += 3 * CRC_LONG;
+        n -= 3 * CRC_LONG;
+    }
+    while (n >= 3 * CRC_SHORT) {
+        c = crc_three(c, p, CRC_SHORT, crc_short_shift);
+        p += 3 * CRC_SHORT;
+        n -= 3 * CRC_SHORT;
+    }
+    c = crc_words(c, p, n / 8);
+    p += n - n % 8;
+    n %= 8;
     uint32_t c32 = (uint32_t)c;
     while (n--) {
         c32 = _mm_crc32_u8(c32, *p++);
@@ -1140,6 +1252,8 @@ module_exec(PyObject *module)
 {
     crc_init();
 #ifdef HAVE_SSE42
+    crc_shift_table(crc_long_shift, CRC_LONG);
+    crc_shift_table(crc_short_shift, CRC_SHORT);
     __builtin_cpu_init();
     use_hardware = __builtin_cpu_supports("sse4.2");
 #endif

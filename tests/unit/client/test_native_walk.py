@@ -47,7 +47,8 @@ def test_crc32c_is_the_crc32c_packages(hardware: bool) -> None:
     rng = random.Random(7)
     try:
         native.set_hardware_crc(hardware)
-        for size in [*range(40), 1000, 1024, 4097, 65536]:
+        # Around the three-way blocks' sizes too (3 x 256 and 3 x 8192 bytes).
+        for size in [*range(40), 767, 768, 775, 1000, 1024, 1543, 4097, 24575, 24576, 24583]:
             data = rng.randbytes(size)
             start = rng.getrandbits(32)
             assert native.crc32c(data) == crc32c.crc32c(data)
