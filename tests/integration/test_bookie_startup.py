@@ -172,3 +172,14 @@ def test_a_bookie_stops_cleanly_within_its_grace_period_without_zookeeper(
         assert '"bookie.unregister_skipped"' in log_text
     finally:
         factory.stop_all()
+
+
+@pytest.mark.parametrize("event_loop", ["uvloop", "asyncio"])
+def test_a_bookie_serves_on_the_event_loop_it_is_given(
+    bookies: BookieFactory, event_loop: str
+) -> None:
+    bookie = bookies.start("bookie-1", event_loop=event_loop)
+    add_all(bookie.stub(), [add_request(1, 1, range(10))])
+    maps = Path(f"/proc/{bookie.pid}/maps").read_text()
+    assert ("uvloop" in maps) == (event_loop == "uvloop")
+    assert bookie.terminate(timeout_s=8) == 0

@@ -84,6 +84,7 @@ def test_unknown_key_is_named() -> None:
         ("metadata_session_timeout_ms", 0),
         ("shutdown_grace_ms", -1),
         ("log_level", "verbose"),
+        ("event_loop", "trio"),
         ("data_dir", 5),
         ("autorecovery", "on"),
         ("lost_bookie_recovery_delay_ms", -1),
