@@ -35,10 +35,12 @@ class JournalSteps:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self._permits = threading.Semaphore(0)
         self.free = False
+        self.held = 0  # commits that reached the hold
         original = Journal._commit_group
         steps = self
 
         def held_commit(journal: Journal, items: list[tuple[int, object]], fut: Any) -> None:
+            steps.held += 1
             if not steps.free and not steps._permits.acquire(timeout=30):
                 raise TimeoutError("journal commit never allowed")
             original(journal, items, fut)
@@ -136,8 +138,7 @@ def test_pipelined_batches_are_answered_in_order_once_durable(
 
     async def body(h: Harness, w: Writer) -> None:
         w.add(add(1, 1, range(0, 10), rid=0))
-        await _until(lambda: _stored_up_to(h, 1) == 9)
-        await asyncio.sleep(0.05)  # the journal thread holds batch 0's group commit
+        await _until(lambda: steps.held == 1)  # the journal thread holds batch 0's group
         # The later batches reach the storage (a second group) before any is durable...
         for i in range(1, 20):
             w.add(add(1, 1, range(i * 10, i * 10 + 10), rid=i))
