@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import importlib.metadata
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -281,19 +282,16 @@ class BookieCore:
     async def finish_add(self, item: _PendingAdd) -> pb.AddResponse:
         """Returns the response of a started batch once it is durable (INTERNAL for every
         entry when the journal failed to sync: nothing about the batch can be promised)."""
-        try:
+        with contextlib.suppress(Exception):  # the group's failure: answer_add reads it
             await self.group_waits.wait(item[1])
-        except Exception as e:
-            return self.answer_add(item, e)
         return self.answer_add(item)
 
-    def answer_add(self, item: _PendingAdd, failure: BaseException | None = None) -> pb.AddResponse:
-        """Returns the response of a started batch that is durable, or whose journal group
-        failed with `failure` (INTERNAL for every entry: nothing about the batch can be
-        promised), and counts it."""
+    def answer_add(self, item: _PendingAdd) -> pb.AddResponse:
+        """Returns the response of a started batch whose journal group completed: synced, or
+        failed (INTERNAL for every entry: nothing about the batch can be promised); counts
+        it."""
         response, durable, codes = item
-        if failure is None and durable is not None and durable.done():
-            failure = durable.exception()
+        failure = durable.exception(0) if durable is not None else None  # done: no wait
         if failure is not None:
             log.error("add.durability_failed", stream_id=response.stream_id, error=repr(failure))
             codes = [INTERNAL] * max(len(response.entry_ids), 1)
