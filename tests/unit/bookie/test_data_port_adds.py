@@ -58,8 +58,10 @@ class JournalSteps:
 class Writer:
     """A writer's end of one data port connection (asyncio streams)."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, port: DataPort
+    ) -> None:
+        self.reader, self.writer, self.port = reader, writer, port
 
     def add(self, request: pb.AddRequest) -> None:
         self.writer.write(frames.frame(request.SerializeToString()))
@@ -106,7 +108,7 @@ def run_port(
         reader, writer = await asyncio.open_connection(host, int(number))
         writer.write(frames.PREAMBLE + frames.frame(config.bookie_id.encode()))
         try:
-            await asyncio.wait_for(body(h, Writer(reader, writer)), 30)
+            await asyncio.wait_for(body(h, Writer(reader, writer, port)), 30)
         finally:
             if steps is not None:
                 steps.let_go()
@@ -117,6 +119,16 @@ def run_port(
             h.storage.close()
 
     asyncio.run(main())
+
+
+async def _holds_for(seconds: float, condition: Callable[[], bool]) -> bool:
+    """Returns whether `condition` held at every check for `seconds` (a negative check)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not condition():
+            return False
+        await asyncio.sleep(0.01)
+    return condition()
 
 
 async def _until(condition: Callable[[], bool]) -> None:
@@ -170,8 +182,7 @@ def test_a_full_window_stops_the_reads_until_answers_go(
             w.add(add(1, 1, range(i * 10, i * 10 + 10), rid=i))
         # Three batches in flight, the bound: the rest wait in the socket, not in the storage.
         await _until(lambda: _stored_up_to(h, 1) == 29)
-        await asyncio.sleep(0.2)
-        assert _stored_up_to(h, 1) == 29
+        assert await _holds_for(0.2, lambda: _stored_up_to(h, 1) == 29)
         steps.let_go()
         answers = [await w.answer() for _ in range(10)]
         assert [a.request_id for a in answers if a] == list(range(10))
@@ -234,7 +245,7 @@ def test_the_writers_end_closes_the_stream_after_its_answers(
             w.add(add(1, 1, range(i * 2, i * 2 + 2), rid=i))
         await _until(lambda: _stored_up_to(h, 1) == 5)
         w.writer.write_eof()  # the writer is done sending; its answers are still due
-        await asyncio.sleep(0.1)
+        await _until(lambda: all(c._writer_done for c in w.port._connections))
         steps.let_go()
         answers = [await w.answer() for _ in range(3)]
         assert [a.request_id for a in answers if a] == [0, 1, 2]
