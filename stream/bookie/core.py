@@ -293,7 +293,12 @@ class BookieCore:
         response, durable, codes = item
         failure = durable.exception(0) if durable is not None else None  # done: no wait
         if failure is not None:
-            log.error("add.durability_failed", stream_id=response.stream_id, error=repr(failure))
+            log.error(
+                "add.durability_failed",
+                stream_id=response.stream_id,
+                error=repr(failure),
+                exc_info=failure,
+            )
             codes = [INTERNAL] * max(len(response.entry_ids), 1)
             del response.codes[:]
             response.codes.extend(codes)

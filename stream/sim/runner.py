@@ -793,7 +793,9 @@ def _capture_errors(logger: object, method_name: str, event_dict: MutableMapping
     in a writer task, say) becomes a `client-error` violation of that run."""
     sim = _current
     if sim is not None and method_name in ("error", "exception", "critical"):
-        error = sys.exc_info()[1]
+        # The exception being handled, or the one the event names (`exc_info=error`).
+        named = event_dict.get("exc_info")
+        error = named if isinstance(named, BaseException) else sys.exc_info()[1]
         if _injected_disk_error(error):
             # The real bookie logs the full disk a run put on it, as it should.
             return event_dict
