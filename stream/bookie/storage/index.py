@@ -141,26 +141,31 @@ class Index:
     def consecutive(self, stream_id: int, first: int, count: int) -> list[bytes]:
         """Returns the locations of entries `first`, `first + 1`... (at most `count`), up to
         the first id not stored. The range reader's hot path: no Python step per entry, and
-        keys and values walked apart (bytes only, no (key, value) tuple per entry for the GC)."""
+        no (key, value) tuple per entry for the GC. Keys are unique and sorted, so when the
+        `n`-th value read from `first` on is entry `first + n - 1`'s, every id between is
+        there: the values are walked once, and the keys only when the run has a gap."""
         with self.env.begin(db=self._entries) as txn:
             cursor = txn.cursor()
             start = _pack_key(stream_id, first)
             if count < 1 or not cursor.set_key(start):
                 return []
-            keys = list(islice(cursor.iternext(keys=True, values=False), count))
-            # Keys are unique and sorted, so "key i is entry first + i" holds for a prefix.
-            n = len(keys)
-            if keys[-1] != _pack_key(stream_id, first + n - 1):
-                held, gone = 0, n - 1
-                while gone - held > 1:
-                    mid = (held + gone) // 2
-                    if keys[mid] == _pack_key(stream_id, first + mid):
-                        held = mid
-                    else:
-                        gone = mid
-                n = held + 1
+            values = list(islice(cursor.iternext(keys=False, values=True), count))
+            n = len(values)
+            # The cursor stays on the last item read (unpositioned past the database's end).
+            if cursor.key() == _pack_key(stream_id, first + n - 1):
+                return values
             cursor.set_key(start)
-            return list(islice(cursor.iternext(keys=False, values=True), n))
+            keys = list(islice(cursor.iternext(keys=True, values=False), n))
+            if keys[-1] == _pack_key(stream_id, first + n - 1):
+                return values  # the run reaches the database's end
+            held, gone = 0, n - 1  # key `held` is entry first + held's; key `gone` is not
+            while gone - held > 1:
+                mid = (held + gone) // 2
+                if keys[mid] == _pack_key(stream_id, first + mid):
+                    held = mid
+                else:
+                    gone = mid
+            return values[: held + 1]
 
     def max_entry_id(self, stream_id: int, at_most: int) -> int:
         """Returns the highest stored entry id of the stream that is <= `at_most`, or -1."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from stream.bookie.storage.codec import ENTRY_KEY, LOCATION
@@ -24,6 +24,9 @@ def _location(stream_id: int, entry_id: int) -> bytes:
     first=st.integers(0, 62),
     count=st.integers(0, 70),
 )
+# A run that reaches the database's end (stream 7 the last one), and one cut by a gap.
+@example(stored={7: {3, 4, 5}}, first=3, count=10)
+@example(stored={7: {3, 4, 6}, 8: {0}}, first=3, count=10)
 def test_consecutive_is_the_run_of_stored_ids_from_first(
     stored: dict[int, set[int]], first: int, count: int
 ) -> None:
