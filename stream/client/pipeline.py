@@ -169,7 +169,7 @@ class AddPipeline:
         self._progress = asyncio.Event()  # set whenever LAFR moves
         self._lac_timer: asyncio.TimerHandle | None = None
         self._watchdog: asyncio.TimerHandle | None = None
-        self._last_joined: tuple[list[PreparedEntry], bytes] = ([], b"")
+        self._last_batch: AddBatch | None = None
         self.closed = False
         self._set_ensemble(self.fragments[-1].ensemble, blocked=(), reopen_failed=True)
 
@@ -321,27 +321,24 @@ class AddPipeline:
             self._send(link, entries)
 
     def _batch(self, entries: Sequence[PreparedEntry]) -> AddBatch:
+        """Returns the AddRequest of `entries`: the last one made when it has the same entries
+        and published LAC and LAFR (the bookies of a write set share one batch, so its frame
+        is made once). The same entries compare equal at a pointer comparison each."""
         lac, lafr = self._published()
-        return AddBatch(
+        batch = list(entries)  # a copy: the caller may reuse its list
+        last = self._last_batch
+        if last is not None and last.lac == lac and last.lafr == lafr and last.entries == batch:
+            return last
+        made = AddBatch(
             stream_id=self.stream_id,
             term=self.term,
             lac=lac,
             lafr=lafr,
             recovery=self._recovery,
-            entries=entries,
-            framed=self._joined(entries) if len(entries) > 1 else None,
+            entries=batch,
         )
-
-    def _joined(self, entries: Sequence[PreparedEntry]) -> bytes:
-        """Returns the framed bytes of `entries` joined, once for the bookies of a write set
-        that get the same batch: the last batch joined is kept, and a list of the same entries
-        compares equal to it at a pointer comparison per entry (the same objects)."""
-        batch = entries if type(entries) is list else list(entries)
-        last, joined = self._last_joined
-        if batch != last:
-            joined = b"".join(map(_framed, batch))
-            self._last_joined = (batch.copy(), joined)  # a copy: nobody changes it later
-        return joined
+        self._last_batch = made
+        return made
 
     def _published(self) -> tuple[int, int]:
         """Returns the (LAC, LAFR) that adds carry."""

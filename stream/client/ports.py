@@ -39,7 +39,9 @@ _framed = operator.attrgetter("framed")
 @dataclass(slots=True)
 class AddBatch:
     """One AddRequest for one bookie: the header fields and the prepared entries (empty: an
-    explicit LAC). `to_bytes` gives the serialized AddRequest, `to_request` the message."""
+    explicit LAC). `to_bytes` gives the serialized AddRequest, `to_frame` the same framed for a
+    data port, `to_request` the message. The bookies of a write set are sent the same batch
+    object, and its frame is made once (one join of the entries for all of them)."""
 
     stream_id: int
     term: int
@@ -48,9 +50,7 @@ class AddBatch:
     recovery: bool = False
     entries: Sequence[PreparedEntry] = field(default_factory=tuple)
     request_id: int = 0
-    # The entries' framed bytes joined, when the sender already has them: the bookies of a
-    # write set get the same batch, joined once (None: `to_bytes` joins them).
-    framed: bytes | None = None
+    _frame: bytes | None = field(default=None, init=False, repr=False, compare=False)
 
     def _header(self) -> bytes:
         return pb.AddRequest(
@@ -62,22 +62,21 @@ class AddBatch:
             request_id=self.request_id,
         ).SerializeToString()
 
-    def _entries(self) -> bytes:
-        return self.framed if self.framed is not None else b"".join(map(_framed, self.entries))
-
     def to_bytes(self) -> bytes:
         """Returns the serialized AddRequest: the header serialized by protobuf, followed by the
         pre-framed entries (a repeated field may appear after the others on the wire)."""
-        header = self._header()
-        return header + self._entries() if self.entries else header
+        return b"".join([self._header(), *map(_framed, self.entries)])
 
     def to_frame(self) -> bytes:
-        """Returns `to_bytes` framed for a data port (`stream.wire.frames`), joined once."""
-        header = self._header()
-        if not self.entries:
-            return length_prefix(len(header)) + header
-        entries = self._entries()
-        return b"".join((length_prefix(len(header) + len(entries)), header, entries))
+        """Returns `to_bytes` framed for a data port (`stream.wire.frames`): made with one join
+        on the first call, the same bytes on later ones."""
+        frame = self._frame
+        if frame is None:
+            header = self._header()
+            framed = list(map(_framed, self.entries))
+            size = len(header) + sum(map(len, framed))
+            frame = self._frame = b"".join([length_prefix(size), header, *framed])
+        return frame
 
     def to_request(self) -> pb.AddRequest:
         """Returns the AddRequest message (decoded from `to_bytes`; for simulators and tests)."""

@@ -16,6 +16,7 @@ from stream.framing.prepare import prepare_entries
 from stream.protocol import FragmentEnsemble, QuorumConfig
 from stream.sim.loop import run_simulated
 from stream.wire import bookie_pb2 as pb
+from stream.wire.frames import length_prefix
 from tests.unit.client.pipeline_support import RecordingTransport, StrictOwner
 
 
@@ -64,8 +65,10 @@ def test_every_batch_carries_its_own_entries(config: QuorumConfig) -> None:
     assert len(stored) == sum(runs) * config.write_quorum
 
 
-def test_the_bookies_of_a_write_set_share_one_join() -> None:
+def test_the_bookies_of_a_write_set_share_one_frame() -> None:
     sent, _ = _sent(QuorumConfig(3, 3, 2), [5, 9])
-    joins = [batch.framed for _, batch in sent]
-    assert len(joins) == 6 and joins[0] is joins[1] is joins[2] and joins[3] is joins[5]
-    assert joins[0] is not None and joins[0] != joins[3]
+    frames = [batch.to_frame() for _, batch in sent]
+    assert len(frames) == 6 and frames[0] is frames[1] is frames[2] and frames[3] is frames[5]
+    assert frames[0] != frames[3]
+    for frame, (_, batch) in zip(frames, sent, strict=True):
+        assert frame == length_prefix(len(batch.to_bytes())) + batch.to_bytes()
