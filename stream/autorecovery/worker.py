@@ -33,7 +33,7 @@ import structlog
 
 from stream.autorecovery import metrics
 from stream.autorecovery.settings import AutoRecoverySettings
-from stream.client.ports import AddBatch, AddStream, BookieTransport
+from stream.client.ports import AddBatch, AddStream, BookieTransport, answered_ids
 from stream.client.zk_metadata import ZkMetadata
 from stream.clock import Clock, SystemClock
 from stream.errors import NotEnoughBookiesError, StreamError, StreamNotFoundError
@@ -489,7 +489,7 @@ class _CopySink:
             except Exception as e:
                 raise ReplicationFailed("the target did not take the copy", error=repr(e)) from e
             codes = set(response.codes)
-            if codes == {pb.OK} and len(response.entry_ids) == len(batch.entries):
+            if codes == {pb.OK} and len(answered_ids(response)) == len(batch.entries):
                 return
             if codes == {pb.TOO_BUSY} or codes == {pb.OK, pb.TOO_BUSY}:
                 await self._clock.sleep(_BUSY_BACKOFF_S)

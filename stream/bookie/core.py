@@ -106,8 +106,11 @@ class StartReport:
     replayed_entries: int
 
 
-# An add batch on its way: the response, the journal future it waits for, its codes.
-_PendingAdd = tuple[pb.AddResponse, "concurrent.futures.Future[Any] | None", list[pb.Code]]
+# An add batch on its way: the response (without its ids and codes: `answer_add` writes them in
+# the form the stream takes), the journal future it waits for, its codes, its entry ids.
+_PendingAdd = tuple[
+    pb.AddResponse, "concurrent.futures.Future[Any] | None", list[pb.Code], list[int]
+]
 
 
 async def _await_durable(durable: concurrent.futures.Future[Any] | None) -> None:
@@ -214,9 +217,7 @@ class BookieCore:
             bookie_term=self._stream_term(request.stream_id),
             message=message,
         )
-        response.entry_ids.extend(ids)
-        response.codes.extend(codes)
-        return response, None, codes
+        return response, None, codes, ids
 
     def _start_add(
         self, request: AddRequest, raw: bytes | None, context: Peer | None = None
@@ -246,10 +247,7 @@ class BookieCore:
             bookie_term=outcome.bookie_term,
             message=outcome.message,
         )
-        # Whole-array extends from lists the storage built anyway: no per-entry Python here.
-        response.entry_ids.extend(outcome.entry_ids or entry_ids(request))
-        response.codes.extend(codes)
-        return response, outcome.durable, codes
+        return response, outcome.durable, codes, outcome.entry_ids or entry_ids(request)
 
     async def start_add(
         self, request: AddRequest, raw: bytes | None = None, context: Peer | None = None
@@ -279,18 +277,20 @@ class BookieCore:
         """Returns the pending answer of a batch refused whole with `code`."""
         return self._add_rejected(request, code, message)
 
-    async def finish_add(self, item: _PendingAdd) -> pb.AddResponse:
+    async def finish_add(self, item: _PendingAdd, *, ranged: bool = False) -> pb.AddResponse:
         """Returns the response of a started batch once it is durable (INTERNAL for every
         entry when the journal failed to sync: nothing about the batch can be promised)."""
         with contextlib.suppress(Exception):  # the group's failure: answer_add reads it
             await self.group_waits.wait(item[1])
-        return self.answer_add(item)
+        return self.answer_add(item, ranged=ranged)
 
-    def answer_add(self, item: _PendingAdd) -> pb.AddResponse:
+    def answer_add(self, item: _PendingAdd, *, ranged: bool = False) -> pb.AddResponse:
         """Returns the response of a started batch whose journal group completed: synced, or
         failed (INTERNAL for every entry: nothing about the batch can be promised); counts
-        it."""
-        response, durable, codes = item
+        it. `ranged` (data port version 2): consecutive ids are named as a range, and codes
+        that agree as one code (an answer costs the same whatever the batch's size); else
+        every id and its code."""
+        response, durable, codes, ids = item
         failure = durable.exception(0) if durable is not None else None  # done: no wait
         if failure is not None:
             log.error(
@@ -299,18 +299,32 @@ class BookieCore:
                 error=repr(failure),
                 exc_info=failure,
             )
-            codes = [INTERNAL] * max(len(response.entry_ids), 1)
-            del response.codes[:]
-            response.codes.extend(codes)
+            codes = [INTERNAL] * max(len(ids), 1)
             response.message = f"journal failure: {failure!r}"
         self._log.count_add(codes)
+        count = len(ids)
+        # Whole-array operations on lists the storage built anyway: no per-entry Python here.
+        if ranged and count and ids == list(range(ids[0], ids[0] + count)):
+            response.first_entry_id = ids[0]
+            response.entry_count = count
+            if codes.count(codes[0]) == len(codes):
+                response.codes.append(codes[0])
+                return response
+        else:
+            response.entry_ids.extend(ids)
+        response.codes.extend(codes)
         return response
 
     async def add(
-        self, request: AddRequest, raw: bytes | None = None, context: Peer | None = None
+        self,
+        request: AddRequest,
+        raw: bytes | None = None,
+        context: Peer | None = None,
+        *,
+        ranged: bool = False,
     ) -> pb.AddResponse:
-        """Returns the response to one batch, once durable."""
-        return await self.finish_add(await self.start_add(request, raw, context))
+        """Returns the response to one batch, once durable (`ranged`: see `answer_add`)."""
+        return await self.finish_add(await self.start_add(request, raw, context), ranged=ranged)
 
     # -- unary requests ---------------------------------------------------------------------
 

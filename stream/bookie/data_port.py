@@ -40,7 +40,9 @@ _MAX_BOOKIE_ID = 512
 # on the gRPC port: idle 30 s, then 3 probes 10 s apart.
 _KEEPALIVE = ((socket.TCP_KEEPIDLE, 30), (socket.TCP_KEEPINTVL, 10), (socket.TCP_KEEPCNT, 3))
 _LENGTH = frames.LENGTH
-_PREAMBLE = frames.PREAMBLE
+# The versions served, each with whether its answers name ranges (`BookieCore.answer_add`).
+_PREAMBLES = {frames.PREAMBLE: True, frames.PREAMBLE_V1: False}
+_PREAMBLE_BYTES = len(frames.PREAMBLE)
 
 
 class _Peer:
@@ -168,6 +170,7 @@ class _Connection(asyncio.Protocol):
         self._context: contextvars.Context | None = None
         self._refused = False
         self._closing = False
+        self._ranged = False  # the stream's version names ranges in its answers
         # Batches taken, not yet answered, in request order.
         self._answers: deque[_PendingAdd] = deque()
         self._watched: asyncio.Future[Any] | None = None  # the last group waiter watched
@@ -250,11 +253,12 @@ class _Connection(asyncio.Protocol):
         """Reads the preamble and the bookie id from the buffer and admits the caller;
         returns whether the stream may start (False: wait for more, or refused)."""
         buffer = self._buffer
-        end_preamble = len(_PREAMBLE)
+        end_preamble = _PREAMBLE_BYTES
         if len(buffer) < end_preamble:
             return False
-        if buffer[:end_preamble] != _PREAMBLE:
-            self._refuse(f"not a data port client: expected {_PREAMBLE!r}")
+        ranged = _PREAMBLES.get(bytes(buffer[:end_preamble]))
+        if ranged is None:
+            self._refuse(f"not a data port client: expected one of {sorted(_PREAMBLES)!r}")
             return False
         end_length = end_preamble + _LENGTH.size
         if len(buffer) < end_length:
@@ -281,6 +285,7 @@ class _Connection(asyncio.Protocol):
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
             self._handshake_timer = None
+        self._ranged = ranged
         context = contextvars.copy_context()
         context.run(CALLER.set, caller)  # read by the Add handling's refusal log and audit
         self._context = context
@@ -400,7 +405,7 @@ class _Connection(asyncio.Protocol):
             if durable is not None and not durable.done():
                 break
             answers.popleft()
-            data = core.answer_add(item).SerializeToString()
+            data = core.answer_add(item, ranged=self._ranged).SerializeToString()
             out += (frames.length_prefix(len(data) + 1), frames.ANSWER, data)
         if out and self._transport is not None and not self._transport.is_closing():
             self._transport.write(b"".join(out))

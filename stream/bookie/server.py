@@ -174,8 +174,7 @@ class BookieService:
         except DecodeError as e:
             metrics.ADD_BATCHES.inc()
             response = pb.AddResponse(message=f"malformed AddRequest: {e}")
-            response.codes.append(BAD_REQUEST)
-            return response, None, [BAD_REQUEST]
+            return response, None, [BAD_REQUEST], []
         try:
             item = self.core.start_add_now(request, raw, context)
         except Exception as e:

@@ -20,7 +20,7 @@ from typing import Protocol
 import structlog
 
 from stream.client.options import WriterOptions
-from stream.client.ports import AddBatch, AddStream, BookieTransport
+from stream.client.ports import AddBatch, AddStream, BookieTransport, answered_ids
 from stream.framing.prepare import PreparedEntry
 from stream.protocol import (
     Code,
@@ -382,11 +382,13 @@ class AddPipeline:
 
     def _on_answer(self, link: _Link, response: pb.AddResponse) -> None:
         codes: list[int] = list(response.codes)
-        entry_ids = response.entry_ids
+        entry_ids = answered_ids(response)  # a range, or every id
         bookie_id = link.bookie_id
         pending = self.pending
         lafr_before = pending.lafr
-        if len(codes) == len(entry_ids) and codes.count(_OK) == len(codes):
+        if codes.count(_OK) == len(codes) and (
+            len(codes) == len(entry_ids) or (len(codes) == 1 and response.entry_count)
+        ):
             link.busy_since = None
             # One call per answer: LAC and LAFR move once, not once per entry.
             acknowledged = pending.acknowledge(bookie_id, entry_ids)

@@ -83,6 +83,16 @@ class AddBatch:
         return pb.AddRequest.FromString(self.to_bytes())
 
 
+def answered_ids(response: pb.AddResponse) -> Sequence[int]:
+    """Returns the ids an Add answer names: a range (`entry_count` ids from `first_entry_id`:
+    a data port of version 2 names consecutive ids so, `stream.wire.frames`), else its
+    `entry_ids`. Its `codes` hold one code per id, or one for all of them."""
+    count = response.entry_count
+    if count:
+        return range(response.first_entry_id, response.first_entry_id + count)
+    return response.entry_ids
+
+
 def fail_waiting(futures: deque[asyncio.Future[pb.AddResponse]], error: BaseException) -> None:
     """Fails every future of an Add stream's unanswered batches with `error` (the stream
     broke: their fate is unknown)."""

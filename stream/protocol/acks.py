@@ -216,17 +216,21 @@ class PendingAdds(Generic[B]):
         Recording an ack is adding `bookie` to a set: the order of `entry_ids` and repeats do
         not matter, so they are recorded as spans of consecutive ids in increasing order (an
         id never added is a bug, `InvariantViolation`, as soon as it is met)."""
-        ids = entry_ids if type(entry_ids) is list else list(entry_ids)
-        count = len(ids)
-        if count:
-            first = ids[0]
-            if ids[-1] - first == count - 1 and (
-                count < 3 or ids == list(range(first, first + count))
-            ):
-                self._ack_span(bookie, first, first + count)
-            else:
-                for low, high in _spans(sorted(set(ids))):
-                    self._ack_span(bookie, low, high)
+        if type(entry_ids) is range and entry_ids.step == 1:  # a ranged answer: one span
+            if entry_ids:
+                self._ack_span(bookie, entry_ids.start, entry_ids.stop)
+        else:
+            ids = entry_ids if type(entry_ids) is list else list(entry_ids)
+            count = len(ids)
+            if count:
+                first = ids[0]
+                if ids[-1] - first == count - 1 and (
+                    count < 3 or ids == list(range(first, first + count))
+                ):
+                    self._ack_span(bookie, first, first + count)
+                else:
+                    for low, high in _spans(sorted(set(ids))):
+                        self._ack_span(bookie, low, high)
         lac = self._lac
         runs = self._runs
         if lac + 1 < self._next_entry_id:

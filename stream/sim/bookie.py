@@ -132,6 +132,10 @@ class SimBookie:
         # server is up; a takeover right at the restart instant is the clients' first).
         self._repair_delay_s = repair_interval_s
         self._rng = rng or random.Random(zlib.crc32(bookie_id.encode()))
+        # How the bookie's Add answers name their entries: as ranges (the data port's version
+        # 2, the writers' default) or every id (gRPC, version 1): told by the id (b1, b4, b5
+        # and b7 ranged; b2, b3 and b6 not), not drawn, so that seeds keep their runs.
+        self.ranged_answers = zlib.crc32(bookie_id.encode()) % 5 < 3
         self._unsafe = protections.unsafe()
         self.disk = SimDisk(random.Random(self._rng.getrandbits(64)))
         self._journal_sync_s = journal_sync_s
@@ -551,7 +555,7 @@ class SimBookie:
         batch = request if raw is None else parse_add(raw, self.config.max_entry_bytes)
         task = self._serve(
             "add",
-            lambda core: core.add(batch, raw),
+            lambda core: core.add(batch, raw, ranged=self.ranged_answers),
             served=(request.stream_id, request.term),
             t=request.term,
             ids=ids,

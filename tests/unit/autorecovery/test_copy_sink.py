@@ -49,3 +49,27 @@ def test_a_refused_copy_fails_with_the_bookies_codes_term_and_message() -> None:
         "bookie_term": 7,
         "bookie_message": "fenced at term 7",
     }
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        pb.AddResponse(entry_ids=[0, 1], codes=[pb.OK, pb.OK]),
+        # A data port of version 2 names the ids as a range, with one code for all.
+        pb.AddResponse(first_entry_id=0, entry_count=2, codes=[pb.OK]),
+    ],
+)
+def test_a_copy_answered_ok_in_either_form_is_settled(answer: pb.AddResponse) -> None:
+    sink = _CopySink(
+        _AnsweringStream(answer),
+        StreamMeta("s", 1, 3, 3, 2, 10, 1000, term=3),
+        timeout_s=5.0,
+        rate_bytes=0,
+        clock=SystemClock(),
+    )
+
+    async def copy_two() -> None:
+        await sink.send([pb.Entry(entry_id=i, payload=b"x") for i in range(2)])
+        await sink.drain()
+
+    asyncio.run(copy_two())

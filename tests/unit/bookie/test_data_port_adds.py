@@ -92,10 +92,12 @@ def run_port(
     *,
     metadata_terms: Callable[[StreamStorage], MetadataTerms] | None = None,
     steps: JournalSteps | None = None,
+    preamble: bytes = frames.PREAMBLE,
     **overrides: Any,
 ) -> None:
     """Runs `body` against a service over the real storage, with one writer connected to its
-    data port; `overrides` are config keys. `steps` is let go at the end, pass or fail."""
+    data port with `preamble` (the protocol's version); `overrides` are config keys. `steps`
+    is let go at the end, pass or fail."""
     overrides.setdefault("data_listen", f"127.0.0.1:{free_port()}")
 
     async def main() -> None:
@@ -106,7 +108,7 @@ def run_port(
         await port.start(h.service)
         host, number = config.data_listen.rsplit(":", 1)
         reader, writer = await asyncio.open_connection(host, int(number))
-        writer.write(frames.PREAMBLE + frames.frame(config.bookie_id.encode()))
+        writer.write(preamble + frames.frame(config.bookie_id.encode()))
         try:
             await asyncio.wait_for(body(h, Writer(reader, writer, port)), 30)
         finally:
@@ -138,6 +140,14 @@ async def _until(condition: Callable[[], bool]) -> None:
         await asyncio.sleep(0.01)
 
 
+def codes_of(answer: pb.AddResponse) -> list[int]:
+    """Returns an answer's code for each of its entries (a ranged one may hold one for all)."""
+    codes = list(answer.codes)
+    if answer.entry_count and len(codes) == 1:
+        return codes * answer.entry_count
+    return codes
+
+
 def _stored_up_to(h: Harness, stream_id: int) -> int:
     state = h.storage.stream_state(stream_id)
     return -1 if state is None else state.last_entry_id
@@ -166,10 +176,42 @@ def test_pipelined_batches_are_answered_in_order_once_durable(
         assert [a.request_id for a in answers if a] == list(range(20))
         for i, a in enumerate(answers):
             assert a is not None
-            assert list(a.entry_ids) == list(range(i * 10, i * 10 + 10))
-            assert list(a.codes) == [pb.OK] * 10
+            # Version 2: the ids as a range, one code for all of them.
+            assert (a.first_entry_id, a.entry_count, list(a.entry_ids)) == (i * 10, 10, [])
+            assert list(a.codes) == [pb.OK]
 
     run_port(tmp_path, body, steps=steps)
+
+
+@pytest.mark.parametrize("preamble", [frames.PREAMBLE, frames.PREAMBLE_V1])
+def test_answers_name_ranges_in_version_2_and_every_id_in_version_1(
+    tmp_path: Path, preamble: bytes
+) -> None:
+    ranged = preamble == frames.PREAMBLE
+
+    async def body(h: Harness, w: Writer) -> None:
+        w.add(add(1, 1, range(0, 5), rid=0))
+        w.add(add(1, 1, [5, 7, 6], rid=1))  # not consecutive in order: every id, either way
+        w.add(add(1, 1, range(8, 10), rid=2, lac=-2))  # a LAC below -1: refused whole
+        w.add(add(1, 1, [], rid=3))  # an explicit LAC: one code, no id
+        answers = [await w.answer() for _ in range(4)]
+        assert all(a is not None for a in answers)
+        whole, unordered, refused, explicit = answers
+        assert whole is not None and unordered is not None
+        assert refused is not None and explicit is not None
+        if ranged:
+            assert (whole.first_entry_id, whole.entry_count, list(whole.entry_ids)) == (0, 5, [])
+            assert list(whole.codes) == [pb.OK]
+            assert (refused.entry_count, list(refused.codes)) == (2, [pb.BAD_REQUEST])
+        else:
+            assert (whole.entry_count, list(whole.entry_ids)) == (0, [0, 1, 2, 3, 4])
+            assert list(whole.codes) == [pb.OK] * 5
+            assert list(refused.codes) == [pb.BAD_REQUEST] * 2
+        assert (unordered.entry_count, list(unordered.entry_ids)) == (0, [5, 7, 6])
+        assert list(unordered.codes) == [pb.OK] * 3
+        assert (explicit.entry_count, list(explicit.entry_ids), len(explicit.codes)) == (0, [], 1)
+
+    run_port(tmp_path, body, preamble=preamble)
 
 
 def test_a_full_window_stops_the_reads_until_answers_go(
@@ -186,7 +228,7 @@ def test_a_full_window_stops_the_reads_until_answers_go(
         steps.let_go()
         answers = [await w.answer() for _ in range(10)]
         assert [a.request_id for a in answers if a] == list(range(10))
-        assert all(list(a.codes) == [pb.OK] * 10 for a in answers if a)
+        assert all(codes_of(a) == [pb.OK] * 10 for a in answers if a)
         assert _stored_up_to(h, 1) == 99
 
     run_port(tmp_path, body, steps=steps, add_max_inflight_batches=3)
@@ -214,7 +256,7 @@ def test_a_batch_whose_term_is_checked_holds_the_later_batches(tmp_path: Path) -
     async def body(h: Harness, w: Writer) -> None:
         w.add(add(5, 1, range(0, 2), rid=1))
         first = await w.answer()
-        assert first is not None and list(first.codes) == [pb.OK] * 2
+        assert first is not None and codes_of(first) == [pb.OK] * 2
         # A term the bookie has not seen is checked against metadata first; the batches behind
         # it are not taken meanwhile, even one that needs no check (its answer comes after).
         w.add(add(3, 2, range(0, 2), rid=2))
@@ -227,7 +269,7 @@ def test_a_batch_whose_term_is_checked_holds_the_later_batches(tmp_path: Path) -
         metadata.release.set()
         answers = [await w.answer() for _ in range(3)]
         assert [a.request_id for a in answers if a] == [2, 3, 4]
-        assert all(list(a.codes) == [pb.OK] * 2 for a in answers if a)
+        assert all(codes_of(a) == [pb.OK] * 2 for a in answers if a)
         assert metadata.reads == [5, 3]  # once per stream: the later batches found it checked
 
     run_port(
@@ -269,7 +311,7 @@ def test_a_failed_journal_sync_answers_internal(
         steps.let_go()
         answer = await w.answer()
         assert answer is not None and answer.request_id == 7
-        assert list(answer.codes) == [pb.INTERNAL] * 3
+        assert codes_of(answer) == [pb.INTERNAL] * 3
         assert "journal failure" in answer.message
 
     run_port(tmp_path, body, steps=steps)

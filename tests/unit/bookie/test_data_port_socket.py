@@ -28,9 +28,9 @@ class _EchoService:
         self.group_waits = GroupWaits()
 
     def start_raw_add(self, raw: bytes, context: Any) -> Any:
-        return pb.AddResponse(), None, []
+        return pb.AddResponse(), None, [], []
 
-    def answer_add(self, item: Any) -> pb.AddResponse:
+    def answer_add(self, item: Any, *, ranged: bool = False) -> pb.AddResponse:
         return item[0]
 
     def add_stream_opened(self) -> None:

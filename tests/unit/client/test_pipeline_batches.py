@@ -20,12 +20,15 @@ from stream.wire.frames import length_prefix
 from tests.unit.client.pipeline_support import RecordingTransport, StrictOwner
 
 
-def _sent(config: QuorumConfig, runs: list[int]) -> tuple[list[tuple[str, AddBatch]], list[int]]:
+def _sent(
+    config: QuorumConfig, runs: list[int], *, ranged: bool = False
+) -> tuple[list[tuple[str, AddBatch]], list[int]]:
     """Adds runs of `runs[i]` entries (each flushed at once, no linger) on an ensemble of
-    `config.ensemble` bookies; returns the batches sent and the acknowledged ids."""
+    `config.ensemble` bookies answering OK (with `ranged`, consecutive ids as a range);
+    returns the batches sent and the acknowledged ids."""
 
     async def main() -> tuple[list[tuple[str, AddBatch]], list[int]]:
-        transport, owner = RecordingTransport(), StrictOwner()
+        transport, owner = RecordingTransport(ranged=ranged), StrictOwner()
         bookies = tuple(f"b{i}" for i in range(config.ensemble))
         pipeline = AddPipeline(
             transport=transport,  # type: ignore[arg-type]
@@ -50,12 +53,13 @@ def _sent(config: QuorumConfig, runs: list[int]) -> tuple[list[tuple[str, AddBat
     return run_simulated(main())
 
 
+@pytest.mark.parametrize("ranged", [False, True])
 @pytest.mark.parametrize(
     "config", [QuorumConfig(3, 3, 2), QuorumConfig(4, 3, 2), QuorumConfig(5, 2, 2)]
 )
-def test_every_batch_carries_its_own_entries(config: QuorumConfig) -> None:
+def test_every_batch_carries_its_own_entries(config: QuorumConfig, ranged: bool) -> None:
     runs = [1, 4, 4, 7, 2, 12, 3, 4]
-    sent, acknowledged = _sent(config, runs)
+    sent, acknowledged = _sent(config, runs, ranged=ranged)
     assert acknowledged == list(range(sum(runs)))
     for _, batch in sent:
         request = pb.AddRequest.FromString(batch.to_bytes())

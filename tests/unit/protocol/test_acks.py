@@ -271,7 +271,9 @@ def test_on_acks_equals_on_ack_per_entry(
     acknowledged_batched: list[int] = []
 
     for _ in range(data.draw(st.integers(0, 40))):
-        action = data.draw(st.sampled_from(["add", "run", "acks", "acks", "acks", "replace"]))
+        action = data.draw(
+            st.sampled_from(["add", "run", "acks", "acks", "acks", "ranged", "replace"])
+        )
         if action == "add" and one.has_room():
             entry_id = one.next_entry_id
             write_set = config.write_set_bookies(ensemble, entry_id)
@@ -296,6 +298,17 @@ def test_on_acks_equals_on_ack_per_entry(
             for entry_id in ids:
                 acknowledged_one.extend(one.on_ack(entry_id, bookie))
             acknowledged_batched.extend(batched.on_acks(bookie, ids))
+        elif action == "ranged":
+            # A ranged answer: the ids as a `range` (forgotten ones too), one span at once.
+            known = list(range(start + 1, one.next_entry_id))
+            if not known:
+                continue
+            low = data.draw(st.sampled_from(known))
+            ids_range = range(low, data.draw(st.integers(low, one.next_entry_id)))
+            bookie = data.draw(st.sampled_from([*ensemble, "stranger"]))
+            for entry_id in ids_range:
+                acknowledged_one.extend(one.on_ack(entry_id, bookie))
+            acknowledged_batched.extend(batched.acknowledge(bookie, ids_range))
         elif action == "replace":
             failed = data.draw(st.sampled_from(ensemble))
             assert one.pinned_bookies() == batched.pinned_bookies()
