@@ -113,6 +113,24 @@ _PendingAdd = tuple[
 ]
 
 
+def _name_entries(
+    response: pb.AddResponse, ids: list[int], codes: list[pb.Code], ranged: bool
+) -> None:
+    """Writes the ids and codes of an Add answer: with `ranged`, consecutive ids as a range and
+    codes that agree as one (data port version 2), else every id and its code. Whole-array
+    operations on lists the storage built anyway: no per-entry Python here."""
+    count = len(ids)
+    if ranged and count and ids == list(range(ids[0], ids[0] + count)):
+        response.first_entry_id = ids[0]
+        response.entry_count = count
+        if codes.count(codes[0]) == len(codes):
+            response.codes.append(codes[0])
+            return
+    else:
+        response.entry_ids.extend(ids)
+    response.codes.extend(codes)
+
+
 async def _await_durable(durable: concurrent.futures.Future[Any] | None) -> None:
     """Returns once `durable` (a journal fsync future, or None) completed; raises its error."""
     if durable is None:
@@ -302,29 +320,14 @@ class BookieCore:
             codes = [INTERNAL] * max(len(ids), 1)
             response.message = f"journal failure: {failure!r}"
         self._log.count_add(codes)
-        count = len(ids)
-        # Whole-array operations on lists the storage built anyway: no per-entry Python here.
-        if ranged and count and ids == list(range(ids[0], ids[0] + count)):
-            response.first_entry_id = ids[0]
-            response.entry_count = count
-            if codes.count(codes[0]) == len(codes):
-                response.codes.append(codes[0])
-                return response
-        else:
-            response.entry_ids.extend(ids)
-        response.codes.extend(codes)
+        _name_entries(response, ids, codes, ranged)
         return response
 
     async def add(
-        self,
-        request: AddRequest,
-        raw: bytes | None = None,
-        context: Peer | None = None,
-        *,
-        ranged: bool = False,
+        self, request: AddRequest, raw: bytes | None = None, context: Peer | None = None
     ) -> pb.AddResponse:
-        """Returns the response to one batch, once durable (`ranged`: see `answer_add`)."""
-        return await self.finish_add(await self.start_add(request, raw, context), ranged=ranged)
+        """Returns the response to one batch, once durable."""
+        return await self.finish_add(await self.start_add(request, raw, context))
 
     # -- unary requests ---------------------------------------------------------------------
 

@@ -36,7 +36,7 @@ from stream.bookie.disk import DiskStatus
 from stream.bookie.integrity import begin_phase_one, limbo_bounds, phase_one_reason
 from stream.bookie.reconcile import MetadataReconciler, ReconcileReport
 from stream.bookie.storage import StreamStateView, StreamStorage
-from stream.bookie.storage.scanned import parse_add
+from stream.bookie.storage.scanned import AddRequest, parse_add
 from stream.bookie.terms import MetadataTerms, StreamFacts, metadata_terms_for
 from stream.bookie.unsafe import UnsafeSkips
 from stream.client.options import WriterOptions
@@ -555,7 +555,7 @@ class SimBookie:
         batch = request if raw is None else parse_add(raw, self.config.max_entry_bytes)
         task = self._serve(
             "add",
-            lambda core: core.add(batch, raw, ranged=self.ranged_answers),
+            lambda core: _add(core, batch, raw, self.ranged_answers),
             served=(request.stream_id, request.term),
             t=request.term,
             ids=ids,
@@ -636,6 +636,13 @@ class SimBookie:
             return None
         outcome = storage.read(stream_id, entry_id)
         return outcome.entry if outcome.code == pb.OK else None
+
+
+async def _add(
+    core: BookieCore, batch: AddRequest, raw: bytes | None, ranged: bool
+) -> pb.AddResponse:
+    """Serves one Add batch as gRPC's `Add` (`ranged` False) or a data port of version 2 does."""
+    return await core.finish_add(await core.start_add(batch, raw), ranged=ranged)
 
 
 class _CurrentSession:

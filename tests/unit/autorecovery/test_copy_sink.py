@@ -28,15 +28,20 @@ class _AnsweringStream:
         pass
 
 
-def test_a_refused_copy_fails_with_the_bookies_codes_term_and_message() -> None:
-    refusal = pb.AddResponse(codes=[pb.INVALID_TERM], bookie_term=7, message="fenced at term 7")
-    sink = _CopySink(
-        _AnsweringStream(refusal),
+def _sink(answer: pb.AddResponse) -> _CopySink:
+    """A copy sink whose target answers every batch with `answer`."""
+    return _CopySink(
+        _AnsweringStream(answer),
         StreamMeta("s", 1, 3, 3, 2, 10, 1000, term=3),
         timeout_s=5.0,
         rate_bytes=0,
         clock=SystemClock(),
     )
+
+
+def test_a_refused_copy_fails_with_the_bookies_codes_term_and_message() -> None:
+    refusal = pb.AddResponse(codes=[pb.INVALID_TERM], bookie_term=7, message="fenced at term 7")
+    sink = _sink(refusal)
 
     async def copy_one() -> None:
         await sink.send([pb.Entry(entry_id=0, payload=b"x")])
@@ -60,13 +65,7 @@ def test_a_refused_copy_fails_with_the_bookies_codes_term_and_message() -> None:
     ],
 )
 def test_a_copy_answered_ok_in_either_form_is_settled(answer: pb.AddResponse) -> None:
-    sink = _CopySink(
-        _AnsweringStream(answer),
-        StreamMeta("s", 1, 3, 3, 2, 10, 1000, term=3),
-        timeout_s=5.0,
-        rate_bytes=0,
-        clock=SystemClock(),
-    )
+    sink = _sink(answer)
 
     async def copy_two() -> None:
         await sink.send([pb.Entry(entry_id=i, payload=b"x") for i in range(2)])
