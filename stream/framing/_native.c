@@ -1129,19 +1129,19 @@ failed:
  * bytes object: no bytes object per entry, and the records copied once. */
 
 PyDoc_STRVAR(frame_records_doc,
-"frame_records(span, base, offsets, lengths, tag)\n"
+"frame_records(span, base, offsets, lengths, tag, head=b'')\n"
 "--\n\n"
-"Returns, as one bytes object, each record span[offsets[i] - base : offsets[i] - base +\n"
-"lengths[i]] preceded by the byte `tag` and its length as a varint (a length-delimited\n"
-"protobuf field). `offsets` and `lengths` are sequences of ints of one length; a record\n"
-"outside the span raises ValueError.");
+"Returns, as one bytes object, `head` then each record span[offsets[i] - base : offsets[i] -\n"
+"base + lengths[i]] preceded by the byte `tag` and its length as a varint (a\n"
+"length-delimited protobuf field). `offsets` and `lengths` are sequences of ints of one\n"
+"length; a record outside the span raises ValueError.");
 
 static PyObject *
 frame_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "frame_records takes 5 arguments");
+    if (nargs != 5 && nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "frame_records takes 5 or 6 arguments");
         return NULL;
     }
     long long base = PyLong_AsLongLong(args[1]);
@@ -1162,8 +1162,12 @@ frame_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     PyObject *result = NULL, *offsets = NULL, *lengths = NULL;
     Py_ssize_t *starts = NULL, *sizes = NULL;
-    Py_buffer view;
+    Py_buffer view, head = {0};
+    if (nargs == 6 && PyObject_GetBuffer(args[5], &head, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&head);
         return NULL;
     }
     offsets = PySequence_Fast(args[2], "offsets must be a sequence");
@@ -1187,7 +1191,7 @@ frame_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     PyObject **offset_items = PySequence_Fast_ITEMS(offsets);
     PyObject **length_items = PySequence_Fast_ITEMS(lengths);
-    size_t total = 0;
+    size_t total = (size_t)head.len;
     for (Py_ssize_t i = 0; i < n; i++) {
         long long offset = PyLong_AsLongLong(offset_items[i]);
         if (offset == -1 && PyErr_Occurred()) {
@@ -1218,6 +1222,10 @@ frame_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     uint8_t *p = (uint8_t *)PyBytes_AS_STRING(result);
     const uint8_t *span = (const uint8_t *)view.buf;
+    if (head.len) {
+        memcpy(p, head.buf, (size_t)head.len);
+        p += head.len;
+    }
     for (Py_ssize_t i = 0; i < n; i++) {
         *p++ = (uint8_t)tag;
         p = put_varint(p, (uint64_t)sizes[i]);
@@ -1230,6 +1238,7 @@ done:
     Py_XDECREF(offsets);
     Py_XDECREF(lengths);
     PyBuffer_Release(&view);
+    PyBuffer_Release(&head);
     return result;
 }
 

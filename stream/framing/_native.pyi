@@ -45,5 +45,6 @@ def frame_records(
     offsets: Sequence[int],
     lengths: Sequence[int],
     tag: int,
+    head: bytes | bytearray | memoryview = ...,
     /,
 ) -> bytes: ...

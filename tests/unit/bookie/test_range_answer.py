@@ -51,6 +51,11 @@ def test_the_compiled_framing_is_the_python_definition(seed: int) -> None:
         assert native.frame_records(memoryview(span), base, tuple(offsets), lengths, 0x12) == (
             expected
         )
+        head = rng.randbytes(rng.choice([0, 1, 5, 30]))  # an answer's head, framed first
+        assert frame_records_python(span, base, offsets, lengths, head) == head + expected
+        assert native.frame_records(span, base, offsets, lengths, ENTRIES_TAG, head) == (
+            head + expected
+        )
 
 
 @pytest.mark.parametrize("frame", [frame_records_python, frame_records])
@@ -82,6 +87,8 @@ def test_the_compiled_framing_refuses_what_it_cannot_frame() -> None:
         native.frame_records(b"abc", 0, 5, [1], ENTRIES_TAG)
     with pytest.raises(TypeError):
         native.frame_records(b"abc", 0, ["0"], [1], ENTRIES_TAG)
+    with pytest.raises(TypeError):
+        native.frame_records(b"abc", 0, [0], [1], ENTRIES_TAG, "a head of text")
 
 
 @pytest.mark.parametrize("compiled", [True, False])
@@ -120,6 +127,31 @@ def test_a_framed_answer_parses_as_the_answer(
     assert pb.ReadRangeResponse.FromString(answer) == pb.ReadRangeResponse(
         code=pb.OK, lac=41, entries=entries
     )
+
+    # An answer of one span (the usual one) is framed with its head in one step; the same
+    # bytes with entries before or after it.
+    only_span = FramedEntries()
+    only_span.add_span(span, 1000, offsets, lengths)
+    expected_span = b"".join(b"\x12" + varint(len(r)) + r for r in records[len(SIZES) :])
+    assert only_span.with_head(b"HEAD") == b"HEAD" + expected_span
+    assert [e.entry_id for e in only_span.parsed()] == [e.entry_id for e in entries[len(SIZES) :]]
+    span_then_record = FramedEntries()
+    span_then_record.add_span(span, 1000, offsets, lengths)
+    span_then_record.append(records[0])
+    span_then_record.add_span(span, 1000, offsets[:1], lengths[:1])
+    assert span_then_record.with_head(b"HEAD") == (
+        b"HEAD"
+        + expected_span
+        + b"\x12"
+        + varint(len(records[0]))
+        + records[0]
+        + expected_span[: 1 + len(varint(lengths[0])) + lengths[0]]
+    )
+    assert len(span_then_record) == len(offsets) + 2
+    two_spans = FramedEntries()  # an answer read from two entry logs
+    two_spans.add_span(span, 1000, offsets[:1], lengths[:1])
+    two_spans.add_span(span, 1000, offsets[1:], lengths[1:])
+    assert two_spans.with_head(b"HEAD") == b"HEAD" + expected_span
 
     many = FramedEntries()
     for n in range(5000):  # more lengths than the cache of frames keeps
