@@ -20,7 +20,13 @@ from typing import Protocol
 import structlog
 
 from stream.client.options import WriterOptions
-from stream.client.ports import AddBatch, AddStream, BookieTransport, answered_ids
+from stream.client.ports import (
+    AddBatch,
+    AddStream,
+    BookieTransport,
+    answered_codes,
+    answered_ids,
+)
 from stream.framing.prepare import PreparedEntry
 from stream.protocol import (
     Code,
@@ -396,8 +402,7 @@ class AddPipeline:
             bad_code = None
             busy: list[int] = []
             ok: list[int] = []
-            if len(codes) == 1 and len(entry_ids) != 1:
-                codes = [codes[0]] * max(len(entry_ids), 1)
+            codes = answered_codes(response)
             for entry_id, code in zip(entry_ids, codes, strict=False):
                 if code == _OK:
                     ok.append(entry_id)

@@ -93,6 +93,17 @@ def answered_ids(response: pb.AddResponse) -> Sequence[int]:
     return response.entry_ids
 
 
+def answered_codes(response: pb.AddResponse) -> list[int]:
+    """Returns an Add answer's code for each id it names (`answered_ids`): one code for all of
+    them is repeated; an answer naming no id (an explicit LAC, a batch that did not parse) keeps
+    its one code."""
+    codes: list[int] = list(response.codes)
+    count = len(answered_ids(response))
+    if len(codes) == 1 and count > 1:
+        codes *= count
+    return codes
+
+
 def fail_waiting(futures: deque[asyncio.Future[pb.AddResponse]], error: BaseException) -> None:
     """Fails every future of an Add stream's unanswered batches with `error` (the stream
     broke: their fate is unknown)."""

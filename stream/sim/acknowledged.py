@@ -58,9 +58,6 @@ class AnsweredAdds:
         ]
         lowest = min(later, default=None)
         answered = self._answered.setdefault(request.stream_id, set())
-        codes = list(codes)
-        if len(codes) == 1:  # one code for all of the batch's entries
-            codes *= len(request.entries)
         for entry, code in zip(request.entries, codes, strict=False):
             if code == pb.OK and (lowest is None or entry.entry_id <= lowest):
                 answered.add(entry.entry_id)

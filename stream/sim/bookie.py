@@ -40,6 +40,7 @@ from stream.bookie.storage.scanned import AddRequest, parse_add
 from stream.bookie.terms import MetadataTerms, StreamFacts, metadata_terms_for
 from stream.bookie.unsafe import UnsafeSkips
 from stream.client.options import WriterOptions
+from stream.client.ports import answered_codes
 from stream.client.recovery import WriterIdentity
 from stream.clock import Clock
 from stream.errors import StreamNotFoundError
@@ -566,7 +567,7 @@ class SimBookie:
                 lambda t: (
                     None
                     if t.cancelled() or t.exception() is not None
-                    else self.answered.on_add(request, t.result().codes, arrival)
+                    else self.answered.on_add(request, answered_codes(t.result()), arrival)
                 )
             )
         return task

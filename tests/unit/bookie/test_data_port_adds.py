@@ -19,6 +19,7 @@ from stream.bookie.data_port import DataPort
 from stream.bookie.storage import StreamStorage
 from stream.bookie.storage.journal import Journal
 from stream.bookie.terms import MetadataTerms, StreamFacts
+from stream.client.ports import answered_codes
 from stream.sandbox.ports import free_port
 from stream.wire import bookie_pb2 as pb
 from stream.wire import frames
@@ -140,14 +141,6 @@ async def _until(condition: Callable[[], bool]) -> None:
         await asyncio.sleep(0.01)
 
 
-def codes_of(answer: pb.AddResponse) -> list[int]:
-    """Returns an answer's code for each of its entries (a ranged one may hold one for all)."""
-    codes = list(answer.codes)
-    if answer.entry_count and len(codes) == 1:
-        return codes * answer.entry_count
-    return codes
-
-
 def _stored_up_to(h: Harness, stream_id: int) -> int:
     state = h.storage.stream_state(stream_id)
     return -1 if state is None else state.last_entry_id
@@ -228,7 +221,7 @@ def test_a_full_window_stops_the_reads_until_answers_go(
         steps.let_go()
         answers = [await w.answer() for _ in range(10)]
         assert [a.request_id for a in answers if a] == list(range(10))
-        assert all(codes_of(a) == [pb.OK] * 10 for a in answers if a)
+        assert all(answered_codes(a) == [pb.OK] * 10 for a in answers if a)
         assert _stored_up_to(h, 1) == 99
 
     run_port(tmp_path, body, steps=steps, add_max_inflight_batches=3)
@@ -256,7 +249,7 @@ def test_a_batch_whose_term_is_checked_holds_the_later_batches(tmp_path: Path) -
     async def body(h: Harness, w: Writer) -> None:
         w.add(add(5, 1, range(0, 2), rid=1))
         first = await w.answer()
-        assert first is not None and codes_of(first) == [pb.OK] * 2
+        assert first is not None and answered_codes(first) == [pb.OK] * 2
         # A term the bookie has not seen is checked against metadata first; the batches behind
         # it are not taken meanwhile, even one that needs no check (its answer comes after).
         w.add(add(3, 2, range(0, 2), rid=2))
@@ -269,7 +262,7 @@ def test_a_batch_whose_term_is_checked_holds_the_later_batches(tmp_path: Path) -
         metadata.release.set()
         answers = [await w.answer() for _ in range(3)]
         assert [a.request_id for a in answers if a] == [2, 3, 4]
-        assert all(codes_of(a) == [pb.OK] * 2 for a in answers if a)
+        assert all(answered_codes(a) == [pb.OK] * 2 for a in answers if a)
         assert metadata.reads == [5, 3]  # once per stream: the later batches found it checked
 
     run_port(
@@ -311,7 +304,7 @@ def test_a_failed_journal_sync_answers_internal(
         steps.let_go()
         answer = await w.answer()
         assert answer is not None and answer.request_id == 7
-        assert codes_of(answer) == [pb.INTERNAL] * 3
+        assert answered_codes(answer) == [pb.INTERNAL] * 3
         assert "journal failure" in answer.message
 
     run_port(tmp_path, body, steps=steps)
