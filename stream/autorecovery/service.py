@@ -117,7 +117,15 @@ class AutoRecovery:
         if self._stopping:
             return
         metadata = self._metadata or ZkMetadata(self._session)
-        transport = self._transport or GrpcTransport(metadata.bookie_address, tls=self._tls)
+        # Copies are read from the bookies' data ports where they have one (a third less CPU
+        # per entry on both ends than gRPC's ReadRange); they are written over gRPC.
+        transport = self._transport or GrpcTransport(
+            metadata.bookie_address,
+            tls=self._tls,
+            resolve_data=metadata.bookie_data_address,
+            data_adds=False,
+            data_reads=True,
+        )
         self.workers = [
             ReplicationWorker(
                 metadata=metadata,

@@ -178,14 +178,14 @@ class BookieConfig(Settings):
     )
 
     # Serving.
-    # Writers send their adds here when the registration has it (unless their
-    # `WriterOptions.data_port` is false): framed TCP costs far less CPU per batch than a gRPC
-    # message (stream.wire.frames).
+    # Writers send their adds here and readers their range reads when the registration has it
+    # (unless their `WriterOptions.data_port` or `ReaderOptions.data_port` is false): framed
+    # TCP costs far less CPU per batch than a gRPC message (stream.wire.frames).
     data_listen: str = setting(
         "",
         check=_ADDRESS_OR_OFF,
-        doc="`HOST:PORT` of the data port (Add streams framed over TCP, TLS as `listen`), "
-        'published in the registration; `""` turns it off (writers add over gRPC)',
+        doc="`HOST:PORT` of the data port (Add streams and range reads framed over TCP, TLS as "
+        '`listen`), published in the registration; `""` turns it off (clients use gRPC)',
     )
     metrics_listen: str = setting(
         "127.0.0.1:9181",

@@ -1,4 +1,5 @@
-"""The bookie's data port (`data_listen`): Add streams framed over TCP (`stream.wire.frames`),
+"""The bookie's data port (`data_listen`): Add streams and range reads framed over TCP
+(`stream.wire.frames`),
 TLS as the gRPC port has it, each batch taken by the Add stream's one definition
 (`BookieService.start_raw_add`, as gRPC's `Add` takes it): the same parsing, term rule,
 metadata checks and answers, in request order, and the same bound of batches in flight. Only
@@ -6,7 +7,8 @@ the edge differs: a connection is admitted by `AccessControl.admit` once its pre
 a fault of the connection itself is answered by a refusal frame (then the connection closes),
 and a connection is a protocol driven by the event loop's callbacks rather than tasks: a
 batch costs no task switch, and the answers of a journal group go out in one write as its
-sync completes (measured in docs/benchmarks.md)."""
+sync completes (measured in docs/benchmarks.md). A connection whose preamble asks for range
+reads is served by `RangeReads` (stream.bookie.data_port_reads) once admitted the same way."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from stream.bookie import metrics
 from stream.bookie.access import CALLER, AccessControl, Caller
 from stream.bookie.config import BookieConfig
 from stream.bookie.core import _PendingAdd
+from stream.bookie.data_port_reads import RangeReads
 from stream.bookie.server import BookieService
 from stream.errors import ConfigError
 from stream.security.tls import ServerCredentials
@@ -38,11 +41,17 @@ _HANDSHAKE_TIMEOUT_S = 10.0
 _MAX_BOOKIE_ID = 512
 # Dead writers (a killed host) are noticed by TCP keepalive, as gRPC's keepalive notices them
 # on the gRPC port: idle 30 s, then 3 probes 10 s apart.
-_KEEPALIVE = ((socket.TCP_KEEPIDLE, 30), (socket.TCP_KEEPINTVL, 10), (socket.TCP_KEEPCNT, 3))
+_KEEPALIVE = (30, 10, 3)
 _LENGTH = frames.LENGTH
-# The versions served, each with whether its answers name ranges (`BookieCore.answer_add`).
-_PREAMBLES = {frames.PREAMBLE: True, frames.PREAMBLE_V1: False}
+# The streams served: the RPC each preamble opens, and whether its Add answers name ranges
+# (`BookieCore.answer_add`).
+_PREAMBLES = {
+    frames.PREAMBLE: ("Add", True),
+    frames.PREAMBLE_V1: ("Add", False),
+    frames.READ_PREAMBLE: ("ReadRange", False),
+}
 _PREAMBLE_BYTES = len(frames.PREAMBLE)
+assert all(len(preamble) == _PREAMBLE_BYTES for preamble in _PREAMBLES)
 
 
 class _Peer:
@@ -126,6 +135,8 @@ class DataPort:
             self._listening.close()
         if self._server is not None:
             self._server.close()
+        for connection in list(self._connections):
+            connection.drain()
         if self._connections:
             await asyncio.wait([c.ended for c in self._connections], timeout=grace_s)
         for connection in list(self._connections):
@@ -171,6 +182,7 @@ class _Connection(asyncio.Protocol):
         self._refused = False
         self._closing = False
         self._ranged = False  # the stream's version names ranges in its answers
+        self._reads: RangeReads | None = None  # a connection of range reads, once admitted
         # Batches taken, not yet answered, in request order.
         self._answers: deque[_PendingAdd] = deque()
         self._watched: asyncio.Future[Any] | None = None  # the last group waiter watched
@@ -186,7 +198,7 @@ class _Connection(asyncio.Protocol):
         self._transport = cast(asyncio.Transport, transport)  # a stream transport
         self._peer = _peer_name(transport.get_extra_info("peername"))
         self._request_peer = _Peer(self._peer)
-        _tune(transport.get_extra_info("socket"))
+        frames.tune(transport.get_extra_info("socket"), _KEEPALIVE)
         self._port._connections.add(self)
         self._handshake_timer = self._loop.call_later(_HANDSHAKE_TIMEOUT_S, self._too_slow)
 
@@ -202,8 +214,8 @@ class _Connection(asyncio.Protocol):
 
     def eof_received(self) -> bool:
         self._writer_done = True
-        if self._context is None:
-            return False  # no stream yet: close
+        if self._context is None or self._reads is not None:
+            return False  # no stream yet, or range reads (nothing owed after a request): close
         self._close_when_answered()
         # The answers in flight still go out (TLS closes at the writer's end regardless).
         assert self._transport is not None
@@ -211,10 +223,16 @@ class _Connection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._writable = False
+        if self._reads is not None:
+            self._reads.pause_writing()
+            return
         self._pause_reading()
 
     def resume_writing(self) -> None:
         self._writable = True
+        if self._reads is not None:
+            self._reads.resume_writing()
+            return
         self._take_more()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -224,7 +242,9 @@ class _Connection(asyncio.Protocol):
         if self._checking is not None:
             self._checking.cancel()
         self._port._connections.discard(self)
-        if self._context is not None:
+        if self._reads is not None:
+            self._reads.stop()
+        elif self._context is not None:
             self._service.add_stream_closed()
             if exc is not None or self._answers or self._buffer:
                 # The writer went away with batches unanswered, or mid-frame: what was not
@@ -236,6 +256,12 @@ class _Connection(asyncio.Protocol):
         self._answers.clear()
         if not self.ended.done():
             self.ended.set_result(None)
+
+    def drain(self) -> None:
+        """The bookie stops: a connection of range reads closes after the range it serves
+        (an Add stream is left to its writer, who closes it once it has its answers)."""
+        if self._reads is not None:
+            self._reads.drain()
 
     def abort(self) -> None:
         """Drops the connection at once (the bookie stops)."""
@@ -256,9 +282,9 @@ class _Connection(asyncio.Protocol):
         end_preamble = _PREAMBLE_BYTES
         if len(buffer) < end_preamble:
             return False
-        ranged = _PREAMBLES.get(bytes(buffer[:end_preamble]))
-        if ranged is None:
-            self._refuse(f"not a data port client: expected one of {sorted(_PREAMBLES)!r}")
+        served = _PREAMBLES.get(bytes(buffer[:end_preamble]))
+        if served is None:
+            self._refuse(f"{frames.UNKNOWN_PREAMBLE}: expected one of {sorted(_PREAMBLES)!r}")
             return False
         end_length = end_preamble + _LENGTH.size
         if len(buffer) < end_length:
@@ -278,7 +304,8 @@ class _Connection(asyncio.Protocol):
             return False
         assert self._transport is not None
         caller = port.caller(self._transport, self._peer)
-        refusal = port._access.admit("Add", None, caller)
+        rpc, ranged = served
+        refusal = port._access.admit(rpc, None, caller)
         if refusal is not None:
             self._refuse(refusal)
             return False
@@ -290,7 +317,12 @@ class _Connection(asyncio.Protocol):
         context.run(CALLER.set, caller)  # read by the Add handling's refusal log and audit
         self._context = context
         metrics.DATA_PORT_CONNECTIONS.labels(outcome="served").inc()
-        self._service.add_stream_opened()
+        if rpc == "ReadRange":
+            self._reads = RangeReads(
+                self._service, self._transport, context, port._max_frame, self._refuse
+            )
+        else:
+            self._service.add_stream_opened()
         return True
 
     def _refuse(self, reason: str) -> None:
@@ -309,6 +341,9 @@ class _Connection(asyncio.Protocol):
     def _take_frames(self) -> None:
         """Takes every complete frame in the buffer while the stream may take more."""
         if self._context is None and not self._admit():
+            return
+        if self._reads is not None:
+            self._reads.take(self._buffer)
             return
         buffer = self._buffer
         context = self._context
@@ -425,18 +460,3 @@ class _Connection(asyncio.Protocol):
                 self._buffer.clear()
             self._closing = True
             self._transport.close()
-
-
-def _tune(sock: socket.socket | None) -> None:
-    """Sets TCP_NODELAY and keepalive on an accepted connection. asyncio sets TCP_NODELAY only
-    on sockets whose `proto` is IPPROTO_TCP, and `socket.create_server`'s (so its accepted
-    ones') is 0: with Nagle on, an answer written while the previous one was unacknowledged
-    waited for the writer's next batch to carry the ACK (measured: 17 ms round trips in runs
-    of seconds at 15,000 appends/s, the p99 at 37 ms)."""
-    if sock is None:
-        return
-    with contextlib.suppress(OSError):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        for option, value in _KEEPALIVE:
-            sock.setsockopt(socket.IPPROTO_TCP, option, value)

@@ -10,7 +10,7 @@ storage engine.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator
 from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeVar
 
@@ -68,6 +68,10 @@ def _lenient(request_type: Any) -> Callable[[bytes], Any]:
             return Malformed(f"malformed {request_type.DESCRIPTOR.name}: {e}")
 
     return parse
+
+
+# A serialized ReadRangeRequest, parsed (gRPC's ReadRange and the data port's).
+parse_read_range = _lenient(pb.ReadRangeRequest)
 
 
 def _guarded(
@@ -248,25 +252,34 @@ class BookieService:
 
     async def ReadRange(  # noqa: N802
         self, request: pb.ReadRangeRequest | Malformed, context: Context
-    ) -> AsyncIterator[pb.ReadRangeResponse | bytes]:
-        """Streams the entries of [first_entry_id, last_entry_id] in batches of at most
-        `max_batch_bytes`, as the storage framed them from the entries it stores; the
-        last response carries the code that ended the range."""
+    ) -> AsyncIterator[bytes]:
+        """Streams the entries of [first_entry_id, last_entry_id] (`read_range_answers`)."""
+        for answer in self.read_range_answers(request):
+            yield answer
+
+    def read_range_answers(
+        self, request: pb.ReadRangeRequest | Malformed
+    ) -> Generator[bytes, None, None]:
+        """Yields the answers to one ReadRange, serialized: the entries of [first_entry_id,
+        last_entry_id] in batches of at most `max_batch_bytes`, as the storage framed them
+        from the entries it stores, after each batch's head; the last answer carries the
+        code that ended the range. Counted once the range ends. The one definition of a
+        ReadRange, for gRPC and the data port alike (each step reads the storage: the caller
+        runs it on the event loop between its other work, as gRPC's handler does)."""
         if isinstance(request, Malformed):
             self.core.count("ReadRange", BAD_REQUEST)
-            yield pb.ReadRangeResponse(code=BAD_REQUEST, message=request.error)
+            yield pb.ReadRangeResponse(code=BAD_REQUEST, message=request.error).SerializeToString()
             return
         code = pb.OK
         try:
             for head, records in self.core.read_range(request, raw=True):
                 code = head.code
                 yield _with_entries(head, records)
-        except asyncio.CancelledError:
-            raise
         except Exception as e:
             log.exception("rpc.internal_error", rpc="ReadRange", stream_id=request.stream_id)
             code = INTERNAL
-            yield pb.ReadRangeResponse(code=INTERNAL, message=f"internal error: {e!r}")
+            answer = pb.ReadRangeResponse(code=INTERNAL, message=f"internal error: {e!r}")
+            yield answer.SerializeToString()
         finally:
             self.core.count("ReadRange", code)
 
@@ -276,11 +289,6 @@ def _with_entries(head: pb.ReadRangeResponse, records: list[Any] | FramedEntries
     `entries`, or none) after it: no entry is parsed and built again."""
     serialized = head.SerializeToString()
     return records.with_head(serialized) if isinstance(records, FramedEntries) else serialized
-
-
-def _serialized(response: Any) -> bytes:
-    """ReadRange's response serializer: data batches come serialized already."""
-    return response if isinstance(response, bytes) else response.SerializeToString()
 
 
 def server_options(config: BookieConfig) -> list[tuple[str, int]]:
@@ -316,8 +324,8 @@ def add_to_server(service: BookieService, server: grpc.aio.Server) -> None:
         ),
         "ReadRange": grpc.unary_stream_rpc_method_handler(
             service.ReadRange,
-            request_deserializer=_lenient(pb.ReadRangeRequest),
-            response_serializer=_serialized,
+            request_deserializer=parse_read_range,
+            response_serializer=None,  # the answers come serialized
         ),
     }
     core = service.core
@@ -349,5 +357,6 @@ __all__ = [
     "Malformed",
     "StartReport",
     "add_to_server",
+    "parse_read_range",
     "server_options",
 ]

@@ -163,8 +163,12 @@ class StreamClient:
             self._metadata.bookie_address,
             tls=self._tls,
             resolve_data=(
-                self._metadata.bookie_data_address if self._writer_options.data_port else None
+                self._metadata.bookie_data_address
+                if self._writer_options.data_port or self._reader_options.data_port
+                else None
             ),
+            data_adds=self._writer_options.data_port,
+            data_reads=self._reader_options.data_port,
         )
 
     @classmethod

@@ -1,7 +1,8 @@
 """`BookieTransport` over gRPC (grpc.aio): one channel per bookie, one `Add` bidi stream per
 (writer, bookie) carrying pre-serialized AddRequests (the per-entry work is done once when the
 entry is prepared, not per bookie nor per message), or the same stream over the bookie's data
-port (`stream.client.data_port`) when it has one. Runs on the client's event loop."""
+port (`stream.client.data_port`) when it has one; range reads go there too
+(`stream.client.data_port_reads`). Runs on the client's event loop."""
 
 from __future__ import annotations
 
@@ -9,13 +10,14 @@ import asyncio
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import structlog
 
 from stream.addresses import split_host_port
 from stream.client.data_port import DataPortAddStream, ResolveData
+from stream.client.data_port_reads import DataPortReads
 from stream.client.ports import AddBatch, AddStream, fail_waiting
 from stream.errors import BookieError
 from stream.security.tls import TLSConfig, aio_channel
@@ -154,11 +156,22 @@ class GrpcTransport:
         options: list[tuple[str, Any]] | None = None,
         tls: TLSConfig | None = None,
         resolve_data: ResolveData | None = None,
+        data_adds: bool = True,
+        data_reads: bool = False,
     ):
-        """`resolve_data`: where a bookie's data port is; with it, Add streams go there (over
-        gRPC to a bookie without one)."""
+        """`resolve_data`: where a bookie's data port is; with it, Add streams go there
+        (`data_adds`) and range reads (`data_reads`), over gRPC to a bookie without one."""
         self._resolve = resolve
-        self._resolve_data = resolve_data
+        self._resolve_data = resolve_data if data_adds else None
+        self._reads = (
+            DataPortReads(
+                resolve_data,
+                self._connect_data,
+                lambda reason, bookie_id: BookieError(reason, bookie=bookie_id),
+            )
+            if resolve_data is not None and data_reads
+            else None
+        )
         self._data_tls: ssl.SSLContext | None = None
         self._tls = tls
         self._options = options or CHANNEL_OPTIONS
@@ -198,7 +211,9 @@ class GrpcTransport:
             broken=lambda reason: AddStreamBroken(reason, bookie=bookie_id),
         )
 
-    async def _connect_data(self, address: str, protocol: asyncio.Protocol) -> asyncio.Transport:
+    async def _connect_data(
+        self, address: str, protocol: asyncio.BaseProtocol
+    ) -> asyncio.Transport:
         """Connects `protocol` to the data port at `address` (TLS with the client's files)."""
         host, port = split_host_port("data_address", address)
         if self._tls is not None and self._data_tls is None:
@@ -277,7 +292,20 @@ class GrpcTransport:
         deserializer: Callable[[bytes], pb.ReadRangeResponse] | None,
         timeout_s: float,
     ) -> AsyncIterator[Any]:
-        """One ReadRange call, its responses through `deserializer` (None: as sent)."""
+        """One ReadRange call, its responses through `deserializer` (None: as sent), over the
+        bookie's data port when it serves range reads."""
+        if self._reads is not None:
+            answers = await self._reads.read_range(
+                bookie_id, request.SerializeToString(), timeout_s
+            )
+            if answers is not None:
+                try:
+                    async for answer in answers:
+                        # protobuf parses any buffer (the stub says bytes).
+                        yield answer if deserializer is None else deserializer(cast(bytes, answer))
+                finally:
+                    await answers.aclose()
+                return
         channel = await self.channel(bookie_id)
         call = channel.unary_stream(
             READ_RANGE_METHOD,
@@ -323,7 +351,9 @@ class GrpcTransport:
         return response
 
     async def close(self) -> None:
-        """Closes every channel (calls in flight are cancelled)."""
+        """Closes every channel (calls in flight are cancelled) and data port connection."""
+        if self._reads is not None:
+            self._reads.close()
         channels, self._channels = self._channels, {}
         for _, channel, _ in channels.values():
             await channel.close()

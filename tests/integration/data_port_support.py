@@ -31,9 +31,9 @@ class RawDataPort:
         raw = socket.create_connection((host, int(port)), timeout=10)
         self.sock = raw if context is None else context.wrap_socket(raw, server_hostname=host)
 
-    def hello(self, bookie_id: str) -> RawDataPort:
-        """Sends the preamble and the bookie id, as a writer does."""
-        self.send(frames.PREAMBLE)
+    def hello(self, bookie_id: str, preamble: bytes = frames.PREAMBLE) -> RawDataPort:
+        """Sends the preamble (a writer's, unless told) and the bookie id."""
+        self.send(preamble)
         self.frame(bookie_id.encode())
         return self
 
@@ -55,18 +55,40 @@ class RawDataPort:
             data += chunk
         return data
 
-    def answer(self) -> pb.AddResponse | str | None:
-        """The next frame: an AddResponse, a refusal's reason (str), None at the end."""
+    def _frame(self) -> tuple[bytes, bytes] | None:
+        """The next frame's kind and body; None at the end."""
         head = self._read(frames.LENGTH.size)
         if head is None:
             return None
         (size,) = frames.LENGTH.unpack(head)
         body = self._read(size)
         assert body is not None, "the connection ended inside a frame"
-        if body[:1] == frames.ANSWER:
-            return pb.AddResponse.FromString(body[1:])
-        assert body[:1] == frames.REFUSAL, body[:1]
-        return body[1:].decode()
+        return body[:1], body[1:]
+
+    def answer(self) -> pb.AddResponse | str | None:
+        """The next frame: an AddResponse, a refusal's reason (str), None at the end."""
+        frame = self._frame()
+        if frame is None:
+            return None
+        kind, body = frame
+        if kind == frames.ANSWER:
+            return pb.AddResponse.FromString(body)
+        assert kind == frames.REFUSAL, kind
+        return body.decode()
+
+    def read_answer(self) -> pb.ReadRangeResponse | None:
+        """The answers of one range read, as one response (the entries of all, the code of
+        the last); None if the connection ended first."""
+        got = pb.ReadRangeResponse()
+        while (frame := self._frame()) is not None:
+            kind, body = frame
+            if kind == frames.END:
+                return got
+            assert kind == frames.ANSWER, kind
+            answer = pb.ReadRangeResponse.FromString(body)
+            got.entries.extend(answer.entries)
+            got.code = answer.code
+        return None
 
     def close(self) -> None:
         self.sock.close()

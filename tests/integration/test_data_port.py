@@ -1,6 +1,7 @@
-"""The bookie's data port (Add streams framed over TCP, stream.wire.frames) on real bookie
-processes: writers told to add there do, over gRPC otherwise or when a bookie has none, and
-whatever else arrives on the port is refused with its reason and changes nothing."""
+"""The bookie's data port (Add streams and range reads framed over TCP, stream.wire.frames) on
+real bookie processes: writers and readers told to use it do, over gRPC otherwise or when a
+bookie has none, and whatever else arrives on the port is refused with its reason and changes
+nothing."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 
 import pytest
 
-from stream.client import StreamClient, WriterOptions
+from stream.client import ReaderOptions, StreamClient, WriterOptions
 from stream.sandbox.cluster import SandboxCluster
 from stream.wire import bookie_pb2 as pb
 from stream.wire import frames
@@ -26,20 +27,28 @@ def connections(cluster: SandboxCluster, outcome: str) -> float:
 
 
 @pytest.mark.shared_cluster
-def test_writers_add_over_the_data_port_unless_told_not_to(cluster: SandboxCluster) -> None:
+def test_writers_and_readers_use_the_data_port_unless_told_not_to(
+    cluster: SandboxCluster,
+) -> None:
     assert all(data_address(b) for b in cluster.bookies)
     payloads = [f"entry-{i}".encode() * 20 for i in range(3000)]
-    for options, name in ((WriterOptions(), "framed"), (WriterOptions(data_port=False), "grpc")):
+    for adds, reads in ((True, True), (True, False), (False, True), (False, False)):
+        name = f"framed-{adds}-{reads}"
         before = connections(cluster, "served")
-        with StreamClient.connect(cluster.metadata, writer_options=options) as client:
+        with StreamClient.connect(
+            cluster.metadata,
+            writer_options=WriterOptions(data_port=adds),
+            reader_options=ReaderOptions(data_port=reads),
+        ) as client:
             client.create_stream(name, ensemble=3, write_quorum=3, ack_quorum=2)
             with client.open_writer(name) as writer:
                 for f in [writer.append_async(p) for p in payloads]:
                     f.result(timeout=30)
             read = [e.payload for e in client.open_reader(name).read(0, len(payloads) - 1)]
         assert read == payloads
-        # One Add stream per bookie of the ensemble over the data port, none over gRPC.
-        assert connections(cluster, "served") - before == (3 if options.data_port else 0)
+        # One Add stream per bookie of the ensemble, and one connection for the range read
+        # from one of them, over the data port; none over gRPC.
+        assert connections(cluster, "served") - before == 3 * adds + reads, (adds, reads)
 
 
 def test_a_bookie_without_a_data_port_is_added_to_over_grpc(

@@ -22,7 +22,7 @@ import grpc
 import pytest
 
 from stream.cli.main import main
-from stream.client import StreamClient, WriterOptions
+from stream.client import ReaderOptions, StreamClient, WriterOptions
 from stream.sandbox.bookies import BookieProcess
 from stream.sandbox.cluster import SandboxCluster
 from stream.sandbox.zookeeper import ZooKeeperServer
@@ -30,7 +30,7 @@ from stream.security.certs import issue
 from stream.security.roles import Role
 from stream.security.tls import InsecureFileError, TLSConfig, sync_channel
 from stream.wire import bookie_pb2 as pb
-from stream.wire import bookie_pb2_grpc
+from stream.wire import bookie_pb2_grpc, frames
 from tests.integration.bookie_support import (
     METADATA_UNCHECKED,
     add_all,
@@ -229,6 +229,7 @@ def test_the_client_appends_tails_and_takes_over_over_tls(
         tls=files,
         metadata_auth_file=secure.metadata_auth_file,
         writer_options=WriterOptions(data_port=data_port),
+        reader_options=ReaderOptions(data_port=data_port),
     ) as client:
         client.create_stream(name, ensemble=3, write_quorum=3, ack_quorum=2)
         first = client.open_writer(name)
@@ -285,6 +286,18 @@ def test_the_data_port_takes_add_streams_from_writers_only(secure: SandboxCluste
         pb.StreamStateRequest(stream_id=stream_id), timeout=10
     )
     assert held.last_entry_id == 4  # the writer's five entries, nothing of the others
+    # A reader reads them over the data port (`READ_PREAMBLE`), with its certificate.
+    ranged = RawDataPort(address, secure.tls.client(Role.READER).client_context())
+    ranged.hello(bookie.bookie_id, frames.READ_PREAMBLE)
+    ranged.frame(
+        pb.ReadRangeRequest(
+            stream_id=stream_id, first_entry_id=0, last_entry_id=9
+        ).SerializeToString()
+    )
+    read = ranged.read_answer()
+    assert read is not None and read.code == pb.NO_SUCH_ENTRY
+    assert [e.entry_id for e in read.entries] == [0, 1, 2, 3, 4]
+    ranged.close()
 
 
 def test_loose_key_permissions_are_refused(secure: SandboxCluster, tmp_path: Path) -> None:

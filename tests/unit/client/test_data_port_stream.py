@@ -1,7 +1,7 @@
 """The writer's side of a data port Add stream (stream.client.data_port) against a scripted
 bookie on loopback: answers in order however the socket cuts them, a refusal fails what waits
-with its reason, a moved port is found again, and a bookie without a data port gets the
-batches over the fallback."""
+with its reason, a bookie that refuses version 2 gets the batches over version 1, a moved port
+is found again, and a bookie without a data port gets the batches over the fallback."""
 
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ def refusal(reason: str) -> bytes:
     return frames.length_prefix(len(body)) + body
 
 
-async def read_hello(reader: asyncio.StreamReader) -> str:
-    assert await reader.readexactly(len(frames.PREAMBLE)) == frames.PREAMBLE
+async def read_hello(reader: asyncio.StreamReader, preamble: bytes = frames.PREAMBLE) -> str:
+    assert await reader.readexactly(len(preamble)) == preamble
     (size,) = frames.LENGTH.unpack(await reader.readexactly(4))
     return (await reader.readexactly(size)).decode()
 
@@ -134,6 +134,44 @@ def test_a_refusal_fails_every_waiting_batch_with_its_reason() -> None:
                 await asyncio.wait_for(second, 10)
             with pytest.raises(AddStreamBroken, match="refused"):
                 await stream.send(batch(3))
+
+    asyncio.run(run())
+
+
+def test_a_bookie_that_refuses_version_2_gets_every_batch_again_over_version_1() -> None:
+    """A bookie of an older release refuses the version 2 preamble before it takes any frame:
+    the batches sent meanwhile, and those sent while the stream reconnects, go over version
+    1, in order, each answered once."""
+    received: list[list[int]] = []
+
+    async def older(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        preamble = await reader.readexactly(len(frames.PREAMBLE))
+        if preamble != frames.PREAMBLE_V1:
+            await asyncio.sleep(0.1)  # the writer sends more batches on the refused connection
+            writer.write(refusal("not a data port client: expected one of [b'SKADD/1\\n']"))
+            writer.close()
+            return
+        (size,) = frames.LENGTH.unpack(await reader.readexactly(4))
+        assert await reader.readexactly(size) == b"bookie-1"
+        ids: list[int] = []
+        received.append(ids)
+        while len(ids) < 6:
+            ids.append((await read_request(reader)).request_id)
+            writer.write(answer(ids[-1]))
+        await reader.read()
+
+    async def run() -> None:
+        async with Bookie(older) as address:
+            stream = open_stream([address])
+            futures = [stream.send(batch(i)) for i in (1, 2)]  # before the connection
+            await asyncio.sleep(0.05)
+            futures += [stream.send(batch(i)) for i in (3, 4)]  # on the version 2 connection
+            await asyncio.sleep(0.1)
+            futures += [stream.send(batch(i)) for i in (5, 6)]  # as it is refused, or after
+            answers = await asyncio.wait_for(asyncio.gather(*futures), 10)
+            assert [a.request_id for a in answers] == [1, 2, 3, 4, 5, 6]
+            stream.close()
+        assert received == [[1, 2, 3, 4, 5, 6]]  # one version 1 connection, every batch once
 
     asyncio.run(run())
 
