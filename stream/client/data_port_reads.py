@@ -54,6 +54,14 @@ class _Connection(asyncio.BufferedProtocol):
     def usable(self) -> bool:
         return self._error is None and self.transport is not None and not self._frames
 
+    def ended(self) -> bool:
+        """Takes the range's END frame if it is all that was received and not taken: a
+        range left after its last answer (a code that ends it) is then finished."""
+        if len(self._frames) == 1 and self._frames[0][0] == _END and self._error is None:
+            self._frames.popleft()
+            return True
+        return False
+
     def send(self, data: bytes) -> None:
         assert self.transport is not None
         self.transport.write(data)
@@ -304,7 +312,13 @@ class RangeAnswers:
             raise self._reads.failed(connection, e) from None
 
     async def aclose(self) -> None:
-        """Ends the range here: an unfinished one's connection is closed."""
+        """Ends the range here: an unfinished one's connection is closed, unless all that is
+        left of it is its END frame (the reader stopped at a last answer whose code ended the
+        range: the connection serves the next range)."""
         connection, self._connection = self._connection, None
-        if connection is not None:
+        if connection is None:
+            return
+        if self._next is None and connection.ended():
+            self._reads.release(connection)
+        else:
             self._reads.discard(connection)

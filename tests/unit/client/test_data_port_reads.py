@@ -134,6 +134,7 @@ def test_an_abandoned_range_closes_its_connection() -> None:
             assert answers is not None
             async for _ in answers:
                 break
+            await asyncio.sleep(0.1)  # the second answer arrives, not taken
             await answers.aclose()
             await asyncio.wait_for(closed.wait(), 10)
             # The next range opens a new connection.
@@ -290,5 +291,34 @@ def test_a_read_cancelled_before_its_first_answer_closes_its_connection() -> Non
                 await asyncio.sleep(0.02)
             assert hung_up == [True] and not reads._open
             reads.close()
+
+    asyncio.run(main())
+
+
+def test_a_range_left_at_its_last_answer_keeps_its_connection() -> None:
+    """A reader stops at an answer whose code ends the range (as the reader does at
+    NO_SUCH_ENTRY): with only the END frame left, the connection serves the next range."""
+    hellos = []
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        hellos.append(await read_hello(reader, frames.READ_PREAMBLE))
+        for _ in range(2):
+            await read_request(reader)
+            writer.write(answer(pb.OK, 3) + answer(pb.NO_SUCH_ENTRY) + END)
+        await reader.read()
+
+    async def main() -> None:
+        async with Bookie(script) as address:
+            reads = reads_of([address])
+            for _ in range(2):
+                answers = await reads.read_range("bookie-1", request(0, 9), 10)
+                assert answers is not None
+                async for body in answers:
+                    if pb.ReadRangeResponse.FromString(bytes(body)).code != pb.OK:
+                        break
+                await asyncio.sleep(0.1)  # the END frame arrives
+                await answers.aclose()
+            reads.close()
+        assert hellos == ["bookie-1"]
 
     asyncio.run(main())
