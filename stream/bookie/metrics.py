@@ -131,7 +131,8 @@ FREE_BYTES = Gauge("streamkeeper_bookie_free_bytes", "Least free space among the
 ADD_STREAMS = Gauge("streamkeeper_bookie_add_streams", "Open Add streams (writer connections)")
 DATA_PORT_CONNECTIONS = Counter(
     "streamkeeper_bookie_data_port_connections",
-    "Connections to the data port, by outcome: served (admitted as an Add stream), refused "
+    "Connections to the data port, by outcome: served (admitted as an Add stream or for range "
+    "reads), refused "
     "(answered by a refusal frame) or dropped (no preamble, a failed TLS handshake)",
     ["outcome"],
 )
