@@ -168,7 +168,9 @@ class StreamClient:
                 else None
             ),
             data_adds=self._writer_options.data_port,
-            data_reads=self._reader_options.data_port,
+            # Over TLS, gRPC's own TLS costs less per byte than the data port's (Python's
+            # ssl encrypts into a memory buffer, copied out again): ranges stay on gRPC there.
+            data_reads=self._reader_options.data_port and self._tls is None,
         )
 
     @classmethod

@@ -224,13 +224,14 @@ class ReaderOptions(Settings):
     )
     range_max_entries: int = setting(65536, check=POSITIVE, doc="entries of one ReadRange batch")
     # Each answer is received straight into a buffer of its size, without gRPC's two copies
-    # and its thread: about a third less CPU per entry read, on the bookie and the reader
-    # (docs/benchmarks.md). A bookie without a data port, or older, is read over gRPC.
+    # and its thread: a third less CPU per entry on the reader, a sixth on the bookie
+    # (docs/benchmarks.md). A bookie without a data port, or older, is read over gRPC, and so
+    # is every bookie over TLS, where gRPC's own TLS costs less per byte.
     data_port: bool = setting(
         True,
-        doc="read ranges from a bookie's data port when its registration has one (false: "
-        "over gRPC, as from a bookie without one); the client's options decide it for all "
-        "its readers, which share its connections",
+        doc="read ranges from a bookie's data port when its registration has one and the "
+        "client does not use TLS (false: over gRPC, as from a bookie without one); the "
+        "client's options decide it for all its readers, which share its connections",
     )
     lac_poll_ms: int = setting(
         10_000, unit="ms", check=POSITIVE, doc="longest single ReadLac long poll while tailing"
