@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from stream.sandbox.ports import free_port
 from stream.wire import bookie_pb2 as pb
 from stream.wire import frames
 
+from ..polling import holds_for, until
 from .test_server import Harness, add, start
 
 _TIMEOUT_S = 10.0
@@ -124,23 +124,6 @@ def run_port(
     asyncio.run(main())
 
 
-async def _holds_for(seconds: float, condition: Callable[[], bool]) -> bool:
-    """Returns whether `condition` held at every check for `seconds` (a negative check)."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if not condition():
-            return False
-        await asyncio.sleep(0.01)
-    return condition()
-
-
-async def _until(condition: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + _TIMEOUT_S
-    while not condition():
-        assert time.monotonic() < deadline, "condition never met"
-        await asyncio.sleep(0.01)
-
-
 def _stored_up_to(h: Harness, stream_id: int) -> int:
     state = h.storage.stream_state(stream_id)
     return -1 if state is None else state.last_entry_id
@@ -153,11 +136,11 @@ def test_pipelined_batches_are_answered_in_order_once_durable(
 
     async def body(h: Harness, w: Writer) -> None:
         w.add(add(1, 1, range(0, 10), rid=0))
-        await _until(lambda: steps.held == 1)  # the journal thread holds batch 0's group
+        await until(lambda: steps.held == 1)  # the journal thread holds batch 0's group
         # The later batches reach the storage (a second group) before any is durable...
         for i in range(1, 20):
             w.add(add(1, 1, range(i * 10, i * 10 + 10), rid=i))
-        await _until(lambda: _stored_up_to(h, 1) == 199)
+        await until(lambda: _stored_up_to(h, 1) == 199)
         assert await w.nothing_for(0.2)
         # ...and only the first group's batch is answered when only its commit completes.
         steps.allow()
@@ -216,8 +199,8 @@ def test_a_full_window_stops_the_reads_until_answers_go(
         for i in range(10):
             w.add(add(1, 1, range(i * 10, i * 10 + 10), rid=i))
         # Three batches in flight, the bound: the rest wait in the socket, not in the storage.
-        await _until(lambda: _stored_up_to(h, 1) == 29)
-        assert await _holds_for(0.2, lambda: _stored_up_to(h, 1) == 29)
+        await until(lambda: _stored_up_to(h, 1) == 29)
+        assert await holds_for(0.2, lambda: _stored_up_to(h, 1) == 29)
         steps.let_go()
         answers = [await w.answer() for _ in range(10)]
         assert [a.request_id for a in answers if a] == list(range(10))
@@ -255,7 +238,7 @@ def test_a_batch_whose_term_is_checked_holds_the_later_batches(tmp_path: Path) -
         w.add(add(3, 2, range(0, 2), rid=2))
         w.add(add(5, 1, range(2, 4), lac=1, rid=3))
         w.add(add(3, 2, range(2, 4), lac=0, rid=4))
-        await _until(lambda: metadata.reads == [5, 3])
+        await until(lambda: metadata.reads == [5, 3])
         assert await w.nothing_for(0.2)
         assert h.storage.stream_state(3) is None
         assert _stored_up_to(h, 5) == 1
@@ -278,9 +261,9 @@ def test_the_writers_end_closes_the_stream_after_its_answers(
     async def body(h: Harness, w: Writer) -> None:
         for i in range(3):
             w.add(add(1, 1, range(i * 2, i * 2 + 2), rid=i))
-        await _until(lambda: _stored_up_to(h, 1) == 5)
+        await until(lambda: _stored_up_to(h, 1) == 5)
         w.writer.write_eof()  # the writer is done sending; its answers are still due
-        await _until(lambda: all(c._writer_done for c in w.port._connections))
+        await until(lambda: all(c._writer_done for c in w.port._connections))
         steps.let_go()
         answers = [await w.answer() for _ in range(3)]
         assert [a.request_id for a in answers if a] == [0, 1, 2]
@@ -299,7 +282,7 @@ def test_a_failed_journal_sync_answers_internal(
 
     async def body(h: Harness, w: Writer) -> None:
         w.add(add(1, 1, range(0, 3), rid=7))
-        await _until(lambda: _stored_up_to(h, 1) == 2)
+        await until(lambda: _stored_up_to(h, 1) == 2)
         monkeypatch.setattr(Journal, "_sync", failing_sync)
         steps.let_go()
         answer = await w.answer()

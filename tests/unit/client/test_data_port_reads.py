@@ -20,6 +20,7 @@ from stream.errors import BookieError
 from stream.wire import bookie_pb2 as pb
 from stream.wire import frames
 
+from ..polling import holds_for, until
 from .test_data_port_stream import Bookie, connect, read_hello, refusal
 
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -134,7 +135,9 @@ def test_an_abandoned_range_closes_its_connection() -> None:
             assert answers is not None
             async for _ in answers:
                 break
-            await asyncio.sleep(0.1)  # the second answer arrives, not taken
+            connection = answers._connection
+            assert connection is not None
+            await until(lambda: connection._frames)  # the second answer arrives, not taken
             await answers.aclose()
             await asyncio.wait_for(closed.wait(), 10)
             # The next range opens a new connection.
@@ -201,7 +204,7 @@ def test_a_silent_bookie_times_out_and_a_lost_idle_connection_is_replaced() -> N
         async with Bookie(script) as address:
             reads = reads_of([address])
             assert len(await collect(await reads.read_range("bookie-1", request(0, 0), 10))) == 1
-            await asyncio.sleep(0.2)  # the bookie's close arrives
+            await until(lambda: not reads._idle["bookie-1"][0].usable)  # the bookie's close
             with pytest.raises(BookieError, match="timed out"):
                 await reads.read_range("bookie-1", request(1, 1), 0.5)
             got = await collect(await reads.read_range("bookie-1", request(2, 2), 10))
@@ -234,9 +237,8 @@ def test_a_reader_that_takes_nothing_stops_receiving() -> None:
             reads = reads_of([address])
             answers = await reads.read_range("bookie-1", request(0, 10**6), 30)
             assert answers is not None
-            await asyncio.sleep(1.0)
-            # Two answers queued, what the sockets hold: far from the 64 MiB on offer.
-            assert len(sent) < 32
+            # Two answers queued, and what the sockets hold: far from the 64 MiB on offer.
+            assert await holds_for(1.0, lambda: len(sent) < 32)
             taken = [a async for a in answers]
             assert len(taken) == 64 and len(sent) == 64
             reads.close()
@@ -271,24 +273,22 @@ def test_a_read_connection_keeps_tcp_keepalive_for_a_dead_host() -> None:
 
 def test_a_read_cancelled_before_its_first_answer_closes_its_connection() -> None:
     hung_up = []
+    asked = []
 
     async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_hello(reader, frames.READ_PREAMBLE)
-        await read_request(reader)
+        asked.append(await read_request(reader))
         hung_up.append(await reader.read() == b"")  # never answers; the reader hangs up
 
     async def main() -> None:
         async with Bookie(script) as address:
             reads = reads_of([address])
             task = asyncio.ensure_future(reads.read_range("bookie-1", request(0, 0), 30))
-            await asyncio.sleep(0.2)
+            await until(lambda: asked)  # the bookie has the request
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            for _ in range(100):
-                if hung_up:
-                    break
-                await asyncio.sleep(0.02)
+            await until(lambda: hung_up)
             assert hung_up == [True] and not reads._open
             reads.close()
 
@@ -316,7 +316,9 @@ def test_a_range_left_at_its_last_answer_keeps_its_connection() -> None:
                 async for body in answers:
                     if pb.ReadRangeResponse.FromString(bytes(body)).code != pb.OK:
                         break
-                await asyncio.sleep(0.1)  # the END frame arrives
+                connection = answers._connection
+                assert connection is not None
+                await until(lambda c=connection: c._frames)  # the END frame arrives
                 await answers.aclose()
             reads.close()
         assert hellos == ["bookie-1"]

@@ -16,6 +16,8 @@ from stream.client.ports import AddBatch, AddStream
 from stream.wire import bookie_pb2 as pb
 from stream.wire import frames
 
+from ..polling import until
+
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
@@ -146,13 +148,15 @@ def test_a_bookie_that_refuses_version_2_gets_every_batch_again_over_version_1()
 
     async def older(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         preamble = await reader.readexactly(len(frames.PREAMBLE))
+        (size,) = frames.LENGTH.unpack(await reader.readexactly(4))
+        assert await reader.readexactly(size) == b"bookie-1"
         if preamble != frames.PREAMBLE_V1:
-            await asyncio.sleep(0.1)  # the writer sends more batches on the refused connection
+            # Refused once the writer has sent four batches on this connection.
+            for _ in range(4):
+                await read_request(reader)
             writer.write(refusal("not a data port client: expected one of [b'SKADD/1\\n']"))
             writer.close()
             return
-        (size,) = frames.LENGTH.unpack(await reader.readexactly(4))
-        assert await reader.readexactly(size) == b"bookie-1"
         ids: list[int] = []
         received.append(ids)
         while len(ids) < 6:
@@ -164,10 +168,10 @@ def test_a_bookie_that_refuses_version_2_gets_every_batch_again_over_version_1()
         async with Bookie(older) as address:
             stream = open_stream([address])
             futures = [stream.send(batch(i)) for i in (1, 2)]  # before the connection
-            await asyncio.sleep(0.05)
+            await until(lambda: stream._transport is not None)
             futures += [stream.send(batch(i)) for i in (3, 4)]  # on the version 2 connection
-            await asyncio.sleep(0.1)
-            futures += [stream.send(batch(i)) for i in (5, 6)]  # as it is refused, or after
+            await until(lambda: stream._preamble == frames.PREAMBLE_V1)
+            futures += [stream.send(batch(i)) for i in (5, 6)]  # while it reconnects, or after
             answers = await asyncio.wait_for(asyncio.gather(*futures), 10)
             assert [a.request_id for a in answers] == [1, 2, 3, 4, 5, 6]
             stream.close()
