@@ -319,7 +319,7 @@ class _Connection(asyncio.Protocol):
         metrics.DATA_PORT_CONNECTIONS.labels(outcome="served").inc()
         if rpc == "ReadRange":
             self._reads = RangeReads(
-                self._service, self._transport, context, port._max_frame, self._refuse
+                self._service, self._transport, self._buffer, context, port._max_frame, self._refuse
             )
         else:
             self._service.add_stream_opened()
@@ -343,7 +343,7 @@ class _Connection(asyncio.Protocol):
         if self._context is None and not self._admit():
             return
         if self._reads is not None:
-            self._reads.take(self._buffer)
+            self._reads.take()
             return
         buffer = self._buffer
         context = self._context

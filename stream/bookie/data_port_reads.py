@@ -29,12 +29,14 @@ class RangeReads:
         self,
         service: BookieService,
         transport: asyncio.Transport,
+        buffer: bytearray,
         context: contextvars.Context,
         max_frame: int,
         refuse: Callable[[str], None],
     ) -> None:
-        """`context` holds the caller (CALLER); `refuse` answers a fault of the connection
-        (a request frame over `max_frame` bytes) and closes it."""
+        """`buffer` is the connection's received bytes (requests are taken from it as they are
+        served); `context` holds the caller (CALLER); `refuse` answers a fault of the
+        connection (a request frame over `max_frame` bytes) and closes it."""
         self._service = service
         self._transport = transport
         self._context = context
@@ -43,16 +45,16 @@ class RangeReads:
         self._loop = asyncio.get_running_loop()
         self._answers: Generator[bytes, None, None] | None = None  # the range being served
         self._step_handle: asyncio.Handle | None = None
-        self._buffer: bytearray | None = None
+        self._buffer = buffer
         self._writable = True
         self._stopped = False
         self._draining = False  # the bookie stops: close once the range being served ends
 
-    def take(self, buffer: bytearray) -> None:
-        """Starts serving the first complete request in `buffer` (the connection's buffer,
-        consumed as requests are taken) unless a range is being served; later requests wait
-        there, and the connection stops reading while a range is served."""
-        self._buffer = buffer
+    def take(self) -> None:
+        """Starts serving the first complete request received unless a range is being
+        served; later requests wait in the buffer, and the connection stops reading while a
+        range is served."""
+        buffer = self._buffer
         if self._answers is not None or self._stopped:
             return
         if len(buffer) < _LENGTH.size:
@@ -114,8 +116,8 @@ class RangeReads:
             transport.write(_END_FRAME)
             if self._draining:
                 transport.close()
-            elif self._buffer is not None:
-                self.take(self._buffer)
+            else:
+                self.take()
             return
         transport.write(frames.length_prefix(len(answer) + 1) + frames.ANSWER)
         # A memoryview: what the socket does not take at once is copied to the transport's

@@ -18,7 +18,7 @@ from stream.wire import frames
 
 # A ReadRange answer is at most the bookie's message limit; a frame this large is not one
 # (gRPC's channels take up to the same).
-MAX_ANSWER = 256 << 20
+_MAX_ANSWER = 256 << 20
 _HEADER = frames.LENGTH.size + 1  # length, then the frame's kind
 _ANSWER, _END, _REFUSAL = frames.ANSWER[0], frames.END[0], frames.REFUSAL[0]
 # Received answers not yet taken by the reader: past this, the connection stops reading and
@@ -106,7 +106,7 @@ class _Connection(asyncio.BufferedProtocol):
             if self._got < _HEADER:
                 return
             (length,) = frames.LENGTH.unpack_from(self._header)
-            if length == 0 or length > MAX_ANSWER:
+            if length == 0 or length > _MAX_ANSWER:
                 self._protocol_error(f"a frame of {length} bytes")
                 return
             self._kind = self._header[_HEADER - 1]
