@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-from functools import partial
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,6 @@ from stream.client import StreamClient
 from stream.errors import InvalidArgumentError
 from stream.protocol.producers import EPOCH_BITS, UNKNOWN_ENTRY_ID
 from stream.sandbox.cluster import SandboxCluster
-from tests.integration.retention_support import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.shared_cluster]
 
@@ -99,7 +97,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def start_producer(
-    metadata: str, stream: str, total: int, out: Path, mode: str
+    metadata: str, stream: str, total: int, out: Path, mode: str, kill_at: int = -1
 ) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [
@@ -112,6 +110,7 @@ def start_producer(
             str(total),
             str(out),
             mode,
+            str(kill_at),
         ],
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
@@ -135,17 +134,13 @@ def runs_of(out: Path) -> list[tuple[int, list[int], int]]:
     return runs
 
 
-def lines_beyond(out: Path, count: int, process: subprocess.Popen[bytes]) -> bool:
-    """Returns whether `out` has more than `count` lines (or the producer exited)."""
-    return len(out.read_text().splitlines()) > count or process.poll() is not None
-
-
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_producer_killed_and_rerun_from_its_start_writes_each_record_once(
     cluster: SandboxCluster, client: StreamClient, tmp_path: Path, mode: str
 ) -> None:
-    """`sync`: killed after some appends were acknowledged; `async`: killed while appends
-    were in flight, between the appends and their acknowledgment. Each run starts again at
+    """Each producer run but the last kills itself at a record further on than the last run:
+    `sync` after that record is acknowledged; `async` once it is queued, with appends in
+    flight between their send and their acknowledgment. Each run starts again at
     record 0 with the same producer id and sequences."""
     total, kills = 3000, 4
     stream = f"crash-{mode}"
@@ -153,17 +148,10 @@ def test_producer_killed_and_rerun_from_its_start_writes_each_record_once(
     out = tmp_path / "producer.txt"
     out.touch()
     for run in range(kills):
-        before = len(out.read_text().splitlines())
-        producer = start_producer(cluster.metadata, stream, total, out, mode)
-        try:
-            # Killed mid-way through the records this run adds beyond the previous ones.
-            wait_until(
-                partial(lines_beyond, out, before + 400 + 300 * run, producer),
-                what="the producer to make progress",
-            )
-        finally:
-            producer.send_signal(signal.SIGKILL)
-            producer.wait()
+        # Each run dies further on than the last: at record 600, 1200, 1800, 2400.
+        producer = start_producer(cluster.metadata, stream, total, out, mode, 600 * (run + 1))
+        _, errors = producer.communicate(timeout=300)
+        assert producer.returncode == -signal.SIGKILL, errors.decode()
     producer = start_producer(cluster.metadata, stream, total, out, mode)
     _, errors = producer.communicate(timeout=300)
     assert producer.returncode == 0, errors.decode()
@@ -175,8 +163,9 @@ def test_producer_killed_and_rerun_from_its_start_writes_each_record_once(
         # What a run saw acknowledged is durable: the next run's takeover knows it.
         assert last >= acked_before
         acked_before = max([acked_before, *acked])
-    # Some runs died with records sent and not acknowledged (async) or mid-stream (sync).
-    assert runs[0][0] == -1 and any(0 <= last < total - 1 for last, _, _ in runs[1:])
+    # Every run but the last died mid-stream, with some records durable (the next run's
+    # takeover finds a position short of the end) and, in async, as a rule others in flight.
+    assert runs[0][0] == -1 and all(0 <= last < total - 1 for last, _, _ in runs[1:])
     assert payloads(client, stream) == [b"record-%d" % n for n in range(total)]
     summary = [(last, len(acked), sent) for last, acked, sent in runs]
     print(f"\n{mode}: runs (last_sequence at start, acknowledged, sent): {summary}")
