@@ -5,7 +5,6 @@ one, reads everything, as with the Kafka source)."""
 
 from __future__ import annotations
 
-import structlog
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
@@ -16,8 +15,9 @@ from pyspark.sql.streaming.datasource import (
 
 from spark_connector.ranges import Offsets
 from spark_connector.stream_reader import StreamPlanner
+from stream.logs import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class StreamReader(StreamPlanner, SupportsTriggerAvailableNow):

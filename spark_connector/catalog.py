@@ -5,16 +5,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import structlog
-
 from spark_connector.entry_sizes import SAMPLE_ENTRIES, whole_fragment_bytes
 from spark_connector.errors import ConnectorOptionError, DataLossError
 from spark_connector.options import EARLIEST, LATEST, Positions, SourceOptions
 from spark_connector.ranges import Offsets, StreamRange, at_least, ordered, split_range
 from stream.client import StreamClient
 from stream.errors import EntryTrimmedError, StreamNotFoundError
+from stream.logs import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,11 @@ import importlib.util
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-import structlog
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
 from spark_connector.entry_sizes import EntrySizes
 from spark_connector.ranges import Offsets, StreamRange, limit_offsets, ordered
+from stream.logs import get_logger
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from spark_connector.catalog import StreamBounds, StreamCatalog
     from spark_connector.options import SourceOptions
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 def read_limits_supported() -> bool:

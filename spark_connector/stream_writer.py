@@ -21,7 +21,6 @@ from itertools import repeat
 from typing import cast
 
 import pyarrow as pa
-import structlog
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import ArrayType, BinaryType, DataType, StringType, StructType
 
@@ -29,9 +28,10 @@ from spark_connector.clients import client_for
 from spark_connector.options import SinkOptions
 from stream.client import StreamWriter as ClientWriter
 from stream.errors import InvalidArgumentError, StreamError
+from stream.logs import get_logger
 from stream.protocol.producers import EPOCH_BITS
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 PAYLOAD = "payload"
 KEY = "key"

@@ -18,8 +18,6 @@ import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import structlog
-
 from stream.autorecovery import metrics
 from stream.autorecovery.settings import AutoRecoverySettings
 from stream.autorecovery.worker import sealed_last
@@ -30,12 +28,13 @@ from stream.client.recovery import TakeoverResult, WriterIdentity
 from stream.client.zk_metadata import ZkMetadata
 from stream.clock import Clock, SystemClock
 from stream.errors import InvalidTermError, NotEnoughBookiesError, StreamError, StreamNotFoundError
+from stream.logs import get_logger
 from stream.metadata import Fragment, StreamMeta, StreamSealedError
 from stream.metadata.underreplication import Marker, UnderreplicationStore
 from stream.protocol import choose_replacement, journal_required
 from stream.protocol.rereplication import FragmentView, audit_fragments, replacement_ensemble
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @dataclass

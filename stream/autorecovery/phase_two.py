@@ -20,7 +20,6 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import structlog
 from prometheus_client import Counter, Gauge, Histogram
 
 from stream.client.explicit_lac import send_lac
@@ -30,13 +29,14 @@ from stream.client.recovery import Takeover, WriterIdentity
 from stream.clock import SystemClock
 from stream.errors import InvalidTermError, StreamError, StreamNotFoundError, StreamSealedError
 from stream.framing.verify import good_run
+from stream.logs import get_logger
 from stream.metadata.model import Fragment, StreamMeta, StreamState
 from stream.protocol.invariant import invariant
 from stream.protocol.rereplication import plan_copy_runs
 from stream.security.tls import TLSConfig
 from stream.wire import bookie_pb2 as pb
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 # Phase two bounds: streams repaired at once, ids scanned per index pass, entries per copy
 # read, copy reads in flight per stream, payload bytes per ReadRange message, stored bytes

@@ -14,8 +14,6 @@ import asyncio
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-import structlog
-
 from stream.autorecovery import metrics
 from stream.autorecovery.worker import sealed_last
 from stream.client.ports import BookieTransport
@@ -23,6 +21,7 @@ from stream.client.zk_metadata import ZkMetadata
 from stream.clock import Clock, SystemClock
 from stream.errors import StreamError, StreamNotFoundError
 from stream.framing.verify import checksum_ok, good_run
+from stream.logs import get_logger
 from stream.metadata import Fragment, StreamMeta
 from stream.metadata.underreplication import Marker, UnderreplicationStore
 from stream.protocol import ResponseClass, classify
@@ -33,7 +32,7 @@ from stream.protocol.rereplication import (
     share_runs,
 )
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _READ_BATCH_BYTES = 1 << 20
 

@@ -15,8 +15,6 @@ import socket
 import threading
 import uuid
 
-import structlog
-
 from stream.autorecovery import metrics
 from stream.autorecovery.auditor import Auditor
 from stream.autorecovery.scrub import Scrubber
@@ -26,6 +24,7 @@ from stream.client.grpc_transport import GrpcTransport
 from stream.client.ports import BookieTransport
 from stream.client.zk_metadata import ZkMetadata
 from stream.clock import Clock, SystemClock
+from stream.logs import get_logger
 from stream.metadata import MetadataSession, paths
 from stream.metadata.bookies import BookieRegistry
 from stream.metadata.election import ELECTION_BACKOFF_S, LeaderElection
@@ -33,7 +32,7 @@ from stream.metadata.underreplication import UnderreplicationStore
 from stream.security.tls import TLSConfig
 from stream.wakeup import wake
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class AutoRecovery:

@@ -29,8 +29,6 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import structlog
-
 from stream.autorecovery import metrics
 from stream.autorecovery.settings import AutoRecoverySettings
 from stream.client.ports import AddBatch, AddStream, BookieTransport, answered_ids
@@ -39,6 +37,7 @@ from stream.clock import Clock, SystemClock
 from stream.errors import NotEnoughBookiesError, StreamError, StreamNotFoundError
 from stream.framing.prepare import write_back_entry
 from stream.framing.verify import checksum_ok, good_run
+from stream.logs import get_logger
 from stream.metadata import BadVersionError, Fragment, StreamMeta, StreamState
 from stream.metadata.underreplication import LockInfo, Marker, UnderreplicationStore
 from stream.protocol import Code, choose_replacement, journal_required
@@ -52,7 +51,7 @@ from stream.protocol.rereplication import (
 from stream.wakeup import wake
 from stream.wire import bookie_pb2 as pb
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 # Ids planned per pass over a share; payload bytes per copy batch; batches in flight to the
 # target; copy runs read at once (a striped ensemble gives many short runs).

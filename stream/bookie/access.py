@@ -20,16 +20,16 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeVar
 
 import grpc
-import structlog
 
 from stream.bookie import metrics
 from stream.bookie.config import BookieConfig
 from stream.bookie.storage.scanned import AddRequest, entry_ids
 from stream.errors import ConfigError
+from stream.logs import get_logger
 from stream.security.identity import identity_of
 from stream.security.roles import Role, required_role
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 # The bookie's handlers take requests of several types: the context is typed for none of them.
 # A string: grpc's runtime classes are not subscriptable (only its stubs are generic).

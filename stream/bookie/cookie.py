@@ -31,14 +31,13 @@ from enum import Enum
 from pathlib import Path
 from typing import Protocol
 
-import structlog
-
 from stream.bookie.config import BookieConfig
 from stream.bookie.storage.fsutil import fsync_dir, write_file_durably
 from stream.errors import CookieMismatchError, StreamError
+from stream.logs import get_logger
 from stream.protocol.invariant import invariant
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 COOKIE_FILE = "COOKIE"
 COOKIE_FORMAT_VERSION = 1

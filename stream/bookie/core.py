@@ -19,8 +19,6 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import structlog
-
 from stream.bookie import metrics
 from stream.bookie.access import audit_recovery_add
 from stream.bookie.codes import (
@@ -60,9 +58,10 @@ from stream.bookie.storage.scanned import AddRequest, entry_ids
 from stream.bookie.storage.state import StreamStateView
 from stream.bookie.terms import OVERWRITE, MetadataTerms, Refusal
 from stream.framing.range_answer import FramedEntries
+from stream.logs import get_logger
 from stream.wire import bookie_pb2 as pb
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 # Bound on concurrent ReadLac long polls (each holds a future and a gRPC call); beyond it a
 # poll is answered TOO_BUSY at once rather than letting idle tailers exhaust the process.

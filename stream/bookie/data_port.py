@@ -20,8 +20,6 @@ import ssl
 from collections import deque
 from typing import Any, cast
 
-import structlog
-
 from stream.bookie import metrics
 from stream.bookie.access import CALLER, AccessControl, Caller
 from stream.bookie.config import BookieConfig
@@ -29,10 +27,11 @@ from stream.bookie.core import _PendingAdd
 from stream.bookie.data_port_reads import RangeReads
 from stream.bookie.server import BookieService
 from stream.errors import ConfigError
+from stream.logs import get_logger
 from stream.security.tls import ServerCredentials
 from stream.wire import frames
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 # A connection that has not sent its preamble (and finished its TLS handshake) by then is
 # dropped: a half-open connection holds nothing.

@@ -39,8 +39,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import structlog
-
 from stream.autorecovery.phase_two import REPAIR_STREAMS_PENDING
 from stream.bookie import metrics
 from stream.bookie.config import BookieConfig
@@ -57,13 +55,14 @@ from stream.bookie.unsafe import SAFE, UnsafeSkips
 from stream.errors import (
     ConfigError,
 )
+from stream.logs import get_logger
 from stream.metadata.model import Fragment, StreamMeta
 
 if TYPE_CHECKING:
     from stream.bookie.storage import StreamStorage
     from stream.bookie.terms import MetadataTerms
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 JOURNAL_BYPASS_MARKER = "JOURNAL_BYPASSED"
 

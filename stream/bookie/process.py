@@ -24,7 +24,6 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import grpc
-import structlog
 from prometheus_client import start_http_server
 
 from stream.addresses import split_host_port
@@ -38,10 +37,10 @@ from stream.bookie.disk import DiskStatus, check_disks
 from stream.bookie.server import BookieService, StartReport, add_to_server, server_options
 from stream.bookie.unsafe import SAFE, UnsafeSkips
 from stream.errors import ConfigError, StreamError
-from stream.logs import configure_logging
+from stream.logs import configure_logging, get_logger
 from stream.security.tls import ServerCredentials
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 T = TypeVar("T")
 

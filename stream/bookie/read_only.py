@@ -4,12 +4,11 @@ trims and recovery adds are still served)."""
 
 from __future__ import annotations
 
-import structlog
-
 from stream.bookie import metrics
 from stream.bookie.disk import DiskStatus
+from stream.logs import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class ReadOnlyMode:

@@ -17,16 +17,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import structlog
 from kazoo.exceptions import NoNodeError
 
 from stream.clock import Clock, SystemClock
 from stream.errors import MetadataError, StreamError
+from stream.logs import get_logger
 from stream.metadata import paths
 from stream.metadata.connection import MetadataSession
 from stream.metadata.model import StreamMeta
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 # Trim point of a stream deleted from metadata: everything goes.
 TRIM_ALL = (1 << 63) - 1

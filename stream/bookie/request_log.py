@@ -7,13 +7,12 @@ import collections
 from collections.abc import Sequence
 from typing import Protocol
 
-import structlog
-
 from stream.bookie import metrics
 from stream.bookie.access import ANONYMOUS, CALLER
 from stream.bookie.codes import OK, code_name
+from stream.logs import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class Peer(Protocol):

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeVar
 
 import grpc
-import structlog
 from google.protobuf.message import DecodeError, Message
 
 from stream.bookie import metrics
@@ -35,12 +34,13 @@ from stream.bookie.request_log import Peer
 from stream.bookie.storage.scanned import AddRequest, parse_add
 from stream.bookie.terms import MetadataTerms
 from stream.framing.range_answer import FramedEntries
+from stream.logs import get_logger
 from stream.protocol.invariant import invariant
 from stream.wire import bookie_pb2 as pb
 
 SERVICE_NAME = "streamkeeper.v1.Bookie"
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _Resp = TypeVar("_Resp")
 # The RPCs of the proto, by name.

@@ -26,16 +26,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from stream.bookie.config import BookieConfig
 from stream.bookie.storage.fsutil import write_file_durably
 from stream.bookie.unsafe import SAFE, UnsafeSkips
 from stream.errors import StorageError, StreamError, StreamNotFoundError
+from stream.logs import get_logger
 from stream.protocol import must_justify_term, must_learn_term, term_justified, trim_refusal
 from stream.wire import bookie_pb2 as pb
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 FORGOTTEN_TERMS_FILE = "FORGOTTEN_TERMS_BELOW"
 

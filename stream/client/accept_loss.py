@@ -6,18 +6,17 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-import structlog
-
 from stream.client.answers import answers_or_none
 from stream.client.explicit_lac import take_over_publishing_lac
 from stream.client.options import WriterOptions
 from stream.client.ports import BookieTransport, MetadataPort, WallClock
 from stream.client.recovery import Takeover, TakeoverResult, WriterIdentity
 from stream.errors import InvalidArgumentError, StreamSealedError
+from stream.logs import get_logger
 from stream.metadata.model import StreamState
 from stream.protocol import Code
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,9 @@ import asyncio
 from collections.abc import Awaitable, Iterable, Sequence
 from typing import Any, TypeVar
 
-import structlog
+from stream.logs import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 T = TypeVar("T")
 

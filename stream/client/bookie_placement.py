@@ -10,14 +10,13 @@ import random
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
-import structlog
-
 from stream.client.answers import answers_or_none
 from stream.client.options import WriterOptions
 from stream.client.pipeline import AddPipeline
 from stream.client.ports import BookieTransport, MetadataPort
 from stream.client.takeover_signals import Fenced
 from stream.errors import NotEnoughBookiesError
+from stream.logs import get_logger
 from stream.metadata.model import StreamMeta
 from stream.protocol import (
     BookieCandidate,
@@ -30,7 +29,7 @@ from stream.protocol import (
     plan_ensemble_change,
 )
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 # Bound on the replacements tried for one failed bookie (and on placements tried for a new
 # fragment) before the attempt gives up.

@@ -20,8 +20,6 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Itera
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import structlog
-
 from stream.client.answers import answer_or_none
 from stream.client.attributes import HeadersArg
 from stream.client.cursor import (
@@ -46,6 +44,7 @@ from stream.errors import (
     NotEnoughBookiesError,
     StreamError,
 )
+from stream.logs import get_logger
 from stream.metadata import (
     AcceptedLoss,
     CursorLag,
@@ -68,7 +67,7 @@ if TYPE_CHECKING:
     from stream.client.accept_loss import LossSurvey
     from stream.client.writer import AsyncStreamWriter
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 T = TypeVar("T")
 Chunk = TypeVar("Chunk")

@@ -11,15 +11,14 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-import structlog
-
 from stream.client.reader import AsyncStreamReader
 from stream.client.zk_metadata import ZkMetadata
 from stream.errors import EntryNotWrittenError, InvalidArgumentError, StreamError
+from stream.logs import get_logger
 from stream.metadata.cursors import CursorPosition, validate_cursor_name
 from stream.metadata.lag import CursorLag, cursor_lag
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 T = TypeVar("T")
 

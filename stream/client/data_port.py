@@ -16,13 +16,12 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import structlog
-
 from stream.client.ports import AddBatch, AddStream, fail_waiting
+from stream.logs import get_logger
 from stream.wire import bookie_pb2 as pb
 from stream.wire import frames
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 # An answer is a few bytes per entry: a frame this large is not one.
 _MAX_ANSWER = 64 << 20

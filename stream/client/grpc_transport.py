@@ -13,18 +13,18 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, cast
 
 import grpc
-import structlog
 
 from stream.addresses import split_host_port
 from stream.client.data_port import DataPortAddStream, ResolveData
 from stream.client.data_port_reads import DataPortReads
 from stream.client.ports import AddBatch, AddStream, fail_waiting
 from stream.errors import BookieError
+from stream.logs import get_logger
 from stream.security.tls import TLSConfig, aio_channel
 from stream.wire import bookie_pb2 as pb
 from stream.wire import bookie_pb2_grpc
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 ADD_METHOD = "/streamkeeper.v1.Bookie/Add"
 READ_RANGE_METHOD = "/streamkeeper.v1.Bookie/ReadRange"

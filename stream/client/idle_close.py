@@ -15,8 +15,6 @@ import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-import structlog
-
 from stream.client.bookie_placement import truncate_members
 from stream.client.explicit_lac import send_lac
 from stream.client.options import WriterOptions
@@ -24,9 +22,10 @@ from stream.client.ports import BookieTransport, MetadataPort, WallClock
 from stream.client.recovery import Takeover, TakeoverResult, WriterIdentity
 from stream.client.takeover_signals import Fenced
 from stream.errors import BadVersionError, StreamError
+from stream.logs import get_logger
 from stream.metadata.model import Fragment
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class IdleClose(enum.Enum):

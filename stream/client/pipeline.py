@@ -17,8 +17,6 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Protocol
 
-import structlog
-
 from stream.client.options import WriterOptions
 from stream.client.ports import (
     AddBatch,
@@ -28,6 +26,7 @@ from stream.client.ports import (
     answered_ids,
 )
 from stream.framing.prepare import PreparedEntry
+from stream.logs import get_logger
 from stream.protocol import (
     Code,
     EnsembleChange,
@@ -38,7 +37,7 @@ from stream.protocol import (
 )
 from stream.wire import bookie_pb2 as pb
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _OK = int(Code.OK)
 _INVALID_TERM = int(Code.INVALID_TERM)

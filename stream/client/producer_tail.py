@@ -6,17 +6,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import structlog
-
 from stream.client.ports import BookieTransport
 from stream.errors import StreamError
 from stream.framing.verify import checksum_ok
+from stream.logs import get_logger
 from stream.metadata.model import ProducerChange, ProducerTerm, StreamMeta
 from stream.protocol import Code, EntryFlag, ensemble_for
 from stream.protocol.producers import DEFAULT_PRODUCER_EXPIRY_MS, ProducerPosition, TailAnchor
 from stream.wire import bookie_pb2 as pb
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _NOOP = int(EntryFlag.NOOP)
 _OK = int(Code.OK)  # an int: the answers carry the wire's own Code type

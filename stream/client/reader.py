@@ -11,8 +11,6 @@ import random
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-import structlog
-
 from stream.client.answers import answer_or_none, answers_or_none
 from stream.client.entry import Entry, EntryColumns, verified_columns
 from stream.client.options import ReaderOptions
@@ -28,10 +26,11 @@ from stream.errors import (
     MetadataUnavailableError,
     StreamNotFoundError,
 )
+from stream.logs import get_logger
 from stream.metadata.model import Fragment, StreamMeta, StreamState
 from stream.protocol import Code, fragment_index_for
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _OK = int(Code.OK)
 _TRIMMED = int(Code.TRIMMED)

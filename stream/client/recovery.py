@@ -24,8 +24,6 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import structlog
-
 from stream.client.bookie_placement import BookiePlacement, place_ensemble
 from stream.client.fence import fence_last_fragment
 from stream.client.options import WriterOptions
@@ -42,6 +40,7 @@ from stream.errors import (
     StreamError,
 )
 from stream.framing.prepare import NOOP_TRUNCATE, prepare_entry
+from stream.logs import get_logger
 from stream.metadata.model import (
     AcceptedLoss,
     Fragment,
@@ -52,7 +51,7 @@ from stream.metadata.model import (
 from stream.protocol import FragmentEnsemble
 from stream.protocol.producers import TailAnchor
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 # Rounds over the write set to read the timestamp the new term starts from, before falling back
 # to the new writer's clock (a lost message must not turn the stream's time back).

@@ -29,16 +29,15 @@ import asyncio
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 
-import structlog
-
 from stream.client.answers import cancel_all
 from stream.client.options import WriterOptions
 from stream.client.ports import BookieTransport
 from stream.framing.verify import checksum_ok, good_run
+from stream.logs import get_logger
 from stream.protocol import Code, QuorumConfig, ReadOutcome, RecoveryReadTally, invariant
 from stream.wire import bookie_pb2 as pb
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _OK = int(Code.OK)
 

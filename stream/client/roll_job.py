@@ -4,17 +4,16 @@ ensemble. The lifecycle grants the commit (`COMMIT_ROLL`) only while no ensemble
 
 from __future__ import annotations
 
-import structlog
-
 from stream.client.bookie_placement import place_ensemble
 from stream.client.open_fragment import OpenFragment
 from stream.client.writer_state import StepFn, WriterState
+from stream.logs import get_logger
 from stream.metadata.model import Fragment, ProducerChange, ProducerTerm
 from stream.protocol.invariant import invariant
 from stream.protocol.producers import NO_SEQUENCE, ProducerPosition
 from stream.protocol.writer_lifecycle import ChangeSlot, Effect, Event
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 async def roll(state: WriterState, step: StepFn) -> None:

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import random
 
-import structlog
-
 from stream.client.explicit_lac import take_over_publishing_lac
 from stream.client.options import WriterOptions
 from stream.client.ports import BookieTransport, MetadataPort, WallClock
 from stream.client.recovery import Takeover, WriterIdentity
 from stream.errors import BadVersionError, InvalidTermError, MetadataError
+from stream.logs import get_logger
 from stream.metadata.model import StreamMeta, StreamState
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 async def seal(

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import asyncio
 
-import structlog
-
 from stream.client.ports import BookieTransport, MetadataPort
 from stream.errors import BadVersionError, StreamError, StreamInUseError
+from stream.logs import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 # `Trim` below this drops every entry of a stream (its deletion).
 TRIM_ALL = (1 << 63) - 1

@@ -8,11 +8,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import structlog
-
 from stream.client.options import WriterOptions
 from stream.client.ports import MetadataPort, WallClock
 from stream.errors import BadVersionError, InvalidTermError, MetadataError, StreamSealedError
+from stream.logs import get_logger
 from stream.metadata.model import (
     AcceptedLoss,
     Fragment,
@@ -22,7 +21,7 @@ from stream.metadata.model import (
 )
 from stream.protocol import FragmentEnsemble
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True)

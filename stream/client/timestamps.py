@@ -7,13 +7,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-import structlog
-
 from stream.client.ports import BookieTransport, WallClock
 from stream.framing.verify import checksum_ok
+from stream.logs import get_logger
 from stream.protocol import Code, QuorumConfig
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _OK = int(Code.OK)  # an int: the answers carry the wire's own Code type
 

@@ -9,8 +9,6 @@ import asyncio
 import contextlib
 from collections.abc import Sequence
 
-import structlog
-
 from stream.client.answers import answers_or_none, cancel_all
 from stream.client.bookie_placement import (
     MAX_CANDIDATES_TRIED,
@@ -30,6 +28,7 @@ from stream.errors import (
     StreamInLimboError,
 )
 from stream.framing.prepare import PreparedEntry, write_back_entry
+from stream.logs import get_logger
 from stream.metadata.model import Fragment, StreamMeta
 from stream.protocol import (
     Code,
@@ -39,7 +38,7 @@ from stream.protocol import (
     scan_recovery_reads,
 )
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class _RecoveryOwner:

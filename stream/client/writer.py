@@ -16,8 +16,6 @@ import random
 import threading
 from collections.abc import Awaitable, Callable
 
-import structlog
-
 from stream.client.admission import check_payload, with_attributes
 from stream.client.append_window import AppendWindow
 from stream.client.attributes import HeadersArg
@@ -30,11 +28,12 @@ from stream.client.writer_effects import WriterEffects
 from stream.client.writer_state import WriterState
 from stream.errors import InvalidArgumentError, StreamError, WriterClosedError
 from stream.framing.prepare import AttributedPayload
+from stream.logs import get_logger
 from stream.metadata.model import validate_producer_id
 from stream.protocol import DEFAULT_MAX_ENTRY_BYTES, max_entry_bytes
 from stream.protocol.writer_lifecycle import Event
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class AsyncStreamWriter:

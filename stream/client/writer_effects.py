@@ -9,8 +9,6 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import structlog
-
 from stream.client.append_window import AppendWindow
 from stream.client.drain import Drain
 from stream.client.ensemble_change_job import change_ensemble
@@ -29,10 +27,11 @@ from stream.errors import (
     StreamNotFoundError,
     WriterClosedError,
 )
+from stream.logs import get_logger
 from stream.protocol import FragmentEnsemble
 from stream.protocol.writer_lifecycle import Effect, Event, step
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 # What a job's unexpected exception is reported as: (message prefix, log event).
 _JOB_NAMES = {

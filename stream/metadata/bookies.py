@@ -10,19 +10,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import structlog
 from kazoo.exceptions import BadVersionError as KazooBadVersionError
 from kazoo.exceptions import NodeExistsError, NoNodeError
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 
 from stream.errors import BadVersionError, MetadataError
+from stream.logs import get_logger
 from stream.metadata import paths
 from stream.metadata.connection import MetadataSession, SessionState
 from stream.metadata.model import validate_bookie_id
 from stream.metadata.streams import WatchHandle
 from stream.protocol.placement import DEFAULT_MAX_ENTRY_BYTES
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 # Bound on the reread-and-retry loops against a concurrent writer of the same znode.
 _ATTEMPTS = 8

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import structlog
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
     ConnectionClosedError,
@@ -35,10 +34,11 @@ from stream.errors import (
 # Defined with the other errors (`streamctl`'s exit codes need it without kazoo); still importable
 # from here.
 from stream.errors import MetadataSessionExpiredError as MetadataSessionExpiredError
+from stream.logs import get_logger
 from stream.metadata import paths
 from stream.metadata.auth import MetadataAuth, load_metadata_auth
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 T = TypeVar("T")
 

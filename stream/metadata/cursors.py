@@ -18,7 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import structlog
 from kazoo.exceptions import BadVersionError as KazooBadVersionError
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
@@ -29,12 +28,13 @@ from stream.errors import (
     MetadataError,
     StreamNotFoundError,
 )
+from stream.logs import get_logger
 from stream.metadata import paths
 from stream.metadata.connection import MetadataSession
 from stream.metadata.model import validate_stream_id
 from stream.metadata.multiop import first_error
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 MAX_CURSORS_PER_STREAM = 64
 MAX_CURSOR_NAME_CHARS = 128

@@ -19,14 +19,14 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-import structlog
 from kazoo.exceptions import KazooException, NoNodeError
 
 from stream.errors import StreamError
+from stream.logs import get_logger
 from stream.metadata.connection import MetadataSession, SessionState
 from stream.wakeup import wake
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 # kazoo's Lock recipe's node name, and its way of reading a contender's sequence number.
 _NODE_NAME = "__lock__"

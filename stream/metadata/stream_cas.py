@@ -7,7 +7,6 @@ import secrets
 import time
 from collections.abc import Sequence
 
-import structlog
 from kazoo.exceptions import BadVersionError as KazooBadVersionError
 from kazoo.exceptions import (
     ConnectionLoss,
@@ -21,6 +20,7 @@ from stream.errors import (
     MetadataError,
     StreamNotFoundError,
 )
+from stream.logs import get_logger
 from stream.metadata import paths
 from stream.metadata.model import (
     Fragment,
@@ -29,7 +29,7 @@ from stream.metadata.model import (
 from stream.metadata.multiop import MAX_OPS_PER_MULTI, Op, first_error
 from stream.metadata.stream_reads import StreamReads
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 # How many of its last writes `meta` names by op id. A client whose reply was lost finds its
 # own op among them however many same-term changes (trims, repairs: a few per minute at most)

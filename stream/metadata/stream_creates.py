@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 
-import structlog
 from kazoo.exceptions import BadVersionError as KazooBadVersionError
 from kazoo.exceptions import (
     ConnectionLoss,
@@ -20,6 +19,7 @@ from stream.errors import (
     StreamExistsError,
     StreamNotFoundError,
 )
+from stream.logs import get_logger
 from stream.metadata import paths
 from stream.metadata.model import (
     MAX_STREAM_ID,
@@ -30,7 +30,7 @@ from stream.metadata.model import (
 from stream.metadata.multiop import MAX_OPS_PER_MULTI, Op, first_error
 from stream.metadata.stream_reads import StreamReads
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 # Bounds on the loops that reread and retry after losing a race to another client.
 _CREATE_ATTEMPTS = 32

@@ -7,7 +7,6 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import structlog
 from kazoo.exceptions import (
     ConnectionClosedError,
     NoAuthError,
@@ -21,6 +20,7 @@ from stream.errors import (
     MetadataError,
     StreamNotFoundError,
 )
+from stream.logs import get_logger
 from stream.metadata import paths
 from stream.metadata.connection import (
     MetadataSession,
@@ -37,7 +37,7 @@ from stream.metadata.model import (
 )
 from stream.metadata.multiop import Op
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _SNAPSHOT_ATTEMPTS = 16
 

@@ -6,13 +6,13 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import structlog
 from kazoo.recipe.watchers import DataWatch
 
 from stream.errors import (
     MetadataError,
     StreamNotFoundError,
 )
+from stream.logs import get_logger
 from stream.metadata import paths
 from stream.metadata.model import (
     Fragment,
@@ -21,7 +21,7 @@ from stream.metadata.model import (
 )
 from stream.metadata.stream_reads import StreamReads
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class WatchHandle:

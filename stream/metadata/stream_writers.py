@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import structlog
 from kazoo.exceptions import BadVersionError as KazooBadVersionError
 from kazoo.exceptions import (
     NodeExistsError,
@@ -15,6 +14,7 @@ from stream.errors import (
     MetadataError,
     StreamNotFoundError,
 )
+from stream.logs import get_logger
 from stream.metadata import paths
 from stream.metadata.model import (
     WriterInfo,
@@ -22,7 +22,7 @@ from stream.metadata.model import (
 )
 from stream.metadata.stream_reads import StreamReads
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 # Bound on the loops that reread and retry after losing a race to another writer.
 _WRITER_ATTEMPTS = 8

@@ -18,17 +18,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import structlog
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from kazoo.recipe.watchers import ChildrenWatch
 
 from stream.errors import InvalidArgumentError, MetadataError
+from stream.logs import get_logger
 from stream.metadata import paths
 from stream.metadata.connection import MetadataSession
 from stream.metadata.model import validate_bookie_id, validate_stream_id
 from stream.metadata.streams import WatchHandle
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 REASONS = ("lost", "draining", "scrub")
 

@@ -42,8 +42,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import structlog
-
 from stream.client.cursor import cursor_lags
 from stream.client.grpc_transport import GrpcTransport
 from stream.client.idle_close import IdleClose, IdleCloser
@@ -61,6 +59,7 @@ from stream.errors import (
     StreamError,
     StreamNotFoundError,
 )
+from stream.logs import get_logger
 from stream.metadata import (
     MAX_OPS_PER_MULTI,
     BadVersionError,
@@ -80,7 +79,7 @@ from stream.security.tls import TLSConfig
 from stream.settings import NON_NEGATIVE, POSITIVE, Settings, setting
 from stream.wakeup import wake
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 T = TypeVar("T")
 

@@ -12,17 +12,17 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import structlog
 
 from stream.bookie.unsafe import UNSAFE_SKIP_OPTION
 from stream.errors import StreamError
+from stream.logs import get_logger
 from stream.sandbox.ports import free_port
 from stream.sandbox.processes import terminate
 from stream.security.tls import TLSConfig, sync_channel
 from stream.wire import bookie_pb2 as pb
 from stream.wire import bookie_pb2_grpc
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 # Client channel options: reconnect quickly after a bookie restart, carry large batches.
 CHANNEL_OPTIONS = [

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import structlog
 from kazoo.client import KazooClient
 
 from stream.errors import InvalidArgumentError, StreamError
+from stream.logs import get_logger
 from stream.metadata.auth import MetadataAuth, load_metadata_auth, write_metadata_auth_file
 from stream.metadata.connection import kazoo_auth_options
 from stream.sandbox.bookies import BookieProcess, stop_all
@@ -23,7 +23,7 @@ from stream.sandbox.tls import SandboxTLS
 from stream.sandbox.zookeeper import ZooKeeperEnsemble, ZooKeeperServer
 from stream.security.roles import Role
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 DEFAULT_ROOT = "/streamkeeper"
 

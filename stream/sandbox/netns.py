@@ -16,11 +16,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from stream.errors import StreamError
+from stream.logs import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 # The chaos networks live in 10.77.X.0/24; X is picked among those no interface uses yet.
 _NETWORK_PREFIX = "10.77"

@@ -9,12 +9,11 @@ import sys
 import time
 from pathlib import Path
 
-import structlog
-
 from stream.errors import StreamError
+from stream.logs import get_logger
 from stream.sandbox.processes import terminate
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class RetentionProcess:

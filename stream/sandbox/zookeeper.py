@@ -13,12 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import structlog
-
 from stream.errors import StreamError
+from stream.logs import get_logger
 from stream.sandbox.ports import free_port
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 ZOOKEEPER_CLASSPATH = "/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar"
 MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-import structlog
 
 from stream.errors import ConfigError
+from stream.logs import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class InsecureFileError(ConfigError):

@@ -27,8 +27,6 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-import structlog
-
 from stream.autorecovery.phase_two import Repairer
 from stream.bookie.config import BookieConfig
 from stream.bookie.core import BookieCore, StartReport
@@ -44,6 +42,7 @@ from stream.client.ports import answered_codes
 from stream.client.recovery import WriterIdentity
 from stream.clock import Clock
 from stream.errors import StreamNotFoundError
+from stream.logs import get_logger
 from stream.metadata.model import Fragment, StreamMeta
 from stream.sim.acknowledged import BOOKIE_DURABILITY, AnsweredAdds
 from stream.sim.answered_terms import BOOKIE_TERMS, AnsweredTerms
@@ -52,7 +51,7 @@ from stream.sim.trace import Trace
 from stream.sim.zookeeper import FakeKazooClient, SimMetadataSession
 from stream.wire import bookie_pb2 as pb
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 T = TypeVar("T")
 R = TypeVar("R")

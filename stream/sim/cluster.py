@@ -21,8 +21,6 @@ from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
-import structlog
-
 from stream.bookie.unsafe import UNSAFE_SWITCHES
 from stream.client.options import Protections, ReaderOptions, WriterOptions
 from stream.client.reader import AsyncStreamReader
@@ -31,6 +29,7 @@ from stream.client.seal import seal
 from stream.client.writer import AsyncStreamWriter
 from stream.clock import LoopClock
 from stream.errors import NotEnoughBookiesError, StreamError
+from stream.logs import get_logger
 from stream.metadata import paths
 from stream.metadata.bookies import BookieRegistration, BookieRegistry
 from stream.metadata.model import Fragment, StreamMeta, StreamState
@@ -51,7 +50,7 @@ from stream.sim.zookeeper import (
     SimMetadataSession,
 )
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 T = TypeVar("T")
 

@@ -31,12 +31,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import structlog
-
 from stream.autorecovery.auditor import Auditor, AuditReport
 from stream.autorecovery.service import AutoRecovery
 from stream.autorecovery.settings import AutoRecoverySettings
 from stream.clock import LoopClock
+from stream.logs import get_logger
 from stream.metadata import paths
 from stream.metadata.cursors import CursorStore
 from stream.metadata.model import RetentionPolicy, StreamMeta
@@ -47,7 +46,7 @@ from stream.sim.zookeeper import FakeKazooClient, SimMetadata, SimMetadataSessio
 if TYPE_CHECKING:
     from stream.sim.cluster import SimStream, Simulation
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 T = TypeVar("T")
 

@@ -27,7 +27,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import structlog
 from kazoo.exceptions import (
     BadArgumentsError,
     BadVersionError,
@@ -46,6 +45,7 @@ from kazoo.protocol.states import EventType, KazooState, WatchedEvent, ZnodeStat
 
 from stream.client.zk_metadata import ZkMetadata
 from stream.errors import MetadataError
+from stream.logs import get_logger
 from stream.metadata.bookies import BookieRegistry
 from stream.metadata.connection import (
     MetadataSessionExpiredError,
@@ -59,7 +59,7 @@ from stream.sim.network import ZK_NODE
 if TYPE_CHECKING:
     from stream.sim.network import SimNetwork
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 T = TypeVar("T")
 

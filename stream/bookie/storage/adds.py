@@ -11,7 +11,6 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 import crc32c
-import structlog
 
 from stream.bookie.codes import (
     BAD_REQUEST,
@@ -33,12 +32,13 @@ from stream.bookie.storage.write_cache import ENTRY_OVERHEAD_BYTES
 from stream.bookie.unsafe import UnsafeSkips
 from stream.errors import StorageError
 from stream.framing.verify import checksum_ok
+from stream.logs import get_logger
 from stream.protocol.checksum import ENTRY_HEADER
 from stream.protocol.justified import overwrite_refusal
 from stream.protocol.terms import TermDecision
 from stream.wire import bookie_pb2 as pb
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 Entry = pb.Entry
 # Entries with these flags are classified one by one, off the hot loop: a TRUNCATE takes

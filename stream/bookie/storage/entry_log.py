@@ -17,8 +17,6 @@ import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-import structlog
-
 from stream.bookie import metrics
 from stream.bookie.storage.codec import (
     ENTRY_KEY,
@@ -32,10 +30,11 @@ from stream.bookie.storage.codec import (
 )
 from stream.bookie.storage.disk_port import OS_DISK, DiskPort
 from stream.errors import StorageError
+from stream.logs import get_logger
 from stream.protocol.invariant import invariant
 from stream.wire import bookie_pb2 as pb
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 Entry = pb.Entry
 _parse = pb.Entry.FromString

@@ -11,16 +11,15 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-import structlog
-
 from stream.bookie import metrics
 from stream.bookie.storage.journal import JournalPosition
 from stream.bookie.storage.store import Store, failed_future
 from stream.bookie.storage.write_cache import WriteCache
 from stream.errors import StorageError
+from stream.logs import get_logger
 from stream.protocol.invariant import invariant
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 # (stream id, entry ids, entries serialized) of one stream in a flush, in entry id order.
 _Plan = list[tuple[int, list[int], list[bytes]]]

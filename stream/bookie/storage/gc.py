@@ -15,8 +15,6 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-import structlog
-
 from stream.bookie import metrics
 from stream.bookie.storage.codec import (
     ENTRY_KEY,
@@ -25,8 +23,9 @@ from stream.bookie.storage.codec import (
 )
 from stream.bookie.storage.entry_log import EntryLogs
 from stream.bookie.storage.index import Index
+from stream.logs import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 # Index entries per scan transaction / per trimming transaction.
 _SCAN_CHUNK = 65_536

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import threading
 
-import structlog
-
 from stream.bookie.storage.gc import CompactionReport, GarbageCollector, GcReport
 from stream.bookie.storage.store import Store
+from stream.logs import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class GcSchedule:

@@ -15,7 +15,6 @@ from itertools import islice
 from pathlib import Path
 
 import lmdb
-import structlog
 
 from stream.bookie.storage.codec import (
     CHECKPOINT,
@@ -27,9 +26,10 @@ from stream.bookie.storage.codec import (
 from stream.bookie.storage.disk_port import OS_DISK, DiskPort
 from stream.bookie.storage.journal import JournalPosition
 from stream.errors import StorageError
+from stream.logs import get_logger
 from stream.protocol.invariant import invariant
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 # Sparse: the file only grows with the data. Room for about a billion entry locations.
 DEFAULT_MAP_BYTES = 64 << 30

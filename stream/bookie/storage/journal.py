@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import NamedTuple
 
 import crc32c
-import structlog
 
 from stream.bookie import metrics
 from stream.bookie.storage.codec import (
@@ -37,9 +36,10 @@ from stream.bookie.storage.codec import (
 )
 from stream.bookie.storage.disk_port import OS_DISK, DiskPort
 from stream.errors import StorageError
+from stream.logs import get_logger
 from stream.protocol.invariant import invariant
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _crc32c = crc32c.crc32c
 _pack_prefix = JOURNAL_RECORD_PREFIX.pack

@@ -4,8 +4,6 @@ flushed part by part when the journal holds more than the cache should."""
 
 from __future__ import annotations
 
-import structlog
-
 from stream.bookie.codes import FLAG_TRUNCATE
 from stream.bookie.storage import codec
 from stream.bookie.storage.flusher import Flusher
@@ -14,12 +12,13 @@ from stream.bookie.storage.outcomes import ReplayReport
 from stream.bookie.storage.store import Store
 from stream.bookie.storage.write_cache import ENTRY_OVERHEAD_BYTES
 from stream.errors import StorageError
+from stream.logs import get_logger
 from stream.wire import bookie_pb2 as pb
 
 # The write cache holds entries serialized (`stream.bookie.storage.write_cache`).
 _serialize = pb.Entry.SerializeToString
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 def replay_journal(

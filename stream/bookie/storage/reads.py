@@ -13,8 +13,6 @@ from itertools import accumulate, repeat
 from operator import add, eq, sub
 from typing import Any
 
-import structlog
-
 from stream.bookie.codes import (
     BAD_REQUEST,
     INTERNAL,
@@ -32,11 +30,12 @@ from stream.bookie.storage.store import Store
 from stream.bookie.unsafe import UnsafeSkips
 from stream.errors import StorageError
 from stream.framing.range_answer import FramedEntries
+from stream.logs import get_logger
 from stream.protocol.codes import Code, limbo_code
 from stream.protocol.terms import TermDecision
 from stream.wire import bookie_pb2 as pb
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 Entry = pb.Entry
 # Bytes counted per entry beyond its payload (envelope estimate).

@@ -32,8 +32,6 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
-import structlog
-
 from stream.bookie import metrics
 from stream.bookie.config import BookieConfig
 from stream.bookie.storage.adds import AddPath
@@ -58,10 +56,11 @@ from stream.bookie.storage.store import Store
 from stream.bookie.unsafe import SAFE, UnsafeSkips
 from stream.errors import StorageError
 from stream.framing.range_answer import FramedEntries
+from stream.logs import get_logger
 from stream.protocol.invariant import invariant
 from stream.wire import bookie_pb2 as pb
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class StreamStorage:

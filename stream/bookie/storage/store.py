@@ -16,8 +16,6 @@ import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
-import structlog
-
 from stream.bookie import metrics
 from stream.bookie.config import BookieConfig
 from stream.bookie.storage.disk_port import DiskPort
@@ -27,9 +25,10 @@ from stream.bookie.storage.journal import Journal
 from stream.bookie.storage.state import LocalStreamState
 from stream.bookie.storage.write_cache import WriteCache
 from stream.errors import StorageError
+from stream.logs import get_logger
 from stream.wire import bookie_pb2 as pb
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 # The write cache holds entries serialized (`stream.bookie.storage.write_cache`).
 _parse = pb.Entry.FromString

@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import structlog
 from kazoo.client import KazooClient
 
 from stream.errors import StreamError
+from stream.logs import get_logger
 from stream.metadata.model import RetentionPolicy
 from stream.sandbox.bookies import BookieProcess, stop_all
 from stream.sandbox.chaos.history import HistoryWriter
@@ -22,7 +22,7 @@ from stream.sandbox.processes import terminate
 from stream.sandbox.retention import RetentionProcess
 from stream.sandbox.zookeeper import ZooKeeperEnsemble
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 ROOT = "/streamkeeper"
 BOOKIE_PORT = 3181

@@ -19,15 +19,14 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import structlog
-
 from stream.errors import StreamError
+from stream.logs import get_logger
 from stream.sandbox.bookies import BookieProcess
 from stream.sandbox.chaos.cluster import SMALL_DISK_BOOKIE, ChaosCluster
 from stream.sandbox.chaos.relay import Delay
 from stream.sandbox.netns import Host
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 Heal = Callable[[], None]
 

@@ -11,10 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from stream.client import StreamClient
 from stream.errors import StreamError
+from stream.logs import get_logger
 from stream.metadata.connection import MetadataSession
 from stream.metadata.streams import StreamStore
 from stream.sandbox.chaos import history
@@ -24,7 +23,7 @@ from stream.sandbox.chaos.history import HistoryWriter
 from stream.sandbox.chaos.nemesis import FAULTS, Nemesis, Step, schedule
 from stream.sandbox.netns import netem_available
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 # How often the harness looks at the stream's term history and first retained entry.
 _WATCH_S = 0.2
