@@ -54,7 +54,7 @@ def _dropped(*_args: Any, **_kw: Any) -> None:
     """An event the standard logger would not take, before structlog is imported."""
 
 
-class Logger:
+class LazyLogger:
     """A module's structlog logger (`structlog.get_logger(name)`), obtained on first use. Until
     structlog is imported, an event whose level the standard logger `name` does not take is
     dropped here: with our configuration (`use_standard_logging`) structlog's first processor
@@ -86,9 +86,9 @@ class Logger:
         return getattr(log, method)
 
 
-def get_logger(name: str) -> Any:
-    """Returns the logger of module `name` (see `Logger`): `log = get_logger(__name__)`."""
-    return Logger(name)
+def get_logger(name: str) -> LazyLogger:
+    """Returns the logger of module `name` (see `LazyLogger`): `log = get_logger(__name__)`."""
+    return LazyLogger(name)
 
 
 def quiet_by_default() -> None:

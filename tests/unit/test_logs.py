@@ -65,8 +65,8 @@ def test_an_event_the_standard_logger_takes_reaches_it_through_structlog() -> No
             log.exception("failed")
         print("structlog" in sys.modules)
         for record in records:
-            event = record.msg
-            print(record.name, record.levelname, event["event"], event.get("n"), bool(record.exc_info))
+            event, failed = record.msg, bool(record.exc_info)
+            print(record.name, record.levelname, event["event"], event.get("n"), failed)
         """
     )
     assert out.splitlines() == [
