@@ -161,14 +161,13 @@ class StreamClient:
         return GrpcTransport(
             self._metadata.bookie_address,
             tls=self._tls,
-            resolve_data=(
-                self._metadata.bookie_data_address
-                if self._writer_options.data_port or self._reader_options.data_port
-                else None
-            ),
+            resolve_data=self._metadata.bookie_data_address,
+            # The defaults of the calls that do not say; writers and readers pass their
+            # options' `data_port`.
             data_adds=self._writer_options.data_port,
             # Over TLS, gRPC's own TLS costs less per byte than the data port's (Python's
-            # ssl encrypts into a memory buffer, copied out again): ranges stay on gRPC there.
+            # ssl encrypts into a memory buffer, copied out again): ranges stay on gRPC there,
+            # whatever a reader's options say.
             data_reads=self._reader_options.data_port and self._tls is None,
         )
 

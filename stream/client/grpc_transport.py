@@ -160,16 +160,21 @@ class GrpcTransport:
         data_reads: bool = False,
     ):
         """`resolve_data`: where a bookie's data port is; with it, Add streams go there
-        (`data_adds`) and range reads (`data_reads`), over gRPC to a bookie without one."""
+        (`data_adds`) and range reads (`data_reads`), over gRPC to a bookie without one. Those
+        two are the defaults of calls that do not say (`data_port=None`). With `tls`, ranges
+        are read over the data port only when `data_reads` says so: a call cannot ask for it
+        (gRPC's TLS costs less per byte than Python's, docs/benchmarks.md)."""
         self._resolve = resolve
-        self._resolve_data = resolve_data if data_adds else None
+        self._resolve_data = resolve_data
+        self._data_adds = data_adds
+        self._data_reads = data_reads
         self._reads = (
             DataPortReads(
                 resolve_data,
                 self._connect_data,
                 lambda reason, bookie_id: BookieError(reason, bookie=bookie_id),
             )
-            if resolve_data is not None and data_reads
+            if resolve_data is not None and (tls is None or data_reads)
             else None
         )
         self._data_tls: ssl.SSLContext | None = None
@@ -200,8 +205,8 @@ class GrpcTransport:
     async def _stub(self, bookie_id: str) -> bookie_pb2_grpc.BookieStub:
         return (await self._entry(bookie_id))[2]
 
-    def open_add_stream(self, bookie_id: str) -> AddStream:
-        if self._resolve_data is None:
+    def open_add_stream(self, bookie_id: str, *, data_port: bool | None = None) -> AddStream:
+        if self._resolve_data is None or not (self._data_adds if data_port is None else data_port):
             return _AddStream(self, bookie_id)
         return DataPortAddStream(
             bookie_id,
@@ -256,6 +261,7 @@ class GrpcTransport:
         *,
         max_batch_bytes: int = 0,
         timeout_s: float,
+        data_port: bool | None = None,
     ) -> AsyncIterator[pb.ReadRangeResponse]:
         request = pb.ReadRangeRequest(
             stream_id=stream_id,
@@ -263,7 +269,9 @@ class GrpcTransport:
             last_entry_id=last_entry_id,
             max_batch_bytes=max_batch_bytes,
         )
-        return self._read_range(bookie_id, request, pb.ReadRangeResponse.FromString, timeout_s)
+        return self._read_range(
+            bookie_id, request, pb.ReadRangeResponse.FromString, timeout_s, data_port
+        )
 
     def read_range_raw(
         self,
@@ -274,6 +282,7 @@ class GrpcTransport:
         *,
         max_batch_bytes: int = 0,
         timeout_s: float,
+        data_port: bool | None = None,
     ) -> AsyncIterator[bytes | pb.ReadRangeResponse]:
         """`read_range` with the responses left serialized (no deserializer): the reader walks
         their bytes without a protobuf message per entry."""
@@ -283,7 +292,7 @@ class GrpcTransport:
             last_entry_id=last_entry_id,
             max_batch_bytes=max_batch_bytes,
         )
-        return self._read_range(bookie_id, request, None, timeout_s)
+        return self._read_range(bookie_id, request, None, timeout_s, data_port)
 
     async def _read_range(
         self,
@@ -291,10 +300,12 @@ class GrpcTransport:
         request: pb.ReadRangeRequest,
         deserializer: Callable[[bytes], pb.ReadRangeResponse] | None,
         timeout_s: float,
+        data_port: bool | None,
     ) -> AsyncIterator[Any]:
         """One ReadRange call, its responses through `deserializer` (None: as sent), over the
-        bookie's data port when it serves range reads."""
-        if self._reads is not None:
+        bookie's data port when it serves range reads and `data_port` (None: the transport's
+        default) allows."""
+        if self._reads is not None and (self._data_reads if data_port is None else data_port):
             answers = await self._reads.read_range(
                 bookie_id, request.SerializeToString(), timeout_s
             )

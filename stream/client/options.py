@@ -125,8 +125,8 @@ class WriterOptions(Settings):
     data_port: bool = setting(
         True,
         doc="send adds to a bookie's data port when its registration has one (false: over "
-        "gRPC, as to a bookie without one); the client's options decide it for all its "
-        "writers, which share its connections",
+        "gRPC, as to a bookie without one); each writer's own (a writer opened without "
+        "options has the client's, which also carry the explicit LACs of idle streams)",
     )
     # Tailing readers see the last entries within milliseconds.
     explicit_lac_delay_s: float = setting(
@@ -230,8 +230,8 @@ class ReaderOptions(Settings):
     data_port: bool = setting(
         True,
         doc="read ranges from a bookie's data port when its registration has one and the "
-        "client does not use TLS (false: over gRPC, as from a bookie without one); the "
-        "client's options decide it for all its readers, which share its connections",
+        "client does not use TLS (false: over gRPC, as from a bookie without one); each "
+        "reader's own (a reader opened without options has the client's)",
     )
     lac_poll_ms: int = setting(
         10_000, unit="ms", check=POSITIVE, doc="longest single ReadLac long poll while tailing"

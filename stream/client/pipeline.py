@@ -581,7 +581,9 @@ class AddPipeline:
                 # nothing would fail again: LAFR stuck, the window full, the writer hung.
                 continue
             if link is None or link.dead:
-                stream = self._transport.open_add_stream(bookie_id)
+                stream = self._transport.open_add_stream(
+                    bookie_id, data_port=self._options.data_port
+                )
                 self._links[bookie_id] = _Link(bookie_id, stream, bookie_id in blocked)
                 self.failed.discard(bookie_id)
 

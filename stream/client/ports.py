@@ -131,9 +131,10 @@ class BookieTransport(Protocol):
     """Requests to bookies by bookie id. Each call gives up after `timeout_s` by raising; any
     exception is an unknown response."""
 
-    def open_add_stream(self, bookie_id: str) -> AddStream:
+    def open_add_stream(self, bookie_id: str, *, data_port: bool | None = None) -> AddStream:
         """Returns a new Add stream to `bookie_id` (connecting lazily; failures surface on the
-        futures of `send`)."""
+        futures of `send`); `data_port` says whether it may go over the bookie's data port
+        (None: the transport's default), where the transport has one."""
         ...
 
     async def fence(
@@ -155,8 +156,10 @@ class BookieTransport(Protocol):
         *,
         max_batch_bytes: int = 0,
         timeout_s: float,
+        data_port: bool | None = None,
     ) -> AsyncIterator[pb.ReadRangeResponse]:
-        """Yields the ReadRange responses; `timeout_s` bounds the whole range."""
+        """Yields the ReadRange responses; `timeout_s` bounds the whole range; `data_port` as
+        for `open_add_stream`."""
         ...
 
     def read_range_raw(
@@ -168,6 +171,7 @@ class BookieTransport(Protocol):
         *,
         max_batch_bytes: int = 0,
         timeout_s: float,
+        data_port: bool | None = None,
     ) -> AsyncIterator[bytes | pb.ReadRangeResponse]:
         """As `read_range`, but each response may come serialized, as the bookie sent it (the
         reader walks its bytes: `stream.client.range_answer`), or as the message."""

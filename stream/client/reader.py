@@ -294,6 +294,7 @@ class AsyncStreamReader:
                     upto,
                     max_batch_bytes=options.range_batch_bytes,
                     timeout_s=options.read_timeout_s,
+                    data_port=options.data_port,
                 ):
                     # Serialized answers are walked by the compiled walker (range_answer).
                     got = range_answer(stream_id, position, answer)
@@ -359,6 +360,7 @@ class AsyncStreamReader:
                 last,
                 max_batch_bytes=self._options.range_batch_bytes,
                 timeout_s=self._options.speculative_timeout_s * 5,
+                data_port=self._options.data_port,
             ):
                 entries = response.entries
                 count = verified_columns(meta.id, position, entries, *got)

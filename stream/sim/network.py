@@ -572,7 +572,8 @@ class SimTransport:
         self._net = network
         self.node = node
 
-    def open_add_stream(self, bookie_id: str) -> SimAddStream:
+    def open_add_stream(self, bookie_id: str, *, data_port: bool | None = None) -> SimAddStream:
+        # The simulated network has one kind of connection: `data_port` changes nothing here.
         return SimAddStream(self._net, self.node, bookie_id)
 
     def _rpc(
@@ -606,6 +607,7 @@ class SimTransport:
         *,
         max_batch_bytes: int = 0,
         timeout_s: float,
+        data_port: bool | None = None,
     ) -> AsyncIterator[pb.ReadRangeResponse]:
         request = pb.ReadRangeRequest(
             stream_id=stream_id,
@@ -632,6 +634,7 @@ class SimTransport:
         *,
         max_batch_bytes: int = 0,
         timeout_s: float,
+        data_port: bool | None = None,
     ) -> AsyncIterator[bytes | pb.ReadRangeResponse]:
         """`read_range` with each response serialized, as the gRPC transport hands them over:
         simulated readers walk the bytes as real ones do."""

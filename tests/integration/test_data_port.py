@@ -51,6 +51,35 @@ def test_writers_and_readers_use_the_data_port_unless_told_not_to(
         assert connections(cluster, "served") - before == 3 * adds + reads, (adds, reads)
 
 
+@pytest.mark.shared_cluster
+@pytest.mark.parametrize("client_default", [True, False])
+def test_a_writer_and_a_reader_opened_with_options_follow_their_own(
+    cluster: SandboxCluster, client_default: bool
+) -> None:
+    """The options a writer or a reader is opened with decide its data port use, whatever the
+    client's (which those opened without options follow)."""
+    payloads = [f"own-{i}".encode() * 20 for i in range(1000)]
+    own = not client_default
+    name = f"own-options-{own}"
+    with StreamClient.connect(
+        cluster.metadata,
+        writer_options=WriterOptions(data_port=client_default),
+        reader_options=ReaderOptions(data_port=client_default),
+    ) as client:
+        client.create_stream(name, ensemble=3, write_quorum=3, ack_quorum=2)
+        before = connections(cluster, "served")
+        with client.open_writer(name, options=WriterOptions(data_port=own)) as writer:
+            for f in [writer.append_async(p) for p in payloads]:
+                f.result(timeout=30)
+        reader = client.open_reader(name, options=ReaderOptions(data_port=own))
+        assert [e.payload for e in reader.read(0, len(payloads) - 1)] == payloads
+        assert connections(cluster, "served") - before == 4 * own
+        before = connections(cluster, "served")
+        default_reader = client.open_reader(name)
+        assert [e.payload for e in default_reader.read(0, len(payloads) - 1)] == payloads
+        assert connections(cluster, "served") - before == client_default
+
+
 def test_a_bookie_without_a_data_port_is_added_to_over_grpc(
     cluster_factory: ClusterFactory,
 ) -> None:

@@ -241,8 +241,11 @@ def test_the_client_appends_tails_and_takes_over_over_tls(
             assert second.term > first.term
             second.append(b"after")
         got = [e.payload for e in client.open_reader(name).tail(timeout_s=2)]
-        # Over TLS, ranges are read over gRPC whatever the option (its TLS costs less per
-        # byte than the data port's); the bookie's side of TLS reads is tested below.
+        # Over TLS, ranges are read over gRPC whatever the options, the client's or a
+        # reader's (gRPC's TLS costs less per byte than the data port's); the bookie's side of
+        # TLS reads is tested below.
+        own = client.open_reader(name, options=ReaderOptions(data_port=True))
+        assert [e.payload for e in own.read(0, 99)] == got[:100]
         assert client._transport._reads is None
     assert got == [f"e{i}".encode() for i in range(100)] + [b"after"]
 

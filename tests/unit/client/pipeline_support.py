@@ -51,7 +51,7 @@ class RecordingTransport:
         self.answer_after_s = answer_after_s
         self.ranged = ranged
 
-    def open_add_stream(self, bookie_id: str) -> _Stream:
+    def open_add_stream(self, bookie_id: str, *, data_port: bool | None = None) -> _Stream:
         return _Stream(self.sent, bookie_id, self.answer_after_s, self.ranged)
 
 
