@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from stream.client import ReaderOptions, StreamClient, WriterOptions
+from stream.client import ReaderOptions, StreamClient, StreamWriter, WriterOptions
 from stream.sandbox.cluster import SandboxCluster
 from stream.wire import bookie_pb2 as pb
 from stream.wire import frames
@@ -26,6 +26,20 @@ def connections(cluster: SandboxCluster, outcome: str) -> float:
     return sum(metric_value(b, CONNECTIONS, outcome=outcome) for b in cluster.bookies)
 
 
+def connect(cluster: SandboxCluster, adds: bool, reads: bool) -> StreamClient:
+    """A client whose writers (`adds`) and readers (`reads`) use the data port by default."""
+    return StreamClient.connect(
+        cluster.metadata,
+        writer_options=WriterOptions(data_port=adds),
+        reader_options=ReaderOptions(data_port=reads),
+    )
+
+
+def append_all(writer: StreamWriter, payloads: list[bytes]) -> None:
+    for f in [writer.append_async(p) for p in payloads]:
+        f.result(timeout=30)
+
+
 @pytest.mark.shared_cluster
 def test_writers_and_readers_use_the_data_port_unless_told_not_to(
     cluster: SandboxCluster,
@@ -35,15 +49,10 @@ def test_writers_and_readers_use_the_data_port_unless_told_not_to(
     for adds, reads in ((True, True), (True, False), (False, True), (False, False)):
         name = f"framed-{adds}-{reads}"
         before = connections(cluster, "served")
-        with StreamClient.connect(
-            cluster.metadata,
-            writer_options=WriterOptions(data_port=adds),
-            reader_options=ReaderOptions(data_port=reads),
-        ) as client:
+        with connect(cluster, adds, reads) as client:
             client.create_stream(name, ensemble=3, write_quorum=3, ack_quorum=2)
             with client.open_writer(name) as writer:
-                for f in [writer.append_async(p) for p in payloads]:
-                    f.result(timeout=30)
+                append_all(writer, payloads)
             read = [e.payload for e in client.open_reader(name).read(0, len(payloads) - 1)]
         assert read == payloads
         # One Add stream per bookie of the ensemble, and one connection for the range read
@@ -61,16 +70,11 @@ def test_a_writer_and_a_reader_opened_with_options_follow_their_own(
     payloads = [f"own-{i}".encode() * 20 for i in range(1000)]
     own = not client_default
     name = f"own-options-{own}"
-    with StreamClient.connect(
-        cluster.metadata,
-        writer_options=WriterOptions(data_port=client_default),
-        reader_options=ReaderOptions(data_port=client_default),
-    ) as client:
+    with connect(cluster, client_default, client_default) as client:
         client.create_stream(name, ensemble=3, write_quorum=3, ack_quorum=2)
         before = connections(cluster, "served")
         with client.open_writer(name, options=WriterOptions(data_port=own)) as writer:
-            for f in [writer.append_async(p) for p in payloads]:
-                f.result(timeout=30)
+            append_all(writer, payloads)
         reader = client.open_reader(name, options=ReaderOptions(data_port=own))
         assert [e.payload for e in reader.read(0, len(payloads) - 1)] == payloads
         assert connections(cluster, "served") - before == 4 * own
