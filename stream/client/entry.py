@@ -10,8 +10,6 @@ from dataclasses import dataclass
 from itertools import accumulate, pairwise, repeat
 from typing import Any
 
-import crc32c
-
 from stream.framing import native
 from stream.framing.encoding import NO_HEADERS, Attributes, Headers
 from stream.framing.native import Buffer
@@ -24,7 +22,7 @@ _NOOP = int(EntryFlag.NOOP)
 _ATTRIBUTES = int(EntryFlag.ATTRIBUTES)
 _NOOP_OR_ATTRIBUTES = _NOOP | _ATTRIBUTES
 _pack_header = ENTRY_HEADER.pack
-_crc32c = crc32c.crc32c
+_crc32c = native.crc32c
 
 
 @dataclass(frozen=True, slots=True)

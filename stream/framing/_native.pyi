@@ -48,3 +48,11 @@ def frame_records(
     head: bytes | bytearray | memoryview = ...,
     /,
 ) -> bytes: ...
+def log_records(
+    stream_id: int,
+    entry_ids: Sequence[int],
+    datas: Sequence[bytes | bytearray | memoryview],
+    log_id: int,
+    offset: int,
+    /,
+) -> tuple[list[bytes], list[bytes], bytes]: ...

@@ -6,8 +6,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-import crc32c
-
 from stream.framing import native
 from stream.framing.encoding import ENTRIES_TAG, NO_HEADERS, Headers, varint
 from stream.protocol import EntryFlag, entry_checksum
@@ -23,7 +21,7 @@ _CONTINUED = [bytes([i | 0x80]) for i in range(0x80)]
 _ENTRY_ID_FIELD = [b"\x08" + bytes([i]) for i in range(0x80)]
 _new_prepared = tuple.__new__
 _pack_header = ENTRY_HEADER.pack
-_crc32c = crc32c.crc32c
+_crc32c = native.crc32c
 # Whether `prepare_entries` uses the compiled loop (tests turn it off to run the definition).
 use_native = native.BUILT
 

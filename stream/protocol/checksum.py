@@ -4,9 +4,7 @@ for an entry with flag ATTRIBUTES, over an encoding of its attributes."""
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable
-
-import crc32c
+from collections.abc import Callable, Iterable
 
 # stream_id u64, entry_id i64, flags u32, timestamp_ms i64. Part of the wire and disk format:
 # changing it invalidates every stored checksum.
@@ -19,7 +17,19 @@ _LENGTH = struct.Struct(">I")
 
 _pack_header = ENTRY_HEADER.pack
 _pack_length = _LENGTH.pack
-_crc32c = crc32c.crc32c
+_crc32c: Callable[[bytes | bytearray | memoryview, int], int] | None = None
+
+
+def _load_crc32c() -> Callable[[bytes | bytearray | memoryview, int], int]:
+    """Imports the crc32c package on the first checksum computed here. The hot paths take
+    crc32c from the compiled module (`stream.framing.native`), a layer above this one, and a
+    process that never calls `entry_checksum` (a Spark source runner, `streamctl`) does not
+    pay the package's import, about 12 ms (its version lookup through importlib.metadata)."""
+    global _crc32c
+    from crc32c import crc32c
+
+    _crc32c = crc32c
+    return crc32c
 
 
 def entry_checksum(
@@ -36,8 +46,9 @@ def entry_checksum(
 
     Raises `struct.error` when a header field is out of its range. Called once per entry on
     the writer, bookie and reader paths: kept to two C calls on purpose."""
-    crc = _crc32c(payload, _crc32c(_pack_header(stream_id, entry_id, flags, timestamp_ms)))
-    return _crc32c(attributes, crc) if attributes else crc
+    crc32c = _crc32c or _load_crc32c()
+    crc = crc32c(payload, crc32c(_pack_header(stream_id, entry_id, flags, timestamp_ms), 0))
+    return crc32c(attributes, crc) if attributes else crc
 
 
 def encode_attributes(

@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import Future
 
-import crc32c
-
 from stream.bookie.codes import (
     BAD_REQUEST,
     FLAG_ATTRIBUTES,
@@ -31,6 +29,7 @@ from stream.bookie.storage.store import Store
 from stream.bookie.storage.write_cache import ENTRY_OVERHEAD_BYTES
 from stream.bookie.unsafe import UnsafeSkips
 from stream.errors import StorageError
+from stream.framing import native
 from stream.framing.verify import checksum_ok
 from stream.logs import get_logger
 from stream.protocol.checksum import ENTRY_HEADER
@@ -50,7 +49,7 @@ _REJECT = TermDecision.REJECT
 # its own precompiled header struct, because a function call per entry shows in profiles.
 # tests/unit/bookie/test_storage_add.py checks that both agree.
 _pack_entry_header = ENTRY_HEADER.pack
-_crc32c = crc32c.crc32c
+_crc32c = native.crc32c
 _serialize = Entry.SerializeToString
 
 

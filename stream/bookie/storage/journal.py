@@ -19,8 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-import crc32c
-
 from stream.bookie import metrics
 from stream.bookie.storage.codec import (
     JOURNAL_FILE_HEADER,
@@ -36,12 +34,13 @@ from stream.bookie.storage.codec import (
 )
 from stream.bookie.storage.disk_port import OS_DISK, DiskPort
 from stream.errors import StorageError
+from stream.framing import native
 from stream.logs import get_logger
 from stream.protocol.invariant import invariant
 
 log = get_logger(__name__)
 
-_crc32c = crc32c.crc32c
+_crc32c = native.crc32c
 _pack_prefix = JOURNAL_RECORD_PREFIX.pack
 # Journal files behind the checkpoint kept for reuse. Deleting a journal file of hundreds
 # of MiB frees all its extents at once; on ext4 (worse with online discard) the next

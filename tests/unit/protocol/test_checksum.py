@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import struct
+import subprocess
+import sys
 
 import crc32c
 import pytest
@@ -153,3 +155,25 @@ def test_different_attributes_encode_differently(
         encode_attributes(key, headers, sequence)
         == encode_attributes(other_key, other_headers, other_sequence)
     ) == same
+
+
+def test_a_process_imports_the_crc32c_package_only_for_its_first_checksum_here() -> None:
+    # Where the compiled module is built, every hot path takes crc32c from it, and the
+    # package (about 12 ms to import: its version lookup through importlib.metadata) is
+    # loaded only by the first `entry_checksum`. Each Spark query starts a fresh source
+    # runner, each `streamctl` call a fresh interpreter: they import the client, not it.
+    from stream.framing import native
+
+    if not native.BUILT:
+        pytest.skip("the compiled module is not built: the package is what computes crc32c")
+    code = (
+        "import sys\n"
+        "import stream.client.client, stream.client.reader, stream.framing.prepare\n"
+        "import stream.bookie.storage.adds, stream.bookie.storage.journal, stream.cli.main\n"
+        "print('crc32c' in sys.modules)\n"
+        "from stream.protocol import entry_checksum\n"
+        "print(entry_checksum(1, 2, 0, 3, b'abc'), 'crc32c' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", str(entry_checksum(1, 2, 0, 3, b"abc")), "True"]
