@@ -702,16 +702,23 @@ class StreamReader:
     def stream(self) -> str:
         return self._core.name
 
-    def read(self, first: int, last: int) -> Iterator[Entry]:
+    def read(self, first: int, last: int, *, known_lac: int | None = None) -> Iterator[Entry]:
         """Yields the entries `first..last` (no-ops left out); raises `EntryTrimmedError`
-        below the first retained entry and `EntryNotWrittenError` above the LAC."""
-        return self._iterate(lambda: self._core.read(first, last))
+        below the first retained entry and `EntryNotWrittenError` above the LAC.
+        `known_lac`: an LAC the caller read (`stream_info(...).lac`, or from another reader):
+        a read that ends at or below it skips the metadata and LAC reads before it (a
+        planner that split a stream up to its LAC hands that on to each part's reader)."""
+        return self._iterate(lambda: self._core.read(first, last, known_lac=known_lac))
 
-    def read_columns(self, first: int, last: int) -> Iterator[EntryColumns]:
+    def read_columns(
+        self, first: int, last: int, *, known_lac: int | None = None
+    ) -> Iterator[EntryColumns]:
         """As `read`, but yields the entries as `EntryColumns` (ids, payloads and timestamps,
         no `Entry` per entry), up to a ReadRange answer each: for bulk readers that build
         columns (Arrow)."""
-        return self._iterate_lists(lambda: self._core.read_columns(first, last))
+        return self._iterate_lists(
+            lambda: self._core.read_columns(first, last, known_lac=known_lac)
+        )
 
     def tail(
         self,

@@ -170,28 +170,42 @@ class AsyncStreamReader:
 
     # ------------------------------------------------------------------ bounded reads
 
-    async def read(self, first: int, last: int) -> AsyncIterator[list[Entry]]:
+    async def read(
+        self, first: int, last: int, *, known_lac: int | None = None
+    ) -> AsyncIterator[list[Entry]]:
         """Yields the entries `first..last` in order, in lists, no-ops left out. Raises
         `EntryTrimmedError` below the first retained entry and `EntryNotWrittenError` when
-        `last` is above the LAC."""
+        `last` is above the LAC. `known_lac`: an LAC the caller read (from `stream_info` or
+        another reader); a read that ends at or below it neither rereads the metadata nor
+        asks the bookies for the LAC (committed entries never change, and a snapshot that
+        went stale is reread where a read fails)."""
         name = self.name
-        async for columns in self.read_columns(first, last):
+        async for columns in self.read_columns(first, last, known_lac=known_lac):
             yield columns.to_entries(name)
 
-    async def read_columns(self, first: int, last: int) -> AsyncIterator[EntryColumns]:
+    async def read_columns(
+        self, first: int, last: int, *, known_lac: int | None = None
+    ) -> AsyncIterator[EntryColumns]:
         """As `read`, but yields the entries as columns (never empty), as the bookies returned
         them (up to a ReadRange answer each): no `Entry` object per entry."""
         if type(first) is not int or type(last) is not int or not 0 <= first <= last:
             raise InvalidArgumentError(
                 "read needs 0 <= first <= last", stream=self.name, first=first, last=last
             )
-        await self._refresh_or_keep()
-        self._check_trimmed(first)
-        lac = await self.lac()
-        if last > lac:
-            raise EntryNotWrittenError(
-                "entry not written yet", stream=self.name, entry_id=last, lac=lac
+        if known_lac is not None and (type(known_lac) is not int or known_lac < -1):
+            raise InvalidArgumentError(
+                "known_lac must be an entry id or -1", stream=self.name, known_lac=known_lac
             )
+        if known_lac is None or last > known_lac or self._meta is None:
+            await self._refresh_or_keep()
+            self._check_trimmed(first)
+            lac = await self.lac()
+            if last > lac:
+                raise EntryNotWrittenError(
+                    "entry not written yet", stream=self.name, entry_id=last, lac=lac
+                )
+        else:
+            self._check_trimmed(first)
         async for _, columns in self._read_committed(first, last):
             if len(columns):  # not `.ids`: that would unpack the buffers
                 yield columns
