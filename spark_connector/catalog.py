@@ -26,6 +26,7 @@ class StreamBounds:
     next_entry_id: int
     fragment_firsts: tuple[int, ...]
     fragment_bytes: tuple[tuple[int, int, int], ...] = ()
+    stream_id: int | None = None
 
 
 class StreamCatalog:
@@ -54,6 +55,7 @@ class StreamCatalog:
                 [(f.first_entry_id, f.last_entry_id, f.bytes) for f in info.fragments],
                 [first for _, first in info.term_history],
             ),
+            stream_id=info.stream_id,
         )
 
     def sampled_entry_bytes(self, name: str, first: int, last: int) -> float | None:
@@ -152,6 +154,7 @@ class StreamCatalog:
         boundaries and hold at most `entriesPerPartition` entries; with `minPartitions`, the
         largest are cut further until there are at least that many (or one per entry)."""
         pieces: list[tuple[str, int, int]] = []
+        stream_ids: dict[str, int | None] = {}
         for name in sorted(end):
             b = bounds.get(name)
             if b is None:
@@ -160,6 +163,7 @@ class StreamCatalog:
                 except StreamNotFoundError:
                     log.warning("spark.stream_gone", stream=name)
                     continue
+            stream_ids[name] = b.stream_id
             first = start.get(name, b.first_retained)
             if first < b.first_retained:
                 first = self.on_data_loss(name, first, b.first_retained, end[name])
@@ -180,6 +184,7 @@ class StreamCatalog:
                 self._options.tls,
                 self._options.metadata_auth_file,
                 self._options.include_headers,
+                stream_ids[name],
             )
             for name, lo, hi in pieces
         ]

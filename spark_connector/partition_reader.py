@@ -12,7 +12,7 @@ from spark_connector.clients import client_for
 from spark_connector.ranges import StreamRange
 from spark_connector.schema import columns_to_batch
 from stream.client.options import ReaderOptions
-from stream.errors import EntryTrimmedError
+from stream.errors import EntryTrimmedError, StreamNotFoundError
 
 ROWS_PER_BATCH = 8192
 # ReadRange answers of 8 MiB (the client's default is 1 MiB): a bulk read of 1 KiB entries
@@ -27,9 +27,18 @@ def read_range(part: StreamRange) -> Iterator[pa.RecordBatch]:
     batches of at most ROWS_PER_BATCH rows: each ReadRange answer's entries as one batch over
     the buffers the client's walker filled (no copy, no Python object per entry), cut where it
     holds more. Entries trimmed meanwhile raise `DataLossError`, or are skipped without
-    `fail_on_data_loss`."""
+    `fail_on_data_loss`; a stream deleted meanwhile raises `StreamNotFoundError`, also when a
+    stream of its name was created since (another id)."""
     client = client_for(part.metadata, part.tls, part.metadata_auth_file)
     reader = client.open_reader(part.stream, options=READ_OPTIONS)
+    if part.stream_id is not None and reader.stream_id != part.stream_id:
+        # Its name now leads to another stream: the one planned on is gone, as if deleted.
+        raise StreamNotFoundError(
+            "stream was deleted and created again since this batch was planned",
+            stream=part.stream,
+            planned_stream_id=part.stream_id,
+            stream_id=reader.stream_id,
+        )
     position = part.first
     headers = part.include_headers
     while position <= part.last:

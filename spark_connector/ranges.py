@@ -27,7 +27,9 @@ def ordered(offsets: Mapping[str, int]) -> Offsets:
 @dataclass(frozen=True)
 class StreamRange(InputPartition):
     """One Spark task's work: entries `first..last` (inclusive) of `stream`, everything the
-    executor needs included (`read()` runs on a pickled copy far from the driver)."""
+    executor needs included (`read()` runs on a pickled copy far from the driver).
+    `stream_id`: the id of the stream the driver planned it on (None: not known), so that a
+    stream deleted and created again under its name meanwhile is not read in its place."""
 
     metadata: str
     stream: str
@@ -37,6 +39,7 @@ class StreamRange(InputPartition):
     tls: TLSConfig | None = None
     metadata_auth_file: str | None = None
     include_headers: bool = False
+    stream_id: int | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.first <= self.last:

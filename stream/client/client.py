@@ -702,6 +702,12 @@ class StreamReader:
     def stream(self) -> str:
         return self._core.name
 
+    @property
+    def stream_id(self) -> int:
+        """The id of the stream this reader opened (a stream deleted and created again under
+        its name has another)."""
+        return self._core.meta.id
+
     def read(self, first: int, last: int, *, known_lac: int | None = None) -> Iterator[Entry]:
         """Yields the entries `first..last` (no-ops left out); raises `EntryTrimmedError`
         below the first retained entry and `EntryNotWrittenError` above the LAC.

@@ -1,8 +1,10 @@
 """The executor side without Spark: one `StreamRange` read from a real cluster into Arrow
-batches of the schema's exact types, and ranges that retention trimmed."""
+batches of the schema's exact types, ranges that retention trimmed, and a range whose stream
+was deleted and created again after the driver planned it."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -10,11 +12,14 @@ import pytest
 pytest.importorskip("pyspark", minversion="4.0", reason="needs the spark extra (pyspark)")
 pytest.importorskip("pyarrow", reason="needs the spark extra (pyarrow)")
 
+from spark_connector.catalog import StreamCatalog
 from spark_connector.errors import DataLossError
+from spark_connector.options import parse_source_options
 from spark_connector.partition_reader import ROWS_PER_BATCH, read_range
 from spark_connector.ranges import StreamRange
 from spark_connector.schema import ARROW_SCHEMA
 from stream.client import StreamClient
+from stream.errors import StreamNotFoundError
 from tests.spark.conftest import append, payload
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
@@ -47,3 +52,25 @@ def test_a_trimmed_range_fails_or_continues_at_the_first_retained_entry(
     assert ids == list(range(200, 300))
     part = StreamRange(spark_cluster.metadata, stream_name, 50, 150, False)
     assert list(read_range(part)) == []
+
+
+def test_a_part_planned_on_a_stream_deleted_and_created_again_is_not_read_from_the_new_one(
+    spark_cluster: Any, client: StreamClient, stream_name: str
+) -> None:
+    append(client, stream_name, 50)
+    options = parse_source_options(
+        {"metadata": spark_cluster.metadata, "streams": stream_name}, streaming=True
+    )
+    catalog = StreamCatalog(client, options)
+    bounds = catalog.all_bounds(missing_ok=False)
+    (part,) = catalog.plan({stream_name: 0}, {stream_name: 50}, bounds)
+    assert part.stream_id == client.stream_info(stream_name).stream_id
+    assert sum(b.num_rows for b in read_range(part)) == 50
+    client.delete_stream(stream_name)
+    append(client, stream_name, 50, start=1000)  # the same name, another stream
+    with pytest.raises(StreamNotFoundError, match="created again") as gone:
+        list(read_range(part))
+    assert gone.value.context["planned_stream_id"] == part.stream_id
+    renewed = dataclasses.replace(part, stream_id=client.stream_info(stream_name).stream_id)
+    rows = [p for b in read_range(renewed) for p in b.column("payload").to_pylist()]
+    assert rows == [payload(stream_name, i) for i in range(1000, 1050)]
