@@ -196,16 +196,14 @@ class AsyncStreamReader:
             raise InvalidArgumentError(
                 "known_lac must be an entry id or -1", stream=self.name, known_lac=known_lac
             )
-        if known_lac is None or last > known_lac or self._meta is None:
+        unknown = known_lac is None or last > known_lac or self._meta is None
+        if unknown:
             await self._refresh_or_keep()
-            self._check_trimmed(first)
-            lac = await self.lac()
-            if last > lac:
-                raise EntryNotWrittenError(
-                    "entry not written yet", stream=self.name, entry_id=last, lac=lac
-                )
-        else:
-            self._check_trimmed(first)
+        self._check_trimmed(first)
+        if unknown and last > (lac := await self.lac()):
+            raise EntryNotWrittenError(
+                "entry not written yet", stream=self.name, entry_id=last, lac=lac
+            )
         async for _, columns in self._read_committed(first, last):
             if len(columns):  # not `.ids`: that would unpack the buffers
                 yield columns

@@ -1283,6 +1283,9 @@ put_be64(uint8_t *p, uint64_t v)
     }
 }
 
+/* An entry log record's header: `<IQ`, its length and stream id. */
+#define RECORD_HEADER_BYTES 12
+
 static PyObject *
 log_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -1341,7 +1344,7 @@ log_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             PyErr_Format(PyExc_OverflowError, "datas[%zd] is over 32 bits long", i);
             goto done;
         }
-        total += 12 + (size_t)length;
+        total += RECORD_HEADER_BYTES + (size_t)length;
         if (total > (size_t)PY_SSIZE_T_MAX) {
             PyErr_NoMemory();
             goto done;
@@ -1374,12 +1377,13 @@ log_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             data = (const char *)view.buf;
             length = view.len;
         }
-        if ((size_t)(end - p) < 12 + (size_t)length) { /* one that grew since the first pass */
+        /* One that grew since the first pass. */
+        if ((size_t)(end - p) < RECORD_HEADER_BYTES + (size_t)length) {
             PyBuffer_Release(&view);
             PyErr_Format(PyExc_ValueError, "datas[%zd] changed size", i);
             goto done;
         }
-        if (position > ULLONG_MAX - 12 - (unsigned long long)length) {
+        if (position > ULLONG_MAX - RECORD_HEADER_BYTES - (unsigned long long)length) {
             PyBuffer_Release(&view);
             PyErr_SetString(PyExc_OverflowError, "an offset over 64 bits");
             goto done;
@@ -1400,15 +1404,15 @@ log_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         }
         uint8_t *l = (uint8_t *)PyBytes_AS_STRING(location);
         put_le32(l, (uint32_t)log_id);
-        put_le64(l + 4, position + 12);
+        put_le64(l + 4, position + RECORD_HEADER_BYTES);
         put_le32(l + 12, (uint32_t)length);
         PyList_SET_ITEM(locations, i, location);
         put_le32(p, (uint32_t)length);
         put_le64(p + 4, stream_id);
-        memcpy(p + 12, data, (size_t)length);
+        memcpy(p + RECORD_HEADER_BYTES, data, (size_t)length);
         PyBuffer_Release(&view);
-        p += 12 + (size_t)length;
-        position += 12 + (unsigned long long)length;
+        p += RECORD_HEADER_BYTES + (size_t)length;
+        position += RECORD_HEADER_BYTES + (unsigned long long)length;
     }
     result = PyTuple_Pack(3, keys, locations, records);
 done:

@@ -196,12 +196,13 @@ class EntryLogs:
             for start in range(0, len(all_ids), _SLICE_ENTRIES):
                 entry_ids = all_ids[start : start + _SLICE_ENTRIES]
                 datas = all_entries[start : start + _SLICE_ENTRIES]
-                total = sum(map(len, datas)) + record_header * len(datas)
                 self._ensure_file()
+                slice_keys, slice_locations, records = _log_records(
+                    stream_id, entry_ids, datas, self._current_id, self._write_offset
+                )
+                total = len(records)
+                # A slice that would cross the size limit (once per log) goes entry by entry.
                 if self._write_offset + total <= self._size_limit:
-                    slice_keys, slice_locations, records = _log_records(
-                        stream_id, entry_ids, datas, self._current_id, self._write_offset
-                    )
                     keys += slice_keys
                     locations += slice_locations
                     buffers.append(records)
