@@ -12,7 +12,7 @@ from spark_connector.clients import client_for
 from spark_connector.ranges import StreamRange
 from spark_connector.schema import columns_to_batch
 from stream.client.options import ReaderOptions
-from stream.errors import EntryTrimmedError, StreamNotFoundError
+from stream.errors import EntryTrimmedError
 
 ROWS_PER_BATCH = 8192
 # ReadRange answers of 8 MiB (the client's default is 1 MiB): a bulk read of 1 KiB entries
@@ -30,15 +30,9 @@ def read_range(part: StreamRange) -> Iterator[pa.RecordBatch]:
     `fail_on_data_loss`; a stream deleted meanwhile raises `StreamNotFoundError`, also when a
     stream of its name was created since (another id)."""
     client = client_for(part.metadata, part.tls, part.metadata_auth_file)
-    reader = client.open_reader(part.stream, options=READ_OPTIONS)
-    if part.stream_id is not None and reader.stream_id != part.stream_id:
-        # Its name now leads to another stream: the one planned on is gone, as if deleted.
-        raise StreamNotFoundError(
-            "stream was deleted and created again since this batch was planned",
-            stream=part.stream,
-            planned_stream_id=part.stream_id,
-            stream_id=reader.stream_id,
-        )
+    # By the id it was planned on: the stream itself, not one created since under its name
+    # (StreamNotFoundError then), without looking the name up.
+    reader = client.open_reader(part.stream, options=READ_OPTIONS, stream_id=part.stream_id)
     position = part.first
     headers = part.include_headers
     while position <= part.last:

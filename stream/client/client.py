@@ -53,7 +53,7 @@ from stream.metadata import (
     StreamMeta,
     StreamState,
 )
-from stream.metadata.model import validate_stream_name
+from stream.metadata.model import validate_stream_id, validate_stream_name
 from stream.protocol import (
     Code,
     QuorumConfig,
@@ -314,9 +314,17 @@ class StreamClient:
         self._writers.add(writer)
         return writer
 
-    def open_reader(self, name: str, *, options: ReaderOptions | None = None) -> StreamReader:
-        """Returns a reader of stream `name`; raises `StreamNotFoundError`."""
+    def open_reader(
+        self, name: str, *, options: ReaderOptions | None = None, stream_id: int | None = None
+    ) -> StreamReader:
+        """Returns a reader of stream `name`; raises `StreamNotFoundError`. `stream_id` (the
+        stream's id when the caller found it, `stream_info(name).stream_id`) opens that very
+        stream without looking the name up (two ZooKeeper reads less): when it was deleted
+        since, `StreamNotFoundError`, also if a stream of the same name was created
+        meanwhile."""
         validate_stream_name(name)
+        if stream_id is not None:
+            validate_stream_id(stream_id)
         core = AsyncStreamReader(
             name,
             transport=self._transport,
@@ -324,7 +332,7 @@ class StreamClient:
             rng=self._child_rng(),
             options=options or self._reader_options,
         )
-        self._run(core.open())
+        self._run(core.open(stream_id))
         return StreamReader(self, core)
 
     def _async_reader(self, name: str) -> AsyncStreamReader:

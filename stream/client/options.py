@@ -223,6 +223,12 @@ class ReaderOptions(Settings):
         doc="size of one ReadRange batch (catch-up on E == WQ ensembles)",
     )
     range_max_entries: int = setting(65536, check=POSITIVE, doc="entries of one ReadRange batch")
+    range_first_entries: int = setting(
+        1024,
+        check=POSITIVE,
+        doc="entries of a range read's first ReadRange request (at most range_max_entries): "
+        "its first entries come after this many are read, not after a whole answer",
+    )
     # Each answer is received straight into a buffer of its size, without gRPC's two copies
     # and its thread: a third less CPU per entry on the reader, a sixth on the bookie
     # (docs/benchmarks.md). A bookie without a data port, or older, is read over gRPC, and so

@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("pyspark", minversion="4.0", reason="needs the spark extra (pyspark)")
 pytest.importorskip("pyarrow", reason="needs the spark extra (pyarrow)")
 
-from spark_connector.partition_reader import ROWS_PER_BATCH, read_range
+from spark_connector.partition_reader import READ_OPTIONS, ROWS_PER_BATCH, read_range
 from spark_connector.ranges import StreamRange
 from spark_connector.schema import ARROW_HEADERS_SCHEMA, ARROW_SCHEMA
 from stream.client import StreamClient
@@ -88,14 +88,16 @@ def test_source_rows_carry_key_and_with_include_headers_headers(
 def test_partition_batches_have_the_exact_arrow_schema_with_or_without_headers(
     spark_cluster: Any, client: StreamClient, stream_name: str
 ) -> None:
-    count = ROWS_PER_BATCH + 50
+    # The first request's entries, then the rest cut at ROWS_PER_BATCH rows.
+    first = READ_OPTIONS.range_first_entries
+    count = 3 + first + ROWS_PER_BATCH + 50
     append_with_attributes(client, stream_name, count)
     for include, schema in ((False, ARROW_SCHEMA), (True, ARROW_HEADERS_SCHEMA)):
         part = StreamRange(
             spark_cluster.metadata, stream_name, 3, count - 1, True, include_headers=include
         )
         batches = list(read_range(part))
-        assert [b.num_rows for b in batches] == [ROWS_PER_BATCH, count - 3 - ROWS_PER_BATCH]
+        assert [b.num_rows for b in batches] == [first, ROWS_PER_BATCH, 50]
         assert all(b.schema.equals(schema) for b in batches)
         keys = [k for b in batches for k in b.column("key").to_pylist()]
         assert keys == [attributes(i)[0] for i in range(3, count)]
