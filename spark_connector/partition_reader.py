@@ -31,15 +31,20 @@ def read_range(part: StreamRange) -> Iterator[pa.RecordBatch]:
     stream of its name was created since (another id)."""
     client = client_for(part.metadata, part.tls, part.metadata_auth_file)
     # By the id it was planned on: the stream itself, not one created since under its name
-    # (StreamNotFoundError then), without looking the name up.
-    reader = client.open_reader(part.stream, options=READ_OPTIONS, stream_id=part.stream_id)
+    # (StreamNotFoundError then), without looking the name up. With the part's end as the
+    # known LAC (the driver planned it at or below an LAC it read before this task began),
+    # the reads skip the metadata reread and the LAC reads.
+    reader = client.open_reader(
+        part.stream,
+        options=READ_OPTIONS,
+        stream_id=part.stream_id,
+        known_lac=None if part.stream_id is None else part.last,
+    )
     position = part.first
     headers = part.include_headers
     while position <= part.last:
         try:
-            # Planned up to an LAC the driver read (a batch never ends past LAC + 1): the
-            # reader need not reread the metadata and the LAC before each part.
-            for chunk in reader.read_columns(position, part.last, known_lac=part.last):
+            for chunk in reader.read_columns(position, part.last):
                 batch = columns_to_batch(part.stream, chunk, headers)
                 for offset in range(0, batch.num_rows, ROWS_PER_BATCH):
                     yield batch.slice(offset, ROWS_PER_BATCH)

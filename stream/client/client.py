@@ -315,13 +315,20 @@ class StreamClient:
         return writer
 
     def open_reader(
-        self, name: str, *, options: ReaderOptions | None = None, stream_id: int | None = None
+        self,
+        name: str,
+        *,
+        options: ReaderOptions | None = None,
+        stream_id: int | None = None,
+        known_lac: int | None = None,
     ) -> StreamReader:
         """Returns a reader of stream `name`; raises `StreamNotFoundError`. `stream_id` (the
         stream's id when the caller found it, `stream_info(name).stream_id`) opens that very
         stream without looking the name up (two ZooKeeper reads less): when it was deleted
         since, `StreamNotFoundError`, also if a stream of the same name was created
-        meanwhile."""
+        meanwhile. `known_lac` (with `stream_id`; `stream_info(name).lac`, read before this
+        call): reads that end at or below it skip the metadata and LAC reads before them (a
+        planner that split a stream up to its LAC hands both on to each part's reader)."""
         validate_stream_name(name)
         if stream_id is not None:
             validate_stream_id(stream_id)
@@ -332,7 +339,7 @@ class StreamClient:
             rng=self._child_rng(),
             options=options or self._reader_options,
         )
-        self._run(core.open(stream_id))
+        self._run(core.open(stream_id, known_lac))
         return StreamReader(self, core)
 
     def _async_reader(self, name: str) -> AsyncStreamReader:
@@ -716,23 +723,16 @@ class StreamReader:
         its name has another)."""
         return self._core.meta.id
 
-    def read(self, first: int, last: int, *, known_lac: int | None = None) -> Iterator[Entry]:
+    def read(self, first: int, last: int) -> Iterator[Entry]:
         """Yields the entries `first..last` (no-ops left out); raises `EntryTrimmedError`
-        below the first retained entry and `EntryNotWrittenError` above the LAC.
-        `known_lac`: an LAC the caller read (`stream_info(...).lac`, or from another reader):
-        a read that ends at or below it skips the metadata and LAC reads before it (a
-        planner that split a stream up to its LAC hands that on to each part's reader)."""
-        return self._iterate(lambda: self._core.read(first, last, known_lac=known_lac))
+        below the first retained entry and `EntryNotWrittenError` above the LAC."""
+        return self._iterate(lambda: self._core.read(first, last))
 
-    def read_columns(
-        self, first: int, last: int, *, known_lac: int | None = None
-    ) -> Iterator[EntryColumns]:
+    def read_columns(self, first: int, last: int) -> Iterator[EntryColumns]:
         """As `read`, but yields the entries as `EntryColumns` (ids, payloads and timestamps,
         no `Entry` per entry), up to a ReadRange answer each: for bulk readers that build
         columns (Arrow)."""
-        return self._iterate_lists(
-            lambda: self._core.read_columns(first, last, known_lac=known_lac)
-        )
+        return self._iterate_lists(lambda: self._core.read_columns(first, last))
 
     def tail(
         self,

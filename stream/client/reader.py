@@ -76,6 +76,8 @@ class AsyncStreamReader:
         self._stale = False
         # Single-entry reads the last `seek_time` made.
         self.last_seek_reads = 0
+        # An LAC read before this reader's first snapshot (`open`'s `known_lac`), if any.
+        self._known_lac: int | None = None
 
     @property
     def meta(self) -> StreamMeta:
@@ -86,15 +88,36 @@ class AsyncStreamReader:
     def fragments(self) -> list[Fragment]:
         return self._fragments
 
-    async def open(self, stream_id: int | None = None) -> None:
+    async def open(self, stream_id: int | None = None, known_lac: int | None = None) -> None:
         """Reads the stream's metadata; raises `StreamNotFoundError`. With `stream_id` (the
         id the caller found the stream under), reads that stream's snapshot without looking
         its name up: `StreamNotFoundError` also when that stream was deleted, though its name
-        may now lead to another one."""
+        may now lead to another one. `known_lac` (with `stream_id`): an LAC of that stream
+        the caller read before this call; reads that end at or below it neither reread the
+        metadata nor ask the bookies for the LAC. The snapshot read here, after that LAC,
+        locates those entries: they were committed before it, and no later fragment change
+        moves a committed entry (a writer's new fragment starts past its LAC, a recovery's
+        past every committed entry), so a stale snapshot can only miss a trim or a replaced
+        bookie, which a failed read rereads the metadata for. An LAC given to a read of a
+        reader opened earlier would not do: that reader's last fragment may have been closed
+        meanwhile before entries the LAC covers, whose ids a bookie of it may hold with
+        other, never committed data."""
+        if known_lac is not None:
+            if stream_id is None:
+                raise InvalidArgumentError(
+                    "known_lac needs the stream_id it was read under (the name may now lead to "
+                    "another stream)",
+                    stream=self.name,
+                )
+            if type(known_lac) is not int or known_lac < -1:
+                raise InvalidArgumentError(
+                    "known_lac must be an entry id or -1", stream=self.name, known_lac=known_lac
+                )
         if stream_id is None:
             meta, _ = await self._metadata.get_stream(self.name)
             stream_id = meta.id
         await self._snapshot(stream_id)
+        self._known_lac = known_lac
 
     async def refresh(self) -> None:
         """Rereads the stream's meta and fragments (one consistent snapshot)."""
@@ -183,32 +206,23 @@ class AsyncStreamReader:
 
     # ------------------------------------------------------------------ bounded reads
 
-    async def read(
-        self, first: int, last: int, *, known_lac: int | None = None
-    ) -> AsyncIterator[list[Entry]]:
+    async def read(self, first: int, last: int) -> AsyncIterator[list[Entry]]:
         """Yields the entries `first..last` in order, in lists, no-ops left out. Raises
         `EntryTrimmedError` below the first retained entry and `EntryNotWrittenError` when
-        `last` is above the LAC. `known_lac`: an LAC the caller read (from `stream_info` or
-        another reader); a read that ends at or below it neither rereads the metadata nor
-        asks the bookies for the LAC (committed entries never change, and a snapshot that
-        went stale is reread where a read fails)."""
+        `last` is above the LAC. Rereads the metadata and the LAC first, unless `last` is
+        within the LAC the reader was opened with (`open`)."""
         name = self.name
-        async for columns in self.read_columns(first, last, known_lac=known_lac):
+        async for columns in self.read_columns(first, last):
             yield columns.to_entries(name)
 
-    async def read_columns(
-        self, first: int, last: int, *, known_lac: int | None = None
-    ) -> AsyncIterator[EntryColumns]:
+    async def read_columns(self, first: int, last: int) -> AsyncIterator[EntryColumns]:
         """As `read`, but yields the entries as columns (never empty), as the bookies returned
         them (up to a ReadRange answer each): no `Entry` object per entry."""
         if type(first) is not int or type(last) is not int or not 0 <= first <= last:
             raise InvalidArgumentError(
                 "read needs 0 <= first <= last", stream=self.name, first=first, last=last
             )
-        if known_lac is not None and (type(known_lac) is not int or known_lac < -1):
-            raise InvalidArgumentError(
-                "known_lac must be an entry id or -1", stream=self.name, known_lac=known_lac
-            )
+        known_lac = self._known_lac
         unknown = known_lac is None or last > known_lac or self._meta is None
         if unknown:
             await self._refresh_or_keep()

@@ -5,6 +5,7 @@ was deleted and created again after the driver planned it."""
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -19,6 +20,8 @@ from spark_connector.partition_reader import READ_OPTIONS, ROWS_PER_BATCH, read_
 from spark_connector.ranges import StreamRange
 from spark_connector.schema import ARROW_SCHEMA
 from stream.client import StreamClient
+from stream.client.grpc_transport import GrpcTransport
+from stream.client.zk_metadata import ZkMetadata
 from stream.errors import StreamNotFoundError
 from tests.spark.conftest import append, payload
 
@@ -77,3 +80,35 @@ def test_a_part_planned_on_a_stream_deleted_and_created_again_is_not_read_from_t
     renewed = dataclasses.replace(part, stream_id=client.stream_info(stream_name).stream_id)
     rows = [p for b in read_range(renewed) for p in b.column("payload").to_pylist()]
     assert rows == [payload(stream_name, i) for i in range(1000, 1050)]
+
+
+def test_a_task_reads_its_part_after_one_metadata_snapshot_and_no_lac_read(
+    spark_cluster: Any, client: StreamClient, stream_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The part names its stream's id and ends at or below an LAC the driver read: the task
+    # opens the stream by that id with that LAC, and reads without asking again.
+    append(client, stream_name, 50)
+    options = parse_source_options(
+        {"metadata": spark_cluster.metadata, "streams": stream_name}, streaming=True
+    )
+    catalog = StreamCatalog(client, options)
+    (part,) = catalog.plan(
+        {stream_name: 0}, {stream_name: 50}, catalog.all_bounds(missing_ok=False)
+    )
+    calls: Counter[str] = Counter()
+    for cls, name in (
+        (GrpcTransport, "read_lac"),
+        (ZkMetadata, "get_snapshot"),
+        (ZkMetadata, "get_stream"),
+    ):
+        original = getattr(cls, name)
+
+        async def counting(
+            self: Any, *args: Any, _n: str = name, _f: Any = original, **kw: Any
+        ) -> Any:
+            calls[_n] += 1
+            return await _f(self, *args, **kw)
+
+        monkeypatch.setattr(cls, name, counting)
+    assert sum(b.num_rows for b in read_range(part)) == 50
+    assert calls == Counter(get_snapshot=1)
