@@ -706,20 +706,24 @@ class Simulation:
 
     # ------------------------------------------------------------------ readers
 
-    async def read(
-        self, name: str, span: int = 1_000_000
-    ) -> tuple[int, int, list[tuple[int, bytes]]] | None:
-        """Reads the last `span` committed entries through client `name`'s reader, reports
-        what it returned to the checker and returns `(first, last, [(id, payload)])` (None
-        when the read failed or the stream is empty)."""
+    def reader(self, name: str) -> AsyncStreamReader:
+        """Returns a new reader (not opened) of client `name`."""
         client = self.client(name)
-        reader = AsyncStreamReader(
+        return AsyncStreamReader(
             client.stream,
             transport=client.transport,
             metadata=client.metadata,
             rng=client.rng,
             options=self.reader_options,
         )
+
+    async def read(
+        self, name: str, span: int = 1_000_000
+    ) -> tuple[int, int, list[tuple[int, bytes]]] | None:
+        """Reads the last `span` committed entries through client `name`'s reader, reports
+        what it returned to the checker and returns `(first, last, [(id, payload)])` (None
+        when the read failed or the stream is empty)."""
+        reader = self.reader(name)
 
         async def whole() -> tuple[int, int, list[tuple[int, int, bytes]]] | None:
             await reader.open()

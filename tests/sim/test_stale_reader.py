@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import pytest
 
-from stream.client.reader import AsyncStreamReader
 from stream.errors import StreamError
 from stream.sim.checker import NO_DIVERGENCE
 from stream.sim.cluster import Simulation
@@ -29,14 +28,7 @@ def _run(seed: int, *, trust_old_snapshot: bool) -> tuple[RunResult, list[int]]:
         good = await _dirty_tail(sim, 2)  # C1's next two entries reach B1 only; C1 hangs
         if good < 0:
             return
-        client = sim.client("r1")
-        reader = AsyncStreamReader(
-            client.stream,
-            transport=client.transport,
-            metadata=client.metadata,
-            rng=client.rng,
-            options=sim.reader_options,
-        )
+        reader = sim.reader("r1")
         await reader.open()  # its snapshot: one fragment, open, on B1-B3
         sim.set_read_only("b4", False)
         sim.network.cut("c2", "b1")  # C2's recovery misses B1: the stream ends at `good`

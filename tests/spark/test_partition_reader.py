@@ -23,6 +23,7 @@ from stream.client import StreamClient
 from stream.client.grpc_transport import GrpcTransport
 from stream.client.zk_metadata import ZkMetadata
 from stream.errors import StreamNotFoundError
+from tests.call_counts import count_calls
 from tests.spark.conftest import append, payload
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
@@ -95,20 +96,11 @@ def test_a_task_reads_its_part_after_one_metadata_snapshot_and_no_lac_read(
     (part,) = catalog.plan(
         {stream_name: 0}, {stream_name: 50}, catalog.all_bounds(missing_ok=False)
     )
-    calls: Counter[str] = Counter()
-    for cls, name in (
+    calls = count_calls(
+        monkeypatch,
         (GrpcTransport, "read_lac"),
         (ZkMetadata, "get_snapshot"),
         (ZkMetadata, "get_stream"),
-    ):
-        original = getattr(cls, name)
-
-        async def counting(
-            self: Any, *args: Any, _n: str = name, _f: Any = original, **kw: Any
-        ) -> Any:
-            calls[_n] += 1
-            return await _f(self, *args, **kw)
-
-        monkeypatch.setattr(cls, name, counting)
+    )
     assert sum(b.num_rows for b in read_range(part)) == 50
     assert calls == Counter(get_snapshot=1)

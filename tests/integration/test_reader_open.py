@@ -1,13 +1,18 @@
-"""`open_reader(name, stream_id=, known_lac=)`: a reader opened with an LAC the caller read
-before opening it (`stream_info(name)`'s `lac`, with its `stream_id`) reads at or below it
-without rereading the metadata or asking the bookies for the LAC first (each Spark task opens
-its part's reader so, with the LAC the driver planned the part on). Its snapshot, read after
-that LAC, locates those entries: they were committed before it, and a committed entry never
-moves to another fragment. Past it, or with a snapshot that went stale, the reader finds out
-as it always did. A read cannot be given an LAC on its own: a reader opened earlier holds a
-snapshot from before it, whose last fragment may end before entries the LAC covers (a
-takeover closed it meanwhile), and a bookie of that fragment may hold other, never
-committed entries under those ids."""
+"""`open_reader(name, stream_id=, known_lac=)`.
+
+By id: a reader opened by the id the caller found the stream under reads that stream's
+snapshot without looking the name up, and never a stream created since under the same name.
+
+With a known LAC: a reader opened with an LAC the caller read before opening it
+(`stream_info(name)`'s `lac`, with its `stream_id`) reads at or below it without rereading
+the metadata or asking the bookies for the LAC first (each Spark task opens its part's reader
+so, with the LAC the driver planned the part on). Its snapshot, read after that LAC, locates
+those entries: they were committed before it, and a committed entry never moves to another
+fragment. Past it, or with a snapshot that went stale, the reader finds out as it always
+did. A read cannot be given an LAC on its own: a reader opened earlier holds a snapshot from
+before it, whose last fragment may end before entries the LAC covers (a takeover closed it
+meanwhile), and a bookie of that fragment may hold other, never committed entries under
+those ids (tests/sim/test_stale_reader.py)."""
 
 from __future__ import annotations
 
@@ -19,36 +24,70 @@ import pytest
 from stream.client import StreamClient
 from stream.client.grpc_transport import GrpcTransport
 from stream.client.zk_metadata import ZkMetadata
-from stream.errors import EntryNotWrittenError, EntryTrimmedError, InvalidArgumentError
+from stream.errors import (
+    EntryNotWrittenError,
+    EntryTrimmedError,
+    InvalidArgumentError,
+    StreamNotFoundError,
+)
+from tests.call_counts import count_calls
 
 pytestmark = [pytest.mark.integration, pytest.mark.shared_cluster]
 
 
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
-    """Counts the LAC reads and metadata snapshots every client of this process makes."""
-    counted: Counter[str] = Counter()
-    for cls, name in ((GrpcTransport, "read_lac"), (ZkMetadata, "get_snapshot")):
-        original = getattr(cls, name)
-
-        async def counting(
-            self: Any, *args: Any, _name: str = name, _f: Any = original, **kwargs: Any
-        ) -> Any:
-            counted[_name] += 1
-            return await _f(self, *args, **kwargs)
-
-        monkeypatch.setattr(cls, name, counting)
-    return counted
+    """Counts the metadata reads and LAC reads every client of this process makes."""
+    return count_calls(
+        monkeypatch,
+        (GrpcTransport, "read_lac"),
+        (ZkMetadata, "get_snapshot"),
+        (ZkMetadata, "get_stream"),
+    )
 
 
-def _write(client: StreamClient, name: str, count: int, **options: Any) -> int:
-    """Creates stream `name` with `count` entries; returns its id."""
+def _write(client: StreamClient, name: str, count: int, first: int = 0, **options: Any) -> int:
+    """Creates stream `name` with `count` entries (`e<first>`...); returns its id."""
     client.create_stream(name, **options)
     with client.open_writer(name) as writer:
-        for i in range(count):
+        for i in range(first, first + count):
             writer.append_async(b"e%d" % i)
         writer.flush()
     return client.stream_info(name).stream_id
+
+
+def test_a_reader_opened_by_id_reads_one_snapshot_and_that_stream_only(
+    client: StreamClient, calls: Counter[str]
+) -> None:
+    planned = _write(client, "by-id", 20)
+    calls.clear()
+    reader = client.open_reader("by-id", stream_id=planned)
+    assert calls == Counter(get_snapshot=1)
+    assert reader.stream_id == planned
+    assert [e.payload for e in reader.read(0, 19)] == [b"e%d" % i for i in range(20)]
+    calls.clear()
+    client.open_reader("by-id")  # by name: the name's lookup too
+    assert calls == Counter(get_stream=1, get_snapshot=1)
+
+    client.delete_stream("by-id")
+    renewed = _write(client, "by-id", 5, first=1000)
+    with pytest.raises(StreamNotFoundError) as gone:
+        client.open_reader("by-id", stream_id=planned)
+    assert gone.value.context["stream_id"] == planned
+    assert [e.payload for e in client.open_reader("by-id", stream_id=renewed).read(0, 4)] == [
+        b"e%d" % i for i in range(1000, 1005)
+    ]
+
+
+def test_an_id_of_another_name_or_no_id_at_all_is_refused(client: StreamClient) -> None:
+    client.create_stream("by-id-a")
+    other = _write(client, "by-id-b", 1)
+    with pytest.raises(StreamNotFoundError) as named:
+        client.open_reader("by-id-a", stream_id=other)
+    assert named.value.context["named"] == "by-id-b"
+    for bad in (-1, "7", 1.5, True):
+        with pytest.raises(InvalidArgumentError):
+            client.open_reader("by-id-a", stream_id=bad)  # type: ignore[arg-type]
 
 
 def test_a_read_within_the_known_lac_asks_neither_the_metadata_nor_the_bookies(
