@@ -327,8 +327,10 @@ class AsyncStreamReader:
             # caller gets them after that many are read, not after a whole answer of
             # `range_batch_bytes` (8 MiB for Spark: 19 ms against 3, docs/benchmarks.md); the
             # next request, in full answers, goes out while the caller takes them.
-            count = options.range_first_entries if position == first else options.range_max_entries
-            upto = min(last, position + min(count, options.range_max_entries) - 1)
+            count = options.range_max_entries
+            if position == first:
+                count = min(count, options.range_first_entries)
+            upto = min(last, position + count - 1)
             progressed = False
             try:
                 async for answer in self._transport.read_range_raw(
