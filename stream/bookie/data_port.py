@@ -42,12 +42,14 @@ _MAX_BOOKIE_ID = 512
 # on the gRPC port: idle 30 s, then 3 probes 10 s apart.
 _KEEPALIVE = (30, 10, 3)
 _LENGTH = frames.LENGTH
-# The streams served: the RPC each preamble opens, and whether its Add answers name ranges
-# (`BookieCore.answer_add`).
+# The streams served: the RPC each preamble opens, and its version's difference: whether its
+# Add answers name ranges (`BookieCore.answer_add`), whether its read requests start with
+# their kind (ReadRange or ReadLac, `stream.wire.frames`).
 _PREAMBLES = {
     frames.PREAMBLE: ("Add", True),
     frames.PREAMBLE_V1: ("Add", False),
-    frames.READ_PREAMBLE: ("ReadRange", False),
+    frames.READ_PREAMBLE: ("ReadRange", True),
+    frames.READ_PREAMBLE_V1: ("ReadRange", False),
 }
 _PREAMBLE_BYTES = len(frames.PREAMBLE)
 assert all(len(preamble) == _PREAMBLE_BYTES for preamble in _PREAMBLES)
@@ -303,7 +305,7 @@ class _Connection(asyncio.Protocol):
             return False
         assert self._transport is not None
         caller = port.caller(self._transport, self._peer)
-        rpc, ranged = served
+        rpc, version_2 = served
         refusal = port._access.admit(rpc, None, caller)
         if refusal is not None:
             self._refuse(refusal)
@@ -311,14 +313,22 @@ class _Connection(asyncio.Protocol):
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
             self._handshake_timer = None
-        self._ranged = ranged
+        self._ranged = version_2
         context = contextvars.copy_context()
         context.run(CALLER.set, caller)  # read by the Add handling's refusal log and audit
         self._context = context
         metrics.DATA_PORT_CONNECTIONS.labels(outcome="served").inc()
         if rpc == "ReadRange":
             self._reads = RangeReads(
-                self._service, self._transport, self._buffer, context, port._max_frame, self._refuse
+                self._service,
+                self._transport,
+                self._buffer,
+                context,
+                port._max_frame,
+                self._refuse,
+                admit=(lambda rpc, request: port._access.admit(rpc, request, caller))
+                if version_2
+                else None,
             )
         else:
             self._service.add_stream_opened()

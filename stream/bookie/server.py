@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator
 from dataclasses import dataclass
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, TypeAlias, TypeVar, cast
 
 import grpc
 from google.protobuf.message import DecodeError, Message
@@ -72,6 +72,8 @@ def _lenient(request_type: Any) -> Callable[[bytes], Any]:
 
 # A serialized ReadRangeRequest, parsed (gRPC's ReadRange and the data port's).
 parse_read_range = _lenient(pb.ReadRangeRequest)
+# A serialized ReadLacRequest, parsed (the data port's; gRPC's parses its own the same way).
+parse_read_lac = _lenient(pb.ReadLacRequest)
 
 
 def _guarded(
@@ -132,6 +134,17 @@ class BookieService:
             metadata_terms=metadata_terms,
         )
         self._add_streams = 0
+        # gRPC's ReadLac handler, for the data port's ReadLac (no gRPC context: it has a code).
+        self._read_lac = _guarded(
+            "ReadLac", pb.ReadLacResponse, self.core.read_lac, self.core.count
+        )
+
+    async def read_lac_answer(self, request: pb.ReadLacRequest | Malformed) -> bytes:
+        """Returns the answer to one ReadLac, serialized: the data port's, by gRPC's
+        definition (BAD_REQUEST for a request that did not parse, INTERNAL for a fault, and
+        counted, as gRPC's handler does)."""
+        response = await self._read_lac(request, cast(Context, None))
+        return response.SerializeToString()
 
     # -- state set by the process (the core's) --------------------------------------------
 
@@ -357,6 +370,7 @@ __all__ = [
     "Malformed",
     "StartReport",
     "add_to_server",
+    "parse_read_lac",
     "parse_read_range",
     "server_options",
 ]

@@ -1,11 +1,12 @@
-"""ReadRange over a bookie's data port (`stream.wire.frames`): a connection carries one range
-at a time, its answers received each straight into a buffer of its own size (no copy but the
-kernel's; gRPC copies each answer twice more and hands it over from its own thread). Idle
-connections are kept per bookie for the next range.
+"""ReadRange and ReadLac over a bookie's data port (`stream.wire.frames`): a connection carries
+one request at a time, a range's answers received each straight into a buffer of its own size
+(no copy but the kernel's; gRPC copies each answer twice more and hands it over from its own
+thread). Idle connections are kept per bookie for the next request. A process that reads
+only over the data ports never makes a gRPC channel, nor imports gRPC.
 
 A bookie without a data port, or one that refuses the reads' preamble (older than this
-version), is read over gRPC: `DataPortReads.read_range` answers None before any answer, and
-the transport makes the gRPC call instead. Runs on the client's event loop."""
+version), is read over gRPC: `DataPortReads.read_range` and `read_lac` answer None before
+any answer, and the transport makes the gRPC call instead. Runs on the client's event loop."""
 
 from __future__ import annotations
 
@@ -173,6 +174,35 @@ class DataPortReads:
         returns its answers once the first arrived, within `timeout_s` for the whole range;
         None when this bookie is read over gRPC (no data port, a refusal: the gRPC call gives
         the answer, or the reason)."""
+        sent = await self._send(bookie_id, frames.READ_RANGE + request, timeout_s)
+        if sent is None:
+            return None
+        connection, first, deadline = sent
+        return RangeAnswers(self, connection, first, deadline)
+
+    async def read_lac(self, bookie_id: str, request: bytes, timeout_s: float) -> bytes | None:
+        """Sends `request` (a serialized ReadLacRequest) to `bookie_id`'s data port and returns
+        its answer (a serialized ReadLacResponse) within `timeout_s`; None when this bookie is
+        read over gRPC, as for `read_range`."""
+        sent = await self._send(bookie_id, frames.READ_LAC + request, timeout_s)
+        if sent is None:
+            return None
+        answers = RangeAnswers(self, *sent)
+        try:
+            answer = await anext(answers, None)
+            if answer is None or await anext(answers, None) is not None:
+                raise self.broken("ReadLac was not answered by one frame", bookie_id)
+            return bytes(answer)
+        finally:
+            await answers.aclose()
+
+    async def _send(
+        self, bookie_id: str, request: bytes, timeout_s: float
+    ) -> tuple[_Connection, tuple[int, bytearray], float] | None:
+        """Sends `request` (its kind, then the serialized request) over an idle or a new
+        connection to `bookie_id`'s data port; returns the connection, the first frame of its
+        answer and the request's deadline (loop time); None when this bookie is read over
+        gRPC."""
         if bookie_id in self._grpc_only:
             return None
         deadline = asyncio.get_running_loop().time() + timeout_s
@@ -193,7 +223,7 @@ class DataPortReads:
             except asyncio.CancelledError:
                 self.discard(connection)  # its answers would come to no one
                 raise
-            return RangeAnswers(self, connection, first, deadline)
+            return connection, first, deadline
         fresh = await self._connected(bookie_id)
         if fresh is None:
             return None
@@ -211,13 +241,13 @@ class DataPortReads:
             if first[1].decode("utf-8", "replace").startswith(frames.UNKNOWN_PREAMBLE):
                 self._grpc_only.add(bookie_id)
             return None
-        return RangeAnswers(self, fresh, first, deadline)
+        return fresh, first, deadline
 
     def failed(self, connection: _Connection, error: Exception) -> Exception:
-        """Closes `connection`, whose range failed with `error`; returns what to raise."""
+        """Closes `connection`, whose request failed with `error`; returns what to raise."""
         self.discard(connection)
         reason = "timed out" if isinstance(error, TimeoutError) else f"failed: {error!r}"
-        return self.broken(f"ReadRange {reason}", connection.bookie_id)
+        return self.broken(f"the read {reason}", connection.bookie_id)
 
     async def _connected(self, bookie_id: str) -> _Connection | None:
         """Returns a new connection to `bookie_id`'s data port; None when it has none."""

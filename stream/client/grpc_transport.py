@@ -10,9 +10,7 @@ import asyncio
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, cast
-
-import grpc
+from typing import TYPE_CHECKING, Any, cast
 
 from stream.addresses import split_host_port
 from stream.client.data_port import DataPortAddStream, ResolveData
@@ -22,7 +20,13 @@ from stream.errors import BookieError
 from stream.logs import get_logger
 from stream.security.tls import TLSConfig, aio_channel
 from stream.wire import bookie_pb2 as pb
-from stream.wire import bookie_pb2_grpc
+
+if TYPE_CHECKING:
+    # Imported with the first channel (`_entry`): a process whose calls all go over the data
+    # ports (a Spark query's source runner learning the LACs) never loads gRPC (~27 ms).
+    import grpc
+
+    from stream.wire import bookie_pb2_grpc
 
 log = get_logger(__name__)
 
@@ -197,6 +201,8 @@ class GrpcTransport:
             raise BookieError("bookie is not registered", bookie=bookie_id)
         entry = self._channels.get(bookie_id)  # another task may have raced us here
         if entry is None:
+            from stream.wire import bookie_pb2_grpc
+
             channel = aio_channel(address, self._tls, self._options)
             entry = (address, channel, bookie_pb2_grpc.BookieStub(channel))
             self._channels[bookie_id] = entry
@@ -330,10 +336,23 @@ class GrpcTransport:
             call.cancel()
 
     async def read_lac(
-        self, bookie_id: str, stream_id: int, known_lac: int, *, wait_ms: int, timeout_s: float
+        self,
+        bookie_id: str,
+        stream_id: int,
+        known_lac: int,
+        *,
+        wait_ms: int,
+        timeout_s: float,
+        data_port: bool | None = None,
     ) -> pb.ReadLacResponse:
-        stub = await self._stub(bookie_id)
+        """Over the bookie's data port where ranges are read there (`data_port`, as for
+        `read_range`; its answer is gRPC's)."""
         request = pb.ReadLacRequest(stream_id=stream_id, known_lac=known_lac, timeout_ms=wait_ms)
+        if self._reads is not None and (self._data_reads if data_port is None else data_port):
+            answer = await self._reads.read_lac(bookie_id, request.SerializeToString(), timeout_s)
+            if answer is not None:
+                return pb.ReadLacResponse.FromString(answer)
+        stub = await self._stub(bookie_id)
         response: pb.ReadLacResponse = await stub.ReadLac(request, timeout=timeout_s)
         return response
 

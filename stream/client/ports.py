@@ -178,9 +178,17 @@ class BookieTransport(Protocol):
         ...
 
     async def read_lac(
-        self, bookie_id: str, stream_id: int, known_lac: int, *, wait_ms: int, timeout_s: float
+        self,
+        bookie_id: str,
+        stream_id: int,
+        known_lac: int,
+        *,
+        wait_ms: int,
+        timeout_s: float,
+        data_port: bool | None = None,
     ) -> pb.ReadLacResponse:
-        """Long poll: answers once the bookie's LAC is above `known_lac` or after `wait_ms`."""
+        """Long poll: answers once the bookie's LAC is above `known_lac` or after `wait_ms`;
+        `data_port` as for `read_range`."""
         ...
 
     async def truncate(

@@ -197,7 +197,12 @@ class AsyncStreamReader:
         ensemble = self._fragments[-1].ensemble
         answers = await answers_or_none(
             self._transport.read_lac(
-                b, self.meta.id, -1, wait_ms=0, timeout_s=self._options.speculative_timeout_s * 5
+                b,
+                self.meta.id,
+                -1,
+                wait_ms=0,
+                timeout_s=self._options.speculative_timeout_s * 5,
+                data_port=self._options.data_port,
             )
             for b in ensemble
         )
@@ -666,7 +671,12 @@ class AsyncStreamReader:
         polls = {
             asyncio.ensure_future(
                 self._transport.read_lac(
-                    b, self.meta.id, known_lac, wait_ms=wait_ms, timeout_s=wait_ms / 1000 + 5
+                    b,
+                    self.meta.id,
+                    known_lac,
+                    wait_ms=wait_ms,
+                    timeout_s=wait_ms / 1000 + 5,
+                    data_port=self._options.data_port,
                 )
             )
             for b in ensemble

@@ -12,11 +12,15 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-import grpc
+from typing import TYPE_CHECKING
 
 from stream.errors import ConfigError
 from stream.logs import get_logger
+
+if TYPE_CHECKING:
+    # Imported where a gRPC channel or server is made: the options of a Spark query name
+    # TLS files, and its source runner may read over the data ports only (~27 ms of import).
+    import grpc
 
 log = get_logger(__name__)
 
@@ -83,6 +87,8 @@ class TLSConfig:
 
     def channel_credentials(self) -> grpc.ChannelCredentials:
         """Returns credentials for a channel to a bookie (files read now)."""
+        import grpc
+
         material = self.load()
         return grpc.ssl_channel_credentials(
             root_certificates=material.ca,
@@ -127,6 +133,8 @@ class ServerCredentials:
     def __init__(self, files: TLSConfig, *, require_client_auth: bool) -> None:
         if files.cert_file is None or files.key_file is None:
             raise ConfigError("a TLS bookie needs tls_cert_file and tls_key_file")
+        import grpc
+
         self._files = files
         self._require_client_auth = require_client_auth
         self._lock = threading.Lock()
@@ -145,6 +153,8 @@ class ServerCredentials:
         )
 
     def _configuration(self, material: TLSMaterial) -> grpc.ServerCertificateConfiguration:
+        import grpc
+
         assert material.key is not None and material.cert is not None
         return grpc.ssl_server_certificate_configuration(
             [(material.key, material.cert)], root_certificates=material.ca
@@ -179,6 +189,8 @@ def aio_channel(
     address: str, tls: TLSConfig | None, options: Sequence[tuple[str, object]] | None = None
 ) -> grpc.aio.Channel:
     """Returns a grpc.aio channel to `address`: TLS with `tls`'s files, plaintext without."""
+    import grpc
+
     if tls is None:
         return grpc.aio.insecure_channel(address, options=options)
     return grpc.aio.secure_channel(address, tls.channel_credentials(), options=options)
@@ -188,6 +200,8 @@ def sync_channel(
     address: str, tls: TLSConfig | None, options: Sequence[tuple[str, object]] | None = None
 ) -> grpc.Channel:
     """As `aio_channel`, for blocking callers (streamctl's one-shot requests)."""
+    import grpc
+
     if tls is None:
         return grpc.insecure_channel(address, options=options)
     return grpc.secure_channel(address, tls.channel_credentials(), options=options)

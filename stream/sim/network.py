@@ -650,7 +650,14 @@ class SimTransport:
             yield response.SerializeToString()
 
     async def read_lac(
-        self, bookie_id: str, stream_id: int, known_lac: int, *, wait_ms: int, timeout_s: float
+        self,
+        bookie_id: str,
+        stream_id: int,
+        known_lac: int,
+        *,
+        wait_ms: int,
+        timeout_s: float,
+        data_port: bool | None = None,
     ) -> pb.ReadLacResponse:
         request = pb.ReadLacRequest(stream_id=stream_id, known_lac=known_lac, timeout_ms=wait_ms)
         return await self._rpc(bookie_id, lambda b: b.read_lac(request), timeout_s, True)

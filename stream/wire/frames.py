@@ -21,14 +21,23 @@ One connection is one Add stream, with the same messages and rules as gRPC's `Ad
   UTF-8 reason, and the bookie closes the connection: what was not answered has an unknown
   fate, as when a gRPC stream fails.
 
-A connection that opens with `READ_PREAMBLE` (then the bookie id, as above) carries ReadRange
+A connection that opens with `READ_PREAMBLE_V1` (then the bookie id, as above) carries ReadRange
 requests instead, with the same messages and rules as gRPC's `ReadRange`:
 - the reader sends one frame per ReadRangeRequest; the bookie serves them one at a time, in
   order;
 - each request is answered by one `ANSWER` frame per ReadRangeResponse (the last one carries the
   code that ended the range), then one `END` frame with no body (where gRPC ends the call);
 - a fault of the connection is answered by one `REFUSAL` frame, as above. A bookie older than
-  this version refuses the preamble so: the reader then reads that bookie over gRPC."""
+  this version refuses the preamble so: the reader then reads that bookie over gRPC.
+
+Version 2 of the reads (`READ_PREAMBLE`; a bookie also serves `READ_PREAMBLE_V1`, above) carries
+ReadLac requests too, so that a reader never needs a gRPC channel (whose library a short-lived
+process, such as a Spark query's source runner, would otherwise import only to learn the LAC):
+- each request frame's body starts with its kind, `READ_RANGE` (then the ReadRangeRequest) or
+  `READ_LAC` (then the ReadLacRequest, with gRPC's `ReadLac` rules: the caller's role is
+  checked for it, and a long poll holds the connection until it is answered);
+- a ReadLac is answered by one `ANSWER` frame (the ReadLacResponse), then `END`, as a range is;
+- a request of another kind is a fault of the connection (`REFUSAL`)."""
 
 from __future__ import annotations
 
@@ -40,8 +49,13 @@ import struct
 # version 2; a bookie also serves version 1 (answers naming every id).
 PREAMBLE = b"SKADD/2\n"
 PREAMBLE_V1 = b"SKADD/1\n"
-# A connection of ReadRange requests (as long as the Add preambles).
-READ_PREAMBLE = b"SKRNG/1\n"
+# A connection of ReadRange and ReadLac requests (as long as the Add preambles); version 1
+# carries ReadRange requests alone, without the kind byte.
+READ_PREAMBLE = b"SKRNG/2\n"
+READ_PREAMBLE_V1 = b"SKRNG/1\n"
+# The first byte of a version 2 request frame's body.
+READ_RANGE = b"R"
+READ_LAC = b"L"
 LENGTH = struct.Struct(">I")
 
 # The first byte of an answer frame.

@@ -1,6 +1,6 @@
-"""The bookie's data port (Add streams and range reads framed over TCP, stream.wire.frames) on
-real bookie processes: writers and readers told to use it do, over gRPC otherwise or when a
-bookie has none, and whatever else arrives on the port is refused with its reason and changes
+"""The bookie's data port (Add streams, range reads and ReadLac framed over TCP,
+stream.wire.frames) on real bookie processes: writers and readers told to use it do, over gRPC
+otherwise or when a bookie has none, and whatever else arrives on the port is refused with its reason and changes
 nothing."""
 
 from __future__ import annotations
@@ -55,9 +55,9 @@ def test_writers_and_readers_use_the_data_port_unless_told_not_to(
                 append_all(writer, payloads)
             read = [e.payload for e in client.open_reader(name).read(0, len(payloads) - 1)]
         assert read == payloads
-        # One Add stream per bookie of the ensemble, and one connection for the range read
-        # from one of them, over the data port; none over gRPC.
-        assert connections(cluster, "served") - before == 3 * adds + reads, (adds, reads)
+        # One Add stream per bookie of the ensemble, and a read connection to each: the LAC
+        # asked of each over its data port, the range read over one of them (idle by then).
+        assert connections(cluster, "served") - before == 3 * adds + 3 * reads, (adds, reads)
 
 
 @pytest.mark.shared_cluster
@@ -77,11 +77,11 @@ def test_a_writer_and_a_reader_opened_with_options_follow_their_own(
             append_all(writer, payloads)
         reader = client.open_reader(name, options=ReaderOptions(data_port=own))
         assert [e.payload for e in reader.read(0, len(payloads) - 1)] == payloads
-        assert connections(cluster, "served") - before == 4 * own
+        assert connections(cluster, "served") - before == 6 * own
         before = connections(cluster, "served")
         default_reader = client.open_reader(name)
         assert [e.payload for e in default_reader.read(0, len(payloads) - 1)] == payloads
-        assert connections(cluster, "served") - before == client_default
+        assert connections(cluster, "served") - before == 3 * client_default
 
 
 def test_a_bookie_without_a_data_port_is_added_to_over_grpc(

@@ -296,7 +296,8 @@ def test_the_data_port_takes_add_streams_from_writers_only(secure: SandboxCluste
     ranged = RawDataPort(address, secure.tls.client(Role.READER).client_context())
     ranged.hello(bookie.bookie_id, frames.READ_PREAMBLE)
     ranged.frame(
-        pb.ReadRangeRequest(
+        frames.READ_RANGE
+        + pb.ReadRangeRequest(
             stream_id=stream_id, first_entry_id=0, last_entry_id=9
         ).SerializeToString()
     )

@@ -1,10 +1,14 @@
 """The executor side without Spark: one `StreamRange` read from a real cluster into Arrow
-batches of the schema's exact types, ranges that retention trimmed, and a range whose stream
-was deleted and created again after the driver planned it."""
+batches of the schema's exact types, ranges that retention trimmed, a range whose stream
+was deleted and created again after the driver planned it, and a query's reads (the driver's
+source runner, a task) made without gRPC."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import subprocess
+import sys
 from collections import Counter
 from typing import Any
 
@@ -104,3 +108,40 @@ def test_a_task_reads_its_part_after_one_metadata_snapshot_and_no_lac_read(
     )
     assert sum(b.num_rows for b in read_range(part)) == 50
     assert calls == Counter(get_snapshot=1)
+
+
+# What Spark's driver source runner does for an availableNow query (a fresh process per query),
+# then a task's read of each part: every read goes over the bookies' data ports.
+_RUNNER = """
+import json, sys
+from spark_connector.schema import SCHEMA
+from spark_connector.source import StreamkeeperDataSource
+source = StreamkeeperDataSource(json.loads(sys.argv[1]))
+reader = source.streamReader(SCHEMA)
+reader.prepareForTriggerAvailableNow()
+start = reader.initialOffset()
+end = reader.latestOffset(start, reader.getDefaultReadLimit())
+rows = sum(b.num_rows for part in reader.partitions(start, end) for b in reader.read(part))
+print(json.dumps({"grpc": "grpc" in sys.modules, "end": end, "rows": rows}))
+"""
+
+
+def test_a_querys_runner_and_tasks_read_without_grpc(
+    spark_cluster: Any, client: StreamClient, stream_name: str
+) -> None:
+    # The stream's fragment is open: its LAC is asked of its bookies (ReadLac over the data
+    # port). Importing gRPC alone took about 27 ms of each query's start.
+    append(client, stream_name, 30)
+    options = {
+        "metadata": spark_cluster.metadata,
+        "streams": stream_name,
+        "startingOffsets": "earliest",
+    }
+    run = subprocess.run(
+        [sys.executable, "-c", _RUNNER, json.dumps(options)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert json.loads(run.stdout) == {"grpc": False, "end": {stream_name: 30}, "rows": 30}

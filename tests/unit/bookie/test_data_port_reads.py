@@ -1,9 +1,10 @@
-"""Range reads over the bookie's data port, over the real storage engine (in tmp_path),
-in-process: the client's transport gets gRPC's answers byte for byte over one connection,
-requests are served in order each ended by an END frame (a malformed one answered
-BAD_REQUEST, the connection going on), a reader that takes nothing stops the range, the
-caller's role is checked at the handshake, and a stopping bookie closes its idle read
-connections at once."""
+"""Range reads and ReadLac over the bookie's data port, over the real storage engine (in
+tmp_path), in-process: the client's transport gets gRPC's answers byte for byte over one
+connection, requests are served in order each ended by an END frame (a malformed one answered
+BAD_REQUEST, the connection going on; version 2's requests of both kinds, a request of an
+unknown kind refused), a ReadLac long poll answered when the LAC moves, a reader that takes
+nothing stops the range, the caller's role is checked at the handshake and for each ReadLac,
+and a stopping bookie closes its idle read connections at once."""
 
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ from typing import Any
 
 import pytest
 
-from stream.bookie.access import AccessControl
+from stream.bookie.access import AccessControl, Caller
 from stream.bookie.data_port import DataPort
 from stream.bookie.server import BookieService
 from stream.client.grpc_transport import GrpcTransport
 from stream.sandbox.ports import free_port
+from stream.security.roles import RPC_ROLES, Role
 from stream.wire import bookie_pb2 as pb
 from stream.wire import frames
 
@@ -97,11 +99,12 @@ async def read_frames(reader: asyncio.StreamReader, count: int) -> list[tuple[by
 
 
 async def connect(
-    address: str, bookie_id: str = "b1"
+    address: str, bookie_id: str = "b1", preamble: bytes = frames.READ_PREAMBLE_V1
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A read connection of version 1 (requests without their kind), or of `preamble`'s."""
     host, number = address.rsplit(":", 1)
     reader, writer = await asyncio.open_connection(host, int(number))
-    writer.write(frames.READ_PREAMBLE + frames.frame(bookie_id.encode()))
+    writer.write(preamble + frames.frame(bookie_id.encode()))
     return reader, writer
 
 
@@ -254,3 +257,117 @@ def test_a_stopping_bookie_closes_idle_read_connections_at_once(tmp_path: Path) 
         writer.close()
 
     run_reads(tmp_path, body)
+
+
+def lac_request(stream_id: int = 1, known_lac: int = -1, wait_ms: int = 0) -> bytes:
+    return pb.ReadLacRequest(
+        stream_id=stream_id, known_lac=known_lac, timeout_ms=wait_ms
+    ).SerializeToString()
+
+
+def test_read_lac_over_the_data_port_is_grpcs_answer_and_its_long_poll(tmp_path: Path) -> None:
+    async def body(h: Harness, port: DataPort, address: str) -> None:
+        await write(h, 10, 100)
+        grpc, data = transports(h, address)
+        try:
+            # Known (at and below its LAC), an unknown stream, malformed (no stream, a
+            # known_lac below -1): the same answers either way.
+            for stream_id, known in [(1, -1), (1, 9), (7, -1), (0, -1), (1, -2)]:
+                expected = await grpc.read_lac("b1", stream_id, known, wait_ms=0, timeout_s=10)
+                got = await data.read_lac("b1", stream_id, known, wait_ms=0, timeout_s=10)
+                assert got == expected, (stream_id, known)
+                assert got.code in (pb.OK, pb.NO_SUCH_STREAM, pb.BAD_REQUEST)
+            # A long poll is answered once the LAC moves past the one known.
+            poll = asyncio.ensure_future(data.read_lac("b1", 1, 9, wait_ms=30_000, timeout_s=40))
+            assert await holds_for(0.3, lambda: not poll.done())
+            ids = range(10, 20)
+            more = pb.AddRequest(
+                stream_id=1,
+                term=1,
+                lac=19,
+                lafr=-1,
+                request_id=10,
+                entries=[checked_entry(1, i, b"x" * 100) for i in ids],
+            )
+            [added] = [r async for r in h.stub.Add(iter([more]))]
+            assert set(added.codes) == {pb.OK}
+            answer = await asyncio.wait_for(poll, 10)
+            assert (answer.code, answer.lac) == (pb.OK, 19)
+            assert len(port._connections) == 1  # every ReadLac over the one connection
+            assert data._channels == {}  # and never a gRPC channel
+            # A reader that reads over gRPC (ReaderOptions.data_port = false) asks there.
+            over_grpc = await data.read_lac("b1", 1, -1, wait_ms=0, timeout_s=10, data_port=False)
+            assert over_grpc == answer
+            assert list(data._channels) == ["b1"]
+        finally:
+            await grpc.close()
+            await data.close()
+
+    run_reads(tmp_path, body)
+
+
+def test_version_2_serves_both_kinds_in_order_and_refuses_an_unknown_kind(tmp_path: Path) -> None:
+    async def body(h: Harness, port: DataPort, address: str) -> None:
+        await write(h, 10, 100)
+        reader, writer = await connect(address, preamble=frames.READ_PREAMBLE)
+        try:
+            writer.write(
+                frames.frame(frames.READ_LAC + lac_request())
+                + frames.frame(frames.READ_RANGE + request(0, 9))
+                + frames.frame(frames.READ_LAC + b"\xff\xff garbage")
+                + frames.frame(b"X" + request(0, 9))
+            )
+            lac, end = await read_frames(reader, 2)
+            assert lac[0] == frames.ANSWER and end[0] == frames.END
+            assert pb.ReadLacResponse.FromString(lac[1]) == pb.ReadLacResponse(
+                code=pb.OK, lac=9, lafr=-1
+            )
+            entries = []
+            while True:
+                [(kind, data)] = await read_frames(reader, 1)
+                if kind == frames.END:
+                    break
+                entries += pb.ReadRangeResponse.FromString(data).entries
+            assert [e.entry_id for e in entries] == list(range(10))
+            garbage, end = await read_frames(reader, 2)
+            assert end[0] == frames.END
+            answer = pb.ReadLacResponse.FromString(garbage[1])
+            assert answer.code == pb.BAD_REQUEST and "malformed ReadLacRequest" in answer.message
+            [(kind, reason)] = await read_frames(reader, 1)
+            assert (kind, reason.decode()) == (frames.REFUSAL, "a request of unknown kind 88")
+            assert await reader.read() == b""  # and the connection closed
+        finally:
+            writer.close()
+
+    run_reads(tmp_path, body)
+
+
+def test_each_read_lac_is_checked_against_the_callers_role(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The connection is admitted for ReadRange; each ReadLac is admitted on its own (here
+    ReadLac made to need more than the caller's reader role): refused, the connection closed."""
+    monkeypatch.setitem(RPC_ROLES, "ReadLac", Role.WRITER)
+    monkeypatch.setattr(
+        AccessControl, "caller_of", lambda self, pem, peer: Caller("reader-x", peer, Role.READER)
+    )
+
+    async def body(h: Harness, port: DataPort, address: str) -> None:
+        await write(h, 10, 100)
+        reader, writer = await connect(address, preamble=frames.READ_PREAMBLE)
+        try:
+            writer.write(frames.frame(frames.READ_RANGE + request(0, 9)))
+            kinds = [kind for kind, _ in await read_frames(reader, 2)]
+            assert kinds == [frames.ANSWER, frames.END]  # the reader's ranges are served
+            writer.write(frames.frame(frames.READ_LAC + lac_request()))
+            [(kind, reason)] = await read_frames(reader, 1)
+            assert (kind, reason.decode()) == (
+                frames.REFUSAL,
+                "ReadLac refused: principal 'reader-x' (reader) is not allowed it; it needs "
+                "the role writer",
+            )
+            assert await reader.read() == b""
+        finally:
+            writer.close()
+
+    run_reads(tmp_path, body, enforce=True)

@@ -2,8 +2,8 @@
 scripted bookie on loopback: answers whole and in order however the socket cuts them, one
 connection reused range after range, an abandoned range's connection closed, a bookie that
 refuses the reads' preamble (older) read over gRPC from then on, a refusal of another kind
-left to gRPC's answer, a silent bookie timed out, and a reader that takes nothing stopping
-the bookie's sends."""
+left to gRPC's answer, a silent bookie timed out, a reader that takes nothing stopping
+the bookie's sends, and ReadLac requests on the same connections."""
 
 from __future__ import annotations
 
@@ -43,8 +43,14 @@ def request(first: int, last: int) -> bytes:
 
 
 async def read_request(reader: asyncio.StreamReader) -> pb.ReadRangeRequest:
+    body = await read_frame(reader)
+    assert body[:1] == frames.READ_RANGE  # version 2: each request starts with its kind
+    return pb.ReadRangeRequest.FromString(body[1:])
+
+
+async def read_frame(reader: asyncio.StreamReader) -> bytes:
     (size,) = frames.LENGTH.unpack(await reader.readexactly(4))
-    return pb.ReadRangeRequest.FromString(await reader.readexactly(size))
+    return await reader.readexactly(size)
 
 
 def reads_of(addresses: list[str | None], resolved: list[bool] | None = None) -> DataPortReads:
@@ -322,5 +328,55 @@ def test_a_range_left_at_its_last_answer_keeps_its_connection() -> None:
                 await answers.aclose()
             reads.close()
         assert hellos == ["bookie-1"]
+
+    asyncio.run(main())
+
+
+def test_read_lac_shares_the_range_connections_and_an_older_bookie_is_read_over_grpc() -> None:
+    """A ReadLac goes over the same connections as the ranges (its kind first), answered by
+    one frame and END; a bookie that refuses the preamble leaves it to gRPC, as a range."""
+    hellos = []
+    asked: list[pb.ReadLacRequest] = []
+    lac_answer = pb.ReadLacResponse(code=pb.OK, lac=41, lafr=40).SerializeToString()
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        hellos.append(await read_hello(reader, frames.READ_PREAMBLE))
+        body = await read_frame(reader)
+        assert body[:1] == frames.READ_LAC
+        asked.append(pb.ReadLacRequest.FromString(body[1:]))
+        writer.write(frames.frame(frames.ANSWER + lac_answer) + END)
+        await read_request(reader)  # then a range, on the same connection
+        writer.write(answer(pb.NO_SUCH_ENTRY) + END)
+        body = await read_frame(reader)
+        assert body[:1] == frames.READ_LAC
+        writer.write(frames.frame(frames.ANSWER + lac_answer) + answer(pb.OK) + END)
+        await reader.read()
+
+    async def older(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readexactly(len(frames.READ_PREAMBLE))
+        writer.write(refusal("not a data port client: expected one of [b'SKRNG/1\\n']"))
+        writer.close()
+
+    lac_request = pb.ReadLacRequest(stream_id=3, known_lac=-1, timeout_ms=0).SerializeToString()
+
+    async def main() -> None:
+        async with Bookie(script) as address:
+            reads = reads_of([address])
+            got = await reads.read_lac("bookie-1", lac_request, 10)
+            assert got == lac_answer
+            assert asked == [pb.ReadLacRequest.FromString(lac_request)]
+            assert await collect(await reads.read_range("bookie-1", request(0, 1), 10)) == [
+                pb.ReadRangeResponse(code=pb.NO_SUCH_ENTRY, lac=7)
+            ]
+            # Two answers to a ReadLac: a broken bookie, and the connection is not kept.
+            with pytest.raises(BookieError, match="not answered by one frame"):
+                await reads.read_lac("bookie-1", lac_request, 10)
+            assert not reads._open
+            reads.close()
+        assert hellos == ["bookie-1"]
+        async with Bookie(older) as address:
+            reads = reads_of([address])
+            assert await reads.read_lac("bookie-1", lac_request, 10) is None
+            assert await reads.read_range("bookie-1", request(0, 1), 10) is None
 
     asyncio.run(main())
