@@ -1123,37 +1123,40 @@ failed:
 }
 
 /* ------------------------------------------------------------- the bookie's range answer */
-/* frame_records: the bookie's range read, in C (its Python definition is
- * `stream.framing.range_answer.frame_records_python`; tests/unit/bookie/test_range_answer.py
- * holds this to it). A span read from an entry log holds records at known offsets; each becomes one
- * `entries` field (tag, length varint, the serialized entry) of a ReadRangeResponse, all in one
- * bytes object: no bytes object per entry, and the records copied once. */
+/* frame_spans: the bookie's range answer, in C (its Python definition is
+ * `stream.framing.range_answer.frame_spans_python`; tests/unit/bookie/test_range_answer.py
+ * holds this to it). An answer's entries come as spans read from entry logs with one pread
+ * each (records at known offsets) and as single records from the write caches (a span of one
+ * record); each record becomes one `entries` field (tag, length varint, the serialized entry)
+ * of a ReadRangeResponse, after the answer's head, all in one bytes object. The total size is
+ * known before anything is written, so however many spans an answer holds there is one
+ * allocation and each record is copied once: framing each span apart and joining them was a
+ * second copy of the whole answer (8 MiB), and no bytes object is made per entry. */
 
-PyDoc_STRVAR(frame_records_doc,
-"frame_records(span, base, offsets, lengths, tag, head=b'')\n"
+PyDoc_STRVAR(frame_spans_doc,
+"frame_spans(spans, tag, head)\n"
 "--\n\n"
-"Returns, as one bytes object, `head` then each record span[offsets[i] - base : offsets[i] -\n"
-"base + lengths[i]] preceded by the byte `tag` and its length as a varint (a\n"
-"length-delimited protobuf field). `offsets` and `lengths` are sequences of ints of one\n"
-"length; a record outside the span raises ValueError.");
+"Returns, as one bytes object, `head`, then for each (span, base, offsets, lengths) of\n"
+"`spans` in turn each record span[offsets[i] - base : offsets[i] - base + lengths[i]]\n"
+"preceded by the byte `tag` and its length as a varint (a length-delimited protobuf field).\n"
+"Each of `spans` is a tuple; `offsets` and `lengths` are sequences of ints of one length; a\n"
+"record outside its span raises ValueError.");
+
+/* A record to copy: where it is (in a span whose buffer is held) and its size. */
+typedef struct {
+    const uint8_t *start;
+    Py_ssize_t size;
+} span_record;
 
 static PyObject *
-frame_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+frame_spans(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 5 && nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "frame_records takes 5 or 6 arguments");
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "frame_spans takes 3 arguments");
         return NULL;
     }
-    long long base = PyLong_AsLongLong(args[1]);
-    if (base == -1 && PyErr_Occurred()) {
-        return NULL;
-    }
-    if (base < 0) {
-        PyErr_SetString(PyExc_ValueError, "base must not be negative");
-        return NULL;
-    }
-    long tag = PyLong_AsLong(args[4]);
+    long tag = PyLong_AsLong(args[1]);
     if (tag == -1 && PyErr_Occurred()) {
         return NULL;
     }
@@ -1161,84 +1164,142 @@ frame_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_ValueError, "tag must be one byte below 0x80");
         return NULL;
     }
-    PyObject *result = NULL, *offsets = NULL, *lengths = NULL;
-    Py_ssize_t *starts = NULL, *sizes = NULL;
-    Py_buffer view, head = {0};
-    if (nargs == 6 && PyObject_GetBuffer(args[5], &head, PyBUF_SIMPLE) < 0) {
+    Py_buffer head;
+    if (PyObject_GetBuffer(args[2], &head, PyBUF_SIMPLE) < 0) {
         return NULL;
     }
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
-        PyBuffer_Release(&head);
-        return NULL;
-    }
-    offsets = PySequence_Fast(args[2], "offsets must be a sequence");
-    if (offsets == NULL) {
+    PyObject *result = NULL, *spans = NULL, *offsets = NULL, *lengths = NULL;
+    Py_buffer *views = NULL;    /* each span's, held until its records are copied */
+    Py_ssize_t held = 0;        /* how many of `views` are held */
+    span_record *records = NULL;
+    Py_ssize_t count = 0, capacity = 0;
+    /* A tuple of the spans (a list is copied, a pointer a span), and each span a tuple: the
+     * Python code an argument's conversion may run (an `__index__`, an iterator) cannot
+     * change what is being read. Offsets and lengths must be ints for the same reason: their
+     * items are read without running any. */
+    spans = PySequence_Tuple(args[0]);
+    if (spans == NULL) {
         goto done;
     }
-    lengths = PySequence_Fast(args[3], "lengths must be a sequence");
-    if (lengths == NULL) {
-        goto done;
-    }
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(offsets);
-    if (PySequence_Fast_GET_SIZE(lengths) != n) {
-        PyErr_SetString(PyExc_ValueError, "offsets and lengths differ in length");
-        goto done;
-    }
-    starts = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(n ? n : 1));
-    sizes = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(n ? n : 1));
-    if (starts == NULL || sizes == NULL) {
+    Py_ssize_t n_spans = PyTuple_GET_SIZE(spans);
+    views = PyMem_Malloc(sizeof(Py_buffer) * (size_t)(n_spans ? n_spans : 1));
+    if (views == NULL) {
         PyErr_NoMemory();
         goto done;
     }
-    PyObject **offset_items = PySequence_Fast_ITEMS(offsets);
-    PyObject **length_items = PySequence_Fast_ITEMS(lengths);
+    /* First the checks, the records' places and the total size; then one allocation. */
     size_t total = (size_t)head.len;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        long long offset = PyLong_AsLongLong(offset_items[i]);
-        if (offset == -1 && PyErr_Occurred()) {
+    for (Py_ssize_t k = 0; k < n_spans; k++) {
+        PyObject *part = PyTuple_GET_ITEM(spans, k);
+        if (!PyTuple_Check(part) || PyTuple_GET_SIZE(part) != 4) {
+            PyErr_Format(PyExc_TypeError,
+                         "span %zd is not a tuple (span, base, offsets, lengths)", k);
             goto done;
         }
-        long long length = PyLong_AsLongLong(length_items[i]);
-        if (length == -1 && PyErr_Occurred()) {
+        long long base = PyLong_AsLongLong(PyTuple_GET_ITEM(part, 1));
+        if (base == -1 && PyErr_Occurred()) {
             goto done;
         }
-        /* Each check before the next sum, so nothing overflows: view.len < 2**63. */
-        if (offset < base || length < 0 || offset - base > (long long)view.len ||
-            length > (long long)view.len - (offset - base)) {
-            PyErr_Format(PyExc_ValueError, "record %zd (offset %lld, length %lld) is outside "
-                         "the span (base %lld, %zd bytes)", i, offset, length, base, view.len);
+        if (base < 0) {
+            PyErr_SetString(PyExc_ValueError, "base must not be negative");
             goto done;
         }
-        starts[i] = (Py_ssize_t)(offset - base);
-        sizes[i] = (Py_ssize_t)length;
-        total += 1 + varint_size((uint64_t)length) + (size_t)length;
-    }
-    if (total > (size_t)PY_SSIZE_T_MAX) {
-        PyErr_NoMemory();
-        goto done;
+        offsets = PySequence_Fast(PyTuple_GET_ITEM(part, 2), "offsets must be a sequence");
+        if (offsets == NULL) {
+            goto done;
+        }
+        lengths = PySequence_Fast(PyTuple_GET_ITEM(part, 3), "lengths must be a sequence");
+        if (lengths == NULL) {
+            goto done;
+        }
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(offsets);
+        if (PySequence_Fast_GET_SIZE(lengths) != n) {
+            PyErr_SetString(PyExc_ValueError, "offsets and lengths differ in length");
+            goto done;
+        }
+        Py_buffer *view = &views[k];
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(part, 0), view, PyBUF_SIMPLE) < 0) {
+            goto done;
+        }
+        held = k + 1;
+        if (n > capacity - count) { /* room for this span's records, doubled at least */
+            Py_ssize_t most = PY_SSIZE_T_MAX / (Py_ssize_t)sizeof(span_record);
+            if (n > most - count) { /* count <= capacity <= most */
+                PyErr_NoMemory();
+                goto done;
+            }
+            Py_ssize_t wanted = capacity < most / 2 ? 2 * capacity : most;
+            if (wanted < count + n) {
+                wanted = count + n;
+            }
+            span_record *grown = PyMem_Realloc(records, sizeof(span_record) * (size_t)wanted);
+            if (grown == NULL) {
+                PyErr_NoMemory();
+                goto done;
+            }
+            records = grown;
+            capacity = wanted;
+        }
+        PyObject **offset_items = PySequence_Fast_ITEMS(offsets);
+        PyObject **length_items = PySequence_Fast_ITEMS(lengths);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (!PyLong_Check(offset_items[i]) || !PyLong_Check(length_items[i])) {
+                PyErr_SetString(PyExc_TypeError, "offsets and lengths must be ints");
+                goto done;
+            }
+            long long offset = PyLong_AsLongLong(offset_items[i]);
+            if (offset == -1 && PyErr_Occurred()) {
+                goto done;
+            }
+            long long length = PyLong_AsLongLong(length_items[i]);
+            if (length == -1 && PyErr_Occurred()) {
+                goto done;
+            }
+            /* Each check before the next sum, so nothing overflows: view->len < 2**63. */
+            if (offset < base || length < 0 || offset - base > (long long)view->len ||
+                length > (long long)view->len - (offset - base)) {
+                PyErr_Format(PyExc_ValueError, "record %zd of span %zd (offset %lld, length "
+                             "%lld) is outside the span (base %lld, %zd bytes)", i, k, offset,
+                             length, base, view->len);
+                goto done;
+            }
+            size_t framed = 1 + varint_size((uint64_t)length) + (size_t)length;
+            if (framed > (size_t)PY_SSIZE_T_MAX - total) { /* total stays a Py_ssize_t */
+                PyErr_NoMemory();
+                goto done;
+            }
+            total += framed;
+            records[count].start = (const uint8_t *)view->buf + (offset - base);
+            records[count].size = (Py_ssize_t)length;
+            count++;
+        }
+        Py_CLEAR(offsets);
+        Py_CLEAR(lengths);
     }
     result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
     if (result == NULL) {
         goto done;
     }
     uint8_t *p = (uint8_t *)PyBytes_AS_STRING(result);
-    const uint8_t *span = (const uint8_t *)view.buf;
     if (head.len) {
         memcpy(p, head.buf, (size_t)head.len);
         p += head.len;
     }
-    for (Py_ssize_t i = 0; i < n; i++) {
+    for (Py_ssize_t i = 0; i < count; i++) {
         *p++ = (uint8_t)tag;
-        p = put_varint(p, (uint64_t)sizes[i]);
-        memcpy(p, span + starts[i], (size_t)sizes[i]);
-        p += sizes[i];
+        p = put_varint(p, (uint64_t)records[i].size);
+        memcpy(p, records[i].start, (size_t)records[i].size);
+        p += records[i].size;
     }
 done:
-    PyMem_Free(starts);
-    PyMem_Free(sizes);
+    for (Py_ssize_t k = 0; k < held; k++) {
+        PyBuffer_Release(&views[k]);
+    }
+    PyMem_Free(views);
+    PyMem_Free(records);
     Py_XDECREF(offsets);
     Py_XDECREF(lengths);
-    PyBuffer_Release(&view);
+    Py_XDECREF(spans);
     PyBuffer_Release(&head);
     return result;
 }
@@ -1434,8 +1495,7 @@ static PyMethodDef methods[] = {
     {"prepare_entries", (PyCFunction)(void (*)(void))prepare_entries, METH_FASTCALL,
      prepare_entries_doc},
     {"log_records", (PyCFunction)(void (*)(void))log_records, METH_FASTCALL, log_records_doc},
-    {"frame_records", (PyCFunction)(void (*)(void))frame_records, METH_FASTCALL,
-     frame_records_doc},
+    {"frame_spans", (PyCFunction)(void (*)(void))frame_spans, METH_FASTCALL, frame_spans_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -39,13 +39,10 @@ def prepare_entries(
     cls: type[T],
     /,
 ) -> list[T]: ...
-def frame_records(
-    span: bytes | bytearray | memoryview,
-    base: int,
-    offsets: Sequence[int],
-    lengths: Sequence[int],
+def frame_spans(
+    spans: Sequence[tuple[bytes | bytearray | memoryview, int, Sequence[int], Sequence[int]]],
     tag: int,
-    head: bytes | bytearray | memoryview = ...,
+    head: bytes | bytearray | memoryview,
     /,
 ) -> bytes: ...
 def log_records(

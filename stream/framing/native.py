@@ -1,12 +1,12 @@
 """The compiled module (`_native`, built from _native.c by the package's own build,
 docs/operations.md): the walker of ReadRange answers, the writer's entry framing
 (`prepare_entries`), the bookie's scan of Add requests (`scan_add`), its framing of range
-answers (`frame_records`) and of entry-log records (`log_records`), and crc32c itself
+answers (`frame_spans`) and of entry-log records (`log_records`), and crc32c itself
 (`crc32c`; the crc32c package's function where the module was not built: every hot path takes
 it from here). `BUILT` says whether it was built. Callers fall back to the Python definitions
 each is held to (`stream.client.entry.verified_columns`,
 `stream.framing.prepare.prepare_entries_python`, `stream.bookie.storage.scanned`,
-`stream.framing.range_answer.frame_records_python`,
+`stream.framing.range_answer.frame_spans_python`,
 `stream.bookie.storage.entry_log.log_records_python`), so a tree without it still works, only
 slower; tests/unit/client/test_native_walk.py fails there."""
 
@@ -26,7 +26,7 @@ try:
         FLAG_ATTRIBUTES,
         FLAG_NOOP,
         crc32c,
-        frame_records,
+        frame_spans,
         log_records,
         prepare_entries,
         scan_add,
@@ -52,7 +52,7 @@ __all__ = [
     "FLAG_NOOP",
     "Buffer",
     "crc32c",
-    "frame_records",
+    "frame_spans",
     "log_records",
     "prepare_entries",
     "scan_add",
