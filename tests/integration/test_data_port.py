@@ -1,7 +1,7 @@
 """The bookie's data port (Add streams, range reads and ReadLac framed over TCP,
 stream.wire.frames) on real bookie processes: writers and readers told to use it do, over gRPC
-otherwise or when a bookie has none, and whatever else arrives on the port is refused with its reason and changes
-nothing."""
+otherwise or when a bookie has none, and whatever else arrives on the port is refused with its
+reason and changes nothing."""
 
 from __future__ import annotations
 
