@@ -45,6 +45,9 @@ def frame_spans(
     head: bytes | bytearray | memoryview,
     /,
 ) -> bytes: ...
+def index_runs(
+    located: list[bytes], budget: int, header: int, /
+) -> tuple[int, list[tuple[int, int, tuple[int, ...], tuple[int, ...]]]]: ...
 def log_records(
     stream_id: int,
     entry_ids: Sequence[int],

@@ -1,12 +1,14 @@
 """The compiled module (`_native`, built from _native.c by the package's own build,
 docs/operations.md): the walker of ReadRange answers, the writer's entry framing
-(`prepare_entries`), the bookie's scan of Add requests (`scan_add`), its framing of range
-answers (`frame_spans`) and of entry-log records (`log_records`), and crc32c itself
+(`prepare_entries`), the bookie's scan of Add requests (`scan_add`), its locating of a range's
+records (`index_runs`), its framing of range answers (`frame_spans`) and of entry-log records
+(`log_records`), and crc32c itself
 (`crc32c`; the crc32c package's function where the module was not built: every hot path takes
 it from here). `BUILT` says whether it was built. Callers fall back to the Python definitions
 each is held to (`stream.client.entry.verified_columns`,
 `stream.framing.prepare.prepare_entries_python`, `stream.bookie.storage.scanned`,
 `stream.framing.range_answer.frame_spans_python`,
+`stream.bookie.storage.locations.index_runs_python`,
 `stream.bookie.storage.entry_log.log_records_python`), so a tree without it still works, only
 slower; tests/unit/client/test_native_walk.py fails there."""
 
@@ -27,6 +29,7 @@ try:
         FLAG_NOOP,
         crc32c,
         frame_spans,
+        index_runs,
         log_records,
         prepare_entries,
         scan_add,
@@ -53,6 +56,7 @@ __all__ = [
     "Buffer",
     "crc32c",
     "frame_spans",
+    "index_runs",
     "log_records",
     "prepare_entries",
     "scan_add",

@@ -4,13 +4,7 @@ entries a BP-46 repair must copy."""
 
 from __future__ import annotations
 
-import struct
-from bisect import bisect_left
 from collections.abc import Iterator
-from dataclasses import dataclass
-from functools import lru_cache
-from itertools import accumulate, repeat
-from operator import add, eq, sub
 from typing import Any
 
 from stream.bookie.codes import (
@@ -23,6 +17,7 @@ from stream.bookie.codes import (
 )
 from stream.bookie.storage import codec
 from stream.bookie.storage.entry_log import EntryLogGone
+from stream.bookie.storage.locations import Run, index_runs
 from stream.bookie.storage.outcomes import ReadResult
 from stream.bookie.storage.rules import RequestRules, term_message
 from stream.bookie.storage.state import LocalStreamState
@@ -43,54 +38,19 @@ _ENTRY_OVERHEAD_BYTES = 32
 _serialize_entry = Entry.SerializeToString
 # Index locations fetched per LMDB transaction.
 _RANGE_PREFETCH = 4096
+_RECORD_HEADER_BYTES = codec.ENTRY_RECORD_HEADER_BYTES
 
 
-@dataclass(frozen=True, slots=True)
-class Locations:
-    """Index locations of consecutive entries, as columns (three tuples of ints, not a tuple
-    per entry: a range read makes thousands of them per answer, and ints are no work for the
-    cyclic GC)."""
-
-    logs: tuple[int, ...]
-    offsets: tuple[int, ...]
-    lengths: tuple[int, ...]
-
-    def __len__(self) -> int:
-        return len(self.logs)
-
-    def cut(self, n: int) -> Locations:
-        return Locations(self.logs[:n], self.offsets[:n], self.lengths[:n])
-
-
-@lru_cache(maxsize=64)
-def _locations_struct(n: int) -> struct.Struct:
-    return struct.Struct("<" + codec.LOCATION.format.lstrip("<") * n)
-
-
-def _parse_locations(located: list[bytes]) -> Locations:
-    flat = _locations_struct(len(located)).unpack(b"".join(located))
-    return Locations(flat[0::3], flat[1::3], flat[2::3])
-
-
-def _index_run(
-    located: list[bytes],
-    active: dict[int, bytes],
-    snap: dict[int, bytes],
-    entry_id: int,
-    budget: int,
-) -> Locations:
-    """Returns, parsed, the first of `located` (the index locations of `entry_id`,
-    `entry_id + 1`...): up to the first id the write caches hold (newer than its index
-    location), within `budget` bytes (at least one)."""
-    n = len(located)
+def _uncached(n: int, active: dict[int, bytes], snap: dict[int, bytes], entry_id: int) -> int:
+    """Returns how many of the `n` entries from `entry_id` on (whose index locations the read
+    holds) come before the first the write caches hold (newer than its index location), at
+    least one."""
     for cache in (active, snap):
         if cache and n > 1:
             held = next(filter(cache.__contains__, range(entry_id + 1, entry_id + n)), None)
             if held is not None:
                 n = held - entry_id
-    run = _parse_locations(located[:n])
-    within = bisect_left(list(accumulate(run.lengths)), budget) + 1
-    return run.cut(within) if within < n else run
+    return n
 
 
 class ReadPath:
@@ -238,56 +198,41 @@ class ReadPath:
                 located_first = entry_id
                 if not located:
                     return batch, entry_id, False
-            run = _index_run(
-                located[entry_id - located_first :], active, snap, entry_id, max_bytes - size
-            )
-            added = self._read_located(stream_id, entry_id, run, batch)
-            size += sum(run.lengths[:added]) + _ENTRY_OVERHEAD_BYTES * added
+            ahead = located[entry_id - located_first :]
+            ahead = ahead[: _uncached(len(ahead), active, snap, entry_id)]
+            count, runs = index_runs(ahead, max_bytes - size, _RECORD_HEADER_BYTES)
+            added, added_bytes = self._read_located(stream_id, entry_id, runs, batch)
+            size += added_bytes + _ENTRY_OVERHEAD_BYTES * added
             entry_id += added
-            if added < len(run):
+            if added < count:
                 return batch, entry_id, False
         return batch, entry_id, True
 
     def _read_located(
-        self, stream_id: int, first_id: int, run: Locations, batch: FramedEntries
-    ) -> int:
-        """Adds to `batch` the entries first_id, first_id + 1... at the locations `run`,
-        reading adjacent records with one pread; returns how many (fewer than `run` when some
-        were deleted meanwhile)."""
-        header = codec.ENTRY_RECORD_HEADER_BYTES
-        logs, offsets, lengths = run.logs, run.offsets, run.lengths
-        ends = list(map(add, offsets, lengths))
-        if logs.count(logs[0]) == len(logs) and all(
-            map(eq, map(sub, offsets[1:], ends), repeat(header))
-        ):
-            groups = [(0, len(logs))]  # the usual case, one span, told without a Python loop
-        else:
-            groups = []
-            i = 0
-            while i < len(logs):
-                j = i + 1
-                while j < len(logs) and logs[j] == logs[i] and offsets[j] == ends[j - 1] + header:
-                    j += 1
-                groups.append((i, j))
-                i = j
-        added = 0
-        for i, j in groups:
-            base = offsets[i]
+        self, stream_id: int, first_id: int, runs: list[Run], batch: FramedEntries
+    ) -> tuple[int, int]:
+        """Adds to `batch` the entries first_id, first_id + 1... located in `runs`, each run of
+        adjacent records read with one pread; returns how many and the sum of their index
+        lengths (fewer than the runs hold when some were deleted meanwhile)."""
+        added = added_bytes = 0
+        for log_id, base, offsets, lengths in runs:
             try:
-                span = self._store.logs.read_span(logs[i], base, ends[j - 1] - base)
+                span = self._store.logs.read_span(log_id, base, offsets[-1] + lengths[-1] - base)
             except EntryLogGone:
                 # Compaction moved these entries meanwhile: look each one up again.
-                for entry_id in range(first_id + i, first_id + j):
-                    entry = self._store.lookup(stream_id, entry_id)
+                for length in lengths:
+                    entry = self._store.lookup(stream_id, first_id + added)
                     if entry is None:
-                        return added  # deleted meanwhile: the range stops here
+                        return added, added_bytes  # deleted meanwhile: the range stops here
                     batch.append(_serialize_entry(entry))
                     added += 1
+                    added_bytes += length
                 continue
-            # One compiled step frames the whole span: no bytes object per entry.
-            batch.add_span(span, base, offsets[i:j], lengths[i:j])
-            added += j - i
-        return added
+            # One compiled step frames every span of the answer: no bytes object per entry.
+            batch.add_span(span, base, offsets, lengths)
+            added += len(offsets)
+            added_bytes += sum(lengths)
+        return added, added_bytes
 
     def missing_entry_ids(self, stream_id: int, entry_ids: list[int]) -> list[int]:
         """Returns those of `entry_ids` (ascending) that the bookie does not hold, looking at
