@@ -326,9 +326,8 @@ class _Connection(asyncio.Protocol):
                 context,
                 port._max_frame,
                 self._refuse,
-                admit=(lambda rpc, request: port._access.admit(rpc, request, caller))
-                if version_2
-                else None,
+                admit=lambda rpc, request: port._access.admit(rpc, request, caller),
+                kinded=version_2,
             )
         else:
             self._service.add_stream_opened()

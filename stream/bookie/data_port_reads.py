@@ -38,16 +38,18 @@ class RangeReads:
         context: contextvars.Context,
         max_frame: int,
         refuse: Callable[[str], None],
-        admit: Admit | None = None,
+        admit: Admit,
+        kinded: bool,
     ) -> None:
         """`buffer` is the connection's received bytes (requests are taken from it as they are
         served); `context` holds the caller (CALLER); `refuse` answers a fault of the
-        connection (a request frame over `max_frame` bytes) and closes it. With `admit`, the
-        connection speaks version 2 (each request starts with its kind), and `admit` says
-        whether the caller may make each ReadLac (its ReadRange calls were admitted with the
-        connection)."""
+        connection (a request frame over `max_frame` bytes) and closes it; `admit` says whether
+        the caller may make each ReadLac (its ReadRange calls were admitted with the
+        connection). `kinded`: the connection speaks version 2, each request starting with its
+        kind; version 1 carries ReadRange requests alone."""
         self._service = service
         self._admit = admit
+        self._kinded = kinded
         self._transport = transport
         self._context = context
         self._max_frame = max_frame
@@ -82,14 +84,13 @@ class RangeReads:
         body = bytes(buffer[_LENGTH.size : end])
         del buffer[:end]
         kind = _READ_RANGE
-        if self._admit is not None:  # version 2: the body starts with its kind
+        if self._kinded:
             kind, body = (body[0], body[1:]) if body else (-1, body)
         self._transport.pause_reading()
         if kind == _READ_RANGE:
             self._answers = self._service.read_range_answers(parse_read_range(body))
             self._schedule()
         elif kind == _READ_LAC:
-            assert self._admit is not None
             request = parse_read_lac(body)
             refusal = self._admit("ReadLac", request)
             if refusal is not None:

@@ -222,6 +222,11 @@ class GrpcTransport:
             broken=lambda reason: AddStreamBroken(reason, bookie=bookie_id),
         )
 
+    def _reads_over_data_port(self, data_port: bool | None) -> bool:
+        """Whether a read (a range, a LAC) goes over the data port: the call's `data_port`,
+        else the transport's default."""
+        return self._data_reads if data_port is None else data_port
+
     async def _connect_data(
         self, address: str, protocol: asyncio.BaseProtocol
     ) -> asyncio.Transport:
@@ -311,7 +316,7 @@ class GrpcTransport:
         """One ReadRange call, its responses through `deserializer` (None: as sent), over the
         bookie's data port when it serves range reads and `data_port` (None: the transport's
         default) allows."""
-        if self._reads is not None and (self._data_reads if data_port is None else data_port):
+        if self._reads is not None and self._reads_over_data_port(data_port):
             answers = await self._reads.read_range(
                 bookie_id, request.SerializeToString(), timeout_s
             )
@@ -348,7 +353,7 @@ class GrpcTransport:
         """Over the bookie's data port where ranges are read there (`data_port`, as for
         `read_range`; its answer is gRPC's)."""
         request = pb.ReadLacRequest(stream_id=stream_id, known_lac=known_lac, timeout_ms=wait_ms)
-        if self._reads is not None and (self._data_reads if data_port is None else data_port):
+        if self._reads is not None and self._reads_over_data_port(data_port):
             answer = await self._reads.read_lac(bookie_id, request.SerializeToString(), timeout_s)
             if answer is not None:
                 return pb.ReadLacResponse.FromString(answer)

@@ -39,12 +39,12 @@ def index_runs_python(located: list[bytes], budget: int, header: int) -> tuple[i
     flat = _locations_struct(len(located)).unpack(b"".join(located))
     lengths = flat[2::3]
     count = min(bisect_left(list(accumulate(lengths)), budget) + 1, len(located))
+    if not count:
+        return 0, []
     logs, offsets, lengths = flat[0 : 3 * count : 3], flat[1 : 3 * count : 3], lengths[:count]
     ends = list(map(add, offsets, lengths))
-    if logs.count(logs[0] if logs else 0) == count and all(
-        map(eq, map(sub, offsets[1:], ends), repeat(header))
-    ):
-        return count, [(logs[0], offsets[0], offsets, lengths)] if count else []
+    if logs.count(logs[0]) == count and all(map(eq, map(sub, offsets[1:], ends), repeat(header))):
+        return count, [(logs[0], offsets[0], offsets, lengths)]
     runs: list[Run] = []
     i = 0
     while i < count:
