@@ -177,8 +177,11 @@ class SimDisk:
             limit = len(synced)
             while same < limit and data[same] == synced[same]:
                 same += 1
-            if same == limit:  # only appended bytes are unsynced: keep a seeded part
-                cut = self._rng.randint(limit, len(data))
+            if same == limit:  # only appended bytes are unsynced: lose them, or a seeded part
+                # Half the time all of them: a cut at a uniform byte alone would nearly always
+                # keep a small journal group's records whole, its padding being most of it.
+                lost = self._rng.random() < 0.5
+                cut = limit if lost else self._rng.randint(limit, len(data))
                 kept = bytes(data[:cut])
         inode.data = bytearray(kept)
         inode.synced = kept
@@ -226,7 +229,7 @@ class SimDisk:
             handle.position += n
             return n
 
-    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+    def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> int:
         with self._guard:
             return self._put(self._fd(fd, write=True).inode, bytes(data), offset)
 

@@ -8,14 +8,19 @@ import struct
 # -- journal --------------------------------------------------------------------------------
 # A journal file starts with JOURNAL_FILE_HEADER (magic, file sequence number) and holds
 # records `[u32 body_len][u32 crc][body]`, body = `[u8 type][payload]`. A zero body_len marks
-# the end of written data (zeros a crash may leave after it).
-# Version 2 files are recycled (a file behind the checkpoint is overwritten as a later one,
-# not deleted), so what follows the last record may be an earlier file's records: the crc is
-# crc32c(body) continued from journal_seed(seq), which such stale records fail. Version 1
-# files (crc32c(body) alone, never recycled) are still replayed.
-JOURNAL_MAGIC = b"SKJRNL02"
+# the end of written data (zeros a crash may leave after it, or zeros written ahead).
+# Files are recycled (a file behind the checkpoint is overwritten as a later one, not
+# deleted), so what follows the last record may be an earlier file's records: the crc is
+# crc32c(body) continued from journal_seed(seq), which such stale records fail.
+# Version 3 files are written in whole blocks (with O_DIRECT where the filesystem has it): the
+# header fills the first JOURNAL_BLOCK, and every group commit ends on a block boundary with a
+# REC_PAD record, so no write covers part of a block. Version 2 files (unaligned, seeded crcs)
+# and version 1 files (crc32c(body) alone, never recycled) are still replayed.
+JOURNAL_MAGIC = b"SKJRNL03"
+JOURNAL_MAGIC_V2 = b"SKJRNL02"
 JOURNAL_MAGIC_V1 = b"SKJRNL01"
 JOURNAL_FILE_HEADER = struct.Struct("<8sQ")
+JOURNAL_BLOCK = 4096  # version 3: where records start, and what every group is a multiple of
 JOURNAL_SEED = struct.Struct("<Q")  # seq, whose crc32c seeds the crc of the file's records
 JOURNAL_RECORD_HEADER = struct.Struct("<II")  # body_len, crc
 JOURNAL_RECORD_PREFIX = struct.Struct("<IIB")  # body_len, crc, type (body's 1st byte)
@@ -26,6 +31,7 @@ REC_TRUNCATE = 3  # payload: TRUNCATE_BODY
 REC_TRIM = 4  # payload: TRIM_BODY
 REC_LIMBO = 5  # payload: LIMBO_BODY
 RECORD_TYPES = frozenset({REC_ADD, REC_TERM, REC_TRUNCATE, REC_TRIM, REC_LIMBO})
+REC_PAD = 6  # payload: zeros up to the next block boundary (version 3); never replayed
 
 TERM_BODY = struct.Struct("<QQ")  # stream_id, term
 TRUNCATE_BODY = struct.Struct("<QQq")  # stream_id, term, after_entry_id

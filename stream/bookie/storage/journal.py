@@ -10,6 +10,7 @@ its wrapper cannot cancel the shared future under the other waiters.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import threading
 import time
@@ -21,18 +22,22 @@ from typing import NamedTuple
 
 from stream.bookie import metrics
 from stream.bookie.storage.codec import (
+    JOURNAL_BLOCK,
     JOURNAL_FILE_HEADER,
     JOURNAL_MAGIC,
     JOURNAL_MAGIC_V1,
+    JOURNAL_MAGIC_V2,
     JOURNAL_RECORD_HEADER,
     JOURNAL_RECORD_PREFIX,
     JOURNAL_SEED,
+    REC_PAD,
     RECORD_TYPES,
     journal_file_name,
     parse_numbered_name,
     recycled_journal_name,
 )
 from stream.bookie.storage.disk_port import OS_DISK, DiskPort
+from stream.bookie.storage.journal_blocks import MARK, Blocks
 from stream.errors import StorageError
 from stream.framing import native
 from stream.logs import get_logger
@@ -41,7 +46,6 @@ from stream.protocol.invariant import invariant
 log = get_logger(__name__)
 
 _crc32c = native.crc32c
-_pack_prefix = JOURNAL_RECORD_PREFIX.pack
 # Journal files behind the checkpoint kept for reuse. Deleting a journal file of hundreds
 # of MiB frees all its extents at once; on ext4 (worse with online discard) the next
 # fdatasync then waits for that, and appends stalled for 100-500 ms at every deletion
@@ -52,15 +56,7 @@ _SPARE_FILES = 2
 # A group grows (up to journal_max_group_wait_ms) only while it is below this size: a large
 # group is already worth its fdatasync.
 _GROUP_GROW_BYTES = 1 << 20
-# Journal files are not preallocated: measured on ext4 with an entry-log flush running
-# concurrently, posix_fallocate made group commits slower (unwritten-extent conversion on every
-# fdatasync: 84-105 MB/s against 105-178 MB/s for plain appends), and zero-filling doubles the
-# journal's disk writes for a gain within the noise.
-# os.writev takes at most IOV_MAX buffers.
-_IOV_MAX = 1024
 _JOURNAL_BYTES = metrics.BYTES_WRITTEN.labels(kind="journal")
-
-_MARK = 0  # pending item type of a checkpoint mark (never written)
 
 
 class JournalPosition(NamedTuple):
@@ -106,10 +102,10 @@ def journal_seed(seq: int) -> int:
 
 
 def _type_crcs(seed: int) -> dict[int, int]:
-    """Returns, per record type, the crc of the body's type byte continued from `seed`, so
-    that a record's crc is computed over its payload alone (no concatenation of type byte
-    and payload)."""
-    return {t: _crc32c(bytes([t]), seed) for t in RECORD_TYPES}
+    """Returns, per record type (padding too), the crc of the body's type byte continued from
+    `seed`, so that a record's crc is computed over its payload alone (no concatenation of
+    type byte and payload)."""
+    return {t: _crc32c(bytes([t]), seed) for t in (*RECORD_TYPES, REC_PAD)}
 
 
 def journal_files(path: Path, disk: DiskPort = OS_DISK) -> list[tuple[int, Path]]:
@@ -151,12 +147,13 @@ def _replay_file(
             _headerless(disk, path, size, last=last)
             return
         magic, file_seq = JOURNAL_FILE_HEADER.unpack_from(data, 0)
-        if magic not in (JOURNAL_MAGIC, JOURNAL_MAGIC_V1) or file_seq != seq:
+        if magic not in (JOURNAL_MAGIC, JOURNAL_MAGIC_V2, JOURNAL_MAGIC_V1) or file_seq != seq:
             raise StorageError("not a journal file", path=str(path), seq=seq, file_seq=file_seq)
-        seed = journal_seed(seq) if magic == JOURNAL_MAGIC else 0
+        seed = journal_seed(seq) if magic != JOURNAL_MAGIC_V1 else 0
+        padded = magic == JOURNAL_MAGIC
         if start > size:
             raise StorageError("journal checkpoint beyond end of file", path=str(path))
-        offset = max(start, header_size)
+        offset = max(start, JOURNAL_BLOCK if padded else header_size)
         problem = None
         unpack_header = JOURNAL_RECORD_HEADER.unpack_from
         header_bytes = JOURNAL_RECORD_HEADER.size
@@ -179,6 +176,9 @@ def _replay_file(
                 problem = "record checksum mismatch"
                 break
             if body[0] not in RECORD_TYPES:
+                if padded and body[0] == REC_PAD:
+                    offset = body_end
+                    continue
                 problem = "unknown record type"
                 break
             yield ReplayedRecord(body[0], body[1:], JournalPosition(seq, body_end))
@@ -212,6 +212,21 @@ def _headerless(disk: DiskPort, path: Path, size: int, *, last: bool) -> None:
         raise StorageError("journal file without a header", path=str(path))
     log.warning("journal.headerless_file_removed", path=str(path), size=size)
     disk.unlink(path)
+
+
+def _open_for_writing(disk: DiskPort, path: Path, flags: int, direct: bool) -> tuple[int, bool]:
+    """Opens a journal file for writing, with O_DIRECT if `direct` and the filesystem has it;
+    returns the descriptor and whether it is direct."""
+    if direct:
+        try:
+            return disk.open(path, flags | os.O_DIRECT, 0o644), True
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise
+            log.info("journal.no_direct_io", path=str(path))
+            # Linux refuses O_DIRECT after creating the file: it is ours, O_EXCL or not.
+            flags &= ~os.O_EXCL
+    return disk.open(path, flags, 0o644), False
 
 
 class Journal:
@@ -264,6 +279,11 @@ class Journal:
         # adds them, the journal thread takes them when it rotates.
         self._spares_lock = threading.Lock()
         self._spares: list[Path] = []
+        # Groups are laid out here and written in whole blocks, with O_DIRECT unless the
+        # filesystem refuses it (tmpfs): no copy into the page cache, no block read back to
+        # complete a partial one, no pages for the flusher to compete with.
+        self._blocks = Blocks()
+        self._direct = True
         self.appended_records = 0  # records appended (the event-loop thread's count)
         self.bytes_written = 0
 
@@ -394,7 +414,7 @@ class Journal:
             if new_group:
                 self._group_future = _running_future()
                 self._pending_since = self._clock()
-            self._pending.append((_MARK, fut))
+            self._pending.append((MARK, fut))
             if self._sleeping:
                 self._cond.notify()
         if new_group and self._on_group is not None:
@@ -518,36 +538,28 @@ class Journal:
         if fut is not None and not fut.done():
             fut.set_exception(error)
         for record_type, payload in items:
-            if record_type == _MARK:
+            if record_type == MARK:
                 mark = payload
                 assert isinstance(mark, Future)
                 if not mark.done():
                     mark.set_exception(error)
 
     def _write(self, items: list[tuple[int, object]], fut: Future[None]) -> _WrittenGroup:
-        """Writes `items` with one writev series (no sync); returns the written group."""
+        """Writes `items` in whole blocks (no sync); returns the written group."""
         started = self._clock()
-        if self._offset >= self._max_file_bytes:
-            self._rotate()
-        type_crc = self._type_crc
-        buffers: list[bytes] = []
+        if self._offset >= self._max_file_bytes and any(kind != MARK for kind, _ in items):
+            self._rotate()  # not for marks alone: they can stay at this file's end
         marks: list[tuple[Future[JournalPosition], JournalPosition]] = []
-        size = 0
-        records = 0
-        for record_type, payload in items:
-            if record_type == _MARK:
-                assert isinstance(payload, Future)
-                marks.append((payload, JournalPosition(self._seq, self._offset + size)))
-                continue
-            assert isinstance(payload, bytes)
-            length = len(payload)
-            crc = _crc32c(payload, type_crc[record_type])
-            buffers.append(_pack_prefix(length + 1, crc, record_type))
-            buffers.append(payload)
-            size += length + JOURNAL_RECORD_PREFIX.size
-            records += 1
+        seq, offset = self._seq, self._offset
+
+        def on_mark(mark: object, at: int) -> None:
+            assert isinstance(mark, Future)
+            marks.append((mark, JournalPosition(seq, offset + at)))
+
+        data, records = self._blocks.group(items, self._type_crc, on_mark)
+        size = len(data)
         if size:
-            self._write_all(buffers, size)
+            self._write_all(data, offset)
             self._offset += size
             if self._ack_before_sync:
                 fut.set_result(None)
@@ -566,21 +578,24 @@ class Journal:
         if not group.future.done():
             group.future.set_result(None)
 
-    def _write_all(self, buffers: list[bytes], size: int) -> None:
+    def _write_all(self, data: memoryview, offset: int, path: Path | None = None) -> None:
+        """Writes `data` at `offset` of the current file (named `path`, by default its
+        journal name)."""
         written = 0
-        disk = self._disk
-        for start in range(0, len(buffers), _IOV_MAX):
-            chunk = buffers[start : start + _IOV_MAX]
-            n = disk.pwritev(self._fd, chunk, self._offset + written)
-            chunk_size = sum(map(len, chunk))
-            if n != chunk_size:  # short write (rare): finish it piece by piece
-                data = b"".join(chunk)[n:]
-                pos = self._offset + written + n
-                while data:
-                    k = disk.pwrite(self._fd, data, pos)
-                    data, pos = data[k:], pos + k
-            written += chunk_size
-        invariant(written == size, "journal group written whole", written=written, size=size)
+        size = len(data)
+        while written < size:  # a short write (rare) is finished from where it stopped
+            try:
+                written += self._disk.pwrite(self._fd, data[written:], offset + written)
+            except OSError as e:
+                if e.errno != errno.EINVAL or not self._direct:
+                    raise
+                # A device whose blocks are larger than ours: on without O_DIRECT, in this
+                # file and from then on.
+                path = path or self._path / journal_file_name(self._seq)
+                log.info("journal.no_direct_io", path=str(path))
+                fd = self._disk.open(path, os.O_WRONLY)
+                self._disk.close(self._fd)
+                self._fd, self._direct = fd, False
 
     def _open_file(self, seq: int) -> None:
         """Opens journal file `seq`: a spare overwritten in place when there is one, else a
@@ -588,21 +603,22 @@ class Journal:
         either a spare or a journal file whose records after the header fail their crcs (an
         empty last file)."""
         file_path = self._path / journal_file_name(seq)
-        header = JOURNAL_FILE_HEADER.pack(JOURNAL_MAGIC, seq)
+        header = self._blocks.header(seq)
         with self._spares_lock:
             spare = self._spares.pop(0) if self._spares else None
         disk = self._disk
         if spare is not None:
-            fd = disk.open(spare, os.O_WRONLY)
-            disk.pwrite(fd, header, 0)
-            disk.fdatasync(fd)
+            self._fd, self._direct = _open_for_writing(disk, spare, os.O_WRONLY, self._direct)
+            self._write_all(header, 0, spare)
+            disk.fdatasync(self._fd)
             disk.rename(spare, file_path)
         else:
-            fd = disk.open(file_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            disk.write(fd, header)
-            disk.fsync(fd)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+            self._fd, self._direct = _open_for_writing(disk, file_path, flags, self._direct)
+            self._write_all(header, 0, file_path)
+            disk.fsync(self._fd)
         disk.fsync_dir(self._path)
-        self._fd, self._seq, self._offset = fd, seq, len(header)
+        self._seq, self._offset = seq, JOURNAL_BLOCK
         self._type_crc = _type_crcs(journal_seed(seq))
         log.debug("journal.opened", path=str(file_path), seq=seq, reused=spare is not None)
 

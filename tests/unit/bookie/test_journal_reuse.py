@@ -12,9 +12,11 @@ import crc32c
 import pytest
 
 from stream.bookie.storage.codec import (
+    JOURNAL_BLOCK,
     JOURNAL_FILE_HEADER,
     JOURNAL_MAGIC,
     JOURNAL_MAGIC_V1,
+    JOURNAL_MAGIC_V2,
     JOURNAL_RECORD_PREFIX,
     REC_ADD,
     journal_file_name,
@@ -34,7 +36,7 @@ from .storage_support import (
     wait,
 )
 
-SMALL_FILES = 8 << 10
+SMALL_FILES = 16 << 10  # three 4 KiB groups after the header block
 
 
 def append_batches(storage, first_batch: int, batches: int) -> list[pb.Entry]:
@@ -54,8 +56,9 @@ def test_retired_files_are_reused_and_their_old_records_never_replayed(tmp_path:
     spares = files(config.journal_path, "recycle-")
     assert len(spares) == 2
     spare_inodes = {p.stat().st_ino for p in spares}
-    written = append_batches(storage, 20, 12)  # two rotations or more: both spares reused
-    assert not files(config.journal_path, "recycle-")
+    written: list[pb.Entry] = []
+    while files(config.journal_path, "recycle-"):  # until both spares are in use
+        written += append_batches(storage, 20 + len(written) // 4, 1)
     in_use = {p.stat().st_ino for _, p in journal_files(config.journal_path)}
     assert spare_inodes <= in_use
     # The current file was reused: after its last record come an earlier file's records.
@@ -125,7 +128,7 @@ def test_crash_after_a_spare_took_its_new_name_replays_nothing_from_it(tmp_path:
     spare = files(config.journal_path, "recycle-")[0]
     size = spare.stat().st_size
     fd = os.open(spare, os.O_WRONLY)
-    os.pwrite(fd, JOURNAL_FILE_HEADER.pack(JOURNAL_MAGIC, last_seq + 1), 0)
+    os.pwrite(fd, header_block(JOURNAL_MAGIC, last_seq + 1), 0)
     os.close(fd)
     reused = spare.rename(config.journal_path / journal_file_name(last_seq + 1))
     storage, report = open_storage(config)
@@ -135,9 +138,14 @@ def test_crash_after_a_spare_took_its_new_name_replays_nothing_from_it(tmp_path:
             assert storage.read(7, e.entry_id).entry == e
         assert storage.stream_state(7).last_entry_id == written[-1].entry_id
         # Its stale records were cut off, so it reads clean as an older file from now on.
-        assert reused.stat().st_size == JOURNAL_FILE_HEADER.size < size
+        assert reused.stat().st_size == JOURNAL_BLOCK < size
     finally:
         storage.close()
+
+
+def header_block(magic: bytes, seq: int) -> bytes:
+    """Returns a version 3 file's first block."""
+    return JOURNAL_FILE_HEADER.pack(magic, seq).ljust(JOURNAL_BLOCK, b"\0")
 
 
 def record(payload: bytes, seed: int = 0) -> bytes:
@@ -148,7 +156,7 @@ def record(payload: bytes, seed: int = 0) -> bytes:
 
 def test_records_of_the_file_a_reused_one_was_are_not_replayed(tmp_path: Path) -> None:
     ours, stale = b"ours" * 10, b"old!" * 10  # one size: the old records line up with ours
-    head = JOURNAL_FILE_HEADER.pack(JOURNAL_MAGIC, 5) + record(ours, journal_seed(5))
+    head = header_block(JOURNAL_MAGIC, 5) + record(ours, journal_seed(5))
     path = tmp_path / journal_file_name(5)
     path.write_bytes(head + record(stale, journal_seed(3)) + record(stale, journal_seed(3)))
     records = list(replay(tmp_path, JournalPosition(0, 0)))
@@ -156,7 +164,7 @@ def test_records_of_the_file_a_reused_one_was_are_not_replayed(tmp_path: Path) -
     assert path.stat().st_size == len(head)  # the last file is cut at its last record
 
 
-def test_version_1_files_still_replay_and_their_crcs_do_not_pass_in_version_2(
+def test_version_1_files_still_replay_and_their_crcs_do_not_pass_in_later_versions(
     tmp_path: Path,
 ) -> None:
     payload = add_request(7, 1, [entry(7, 0)]).SerializeToString()
@@ -164,12 +172,15 @@ def test_version_1_files_still_replay_and_their_crcs_do_not_pass_in_version_2(
     v1.write_bytes(JOURNAL_FILE_HEADER.pack(JOURNAL_MAGIC_V1, 1) + record(payload))
     records = list(replay(tmp_path, JournalPosition(0, 0)))
     assert [(r.type, r.payload) for r in records] == [(REC_ADD, payload)]
-    # The same record under a version 2 header is a stale one: in an older file, corruption.
+    # The same record under a later header is a stale one: in an older file, corruption.
     v2 = tmp_path / journal_file_name(2)
-    v2.write_bytes(JOURNAL_FILE_HEADER.pack(JOURNAL_MAGIC, 2) + record(payload))
-    (tmp_path / journal_file_name(3)).write_bytes(JOURNAL_FILE_HEADER.pack(JOURNAL_MAGIC, 3))
-    with pytest.raises(StorageError, match="corrupt journal"):
-        list(replay(tmp_path, JournalPosition(2, 0)))
+    v2.write_bytes(JOURNAL_FILE_HEADER.pack(JOURNAL_MAGIC_V2, 2) + record(payload))
+    v3 = tmp_path / journal_file_name(3)
+    v3.write_bytes(header_block(JOURNAL_MAGIC, 3) + record(payload))
+    (tmp_path / journal_file_name(4)).write_bytes(header_block(JOURNAL_MAGIC, 4))
+    for seq in (2, 3):
+        with pytest.raises(StorageError, match="corrupt journal"):
+            list(replay(tmp_path, JournalPosition(seq, 0)))
 
 
 def test_spares_beyond_the_limit_are_deleted_at_start(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stream.bookie.storage.codec import JOURNAL_FILE_HEADER
+from stream.bookie.storage.codec import JOURNAL_BLOCK, JOURNAL_RECORD_PREFIX
 from stream.bookie.storage.journal import JournalPosition, journal_files, replay
 from stream.errors import StorageError
 from stream.wire import bookie_pb2 as pb
@@ -124,10 +124,12 @@ def test_torn_journal_tail_is_tolerated(tmp_path: Path) -> None:
     wait(storage.add_batch(add_request(7, 1, [entry(7, 0)])).durable)
     wait(storage.add_batch(add_request(7, 1, [entry(7, 1)])).durable)
     storage.abandon()
-    # Tear the last record: cut it in the middle, as a crash during its write would.
+    # Tear the last record: cut it in the middle, as a crash during its write would. Its group
+    # (the record and its padding, zeros after them) is the last block written.
     journal = files(config.journal_path, "journal-")[-1]
     data = journal.read_bytes().rstrip(b"\0")
-    journal.write_bytes(data[:-5])
+    last_group = (len(data) - 1) // JOURNAL_BLOCK * JOURNAL_BLOCK
+    journal.write_bytes(data[: last_group + JOURNAL_RECORD_PREFIX.size + 5])
     storage, report = open_storage(config)
     assert report.records_replayed == 1
     assert storage.read(7, 0).code == pb.OK
@@ -167,7 +169,7 @@ def test_corrupt_record_in_an_older_journal_file_is_an_error(tmp_path: Path) -> 
     storage.abandon()
     older = files(config.journal_path, "journal-")[0]
     data = bytearray(older.read_bytes())
-    data[JOURNAL_FILE_HEADER.size + 40] ^= 0xFF  # inside the first record's body
+    data[JOURNAL_BLOCK + 40] ^= 0xFF  # inside the first record's body
     older.write_bytes(bytes(data))
     with pytest.raises(StorageError, match="corrupt journal"):
         list(replay(config.journal_path, JournalPosition(0, 0)))
