@@ -78,6 +78,11 @@ def test_a_writer_and_a_reader_opened_with_options_follow_their_own(
         reader = client.open_reader(name, options=ReaderOptions(data_port=own))
         assert [e.payload for e in reader.read(0, len(payloads) - 1)] == payloads
         assert connections(cluster, "served") - before == 6 * own
+        # A tail's long polls for the LAC follow them too: a reader told not to use the data
+        # port asks over gRPC even when the client's default is the data port.
+        assert list(reader.tail("latest", timeout_s=0.5)) == []
+        if not own:
+            assert connections(cluster, "served") == before
         before = connections(cluster, "served")
         default_reader = client.open_reader(name)
         assert [e.payload for e in default_reader.read(0, len(payloads) - 1)] == payloads
