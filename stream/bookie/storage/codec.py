@@ -8,7 +8,7 @@ import struct
 # -- journal --------------------------------------------------------------------------------
 # A journal file starts with JOURNAL_FILE_HEADER (magic, file sequence number) and holds
 # records `[u32 body_len][u32 crc][body]`, body = `[u8 type][payload]`. A zero body_len marks
-# the end of written data (zeros a crash may leave after it, or zeros written ahead).
+# the end of written data (zeros a crash may leave after it).
 # Files are recycled (a file behind the checkpoint is overwritten as a later one, not
 # deleted), so what follows the last record may be an earlier file's records: the crc is
 # crc32c(body) continued from journal_seed(seq), which such stale records fail.

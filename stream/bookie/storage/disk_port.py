@@ -10,6 +10,8 @@ production and an object with the same transaction and cursor API in the simulat
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import mmap
 import os
 from collections.abc import Iterator, Sequence
@@ -45,6 +47,11 @@ class DiskPort(Protocol):
 
     def fsize(self, fd: int) -> int:
         """Returns the size in bytes of the open file `fd`."""
+        ...
+
+    def set_direct(self, fd: int, on: bool) -> bool:
+        """Turns O_DIRECT on or off for the open file `fd`; returns whether it is on (off
+        where the filesystem refuses it)."""
         ...
 
     def size(self, path: PathLike) -> int:
@@ -93,6 +100,17 @@ def _mapped(path: PathLike) -> Iterator[mmap.mmap]:
         yield data
 
 
+def _set_direct(fd: int, on: bool) -> bool:
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_DIRECT if on else flags & ~os.O_DIRECT)
+    except OSError as e:
+        if e.errno != errno.EINVAL:
+            raise
+        return False
+    return on
+
+
 def _mkdir(path: Path) -> None:
     path.mkdir(parents=True, exist_ok=True)
 
@@ -115,6 +133,7 @@ class OsDisk:
     mkdir = staticmethod(_mkdir)
     fsync_dir = staticmethod(fsync_dir)
     mapped = staticmethod(_mapped)
+    set_direct = staticmethod(_set_direct)
     open_index_env = staticmethod(lmdb.open)
 
     @staticmethod

@@ -214,21 +214,6 @@ def _headerless(disk: DiskPort, path: Path, size: int, *, last: bool) -> None:
     disk.unlink(path)
 
 
-def _open_for_writing(disk: DiskPort, path: Path, flags: int, direct: bool) -> tuple[int, bool]:
-    """Opens a journal file for writing, with O_DIRECT if `direct` and the filesystem has it;
-    returns the descriptor and whether it is direct."""
-    if direct:
-        try:
-            return disk.open(path, flags | os.O_DIRECT, 0o644), True
-        except OSError as e:
-            if e.errno != errno.EINVAL:
-                raise
-            log.info("journal.no_direct_io", path=str(path))
-            # Linux refuses O_DIRECT after creating the file: it is ours, O_EXCL or not.
-            flags &= ~os.O_EXCL
-    return disk.open(path, flags, 0o644), False
-
-
 class Journal:
     """The journal writer: a thread that group-commits appended records, or, started without
     it, `commit_pending()` called by a simulator when its virtual clock says so. `clock` is
@@ -280,8 +265,9 @@ class Journal:
         self._spares_lock = threading.Lock()
         self._spares: list[Path] = []
         # Groups are laid out here and written in whole blocks, with O_DIRECT unless the
-        # filesystem refuses it (tmpfs): no copy into the page cache, no block read back to
-        # complete a partial one, no pages for the flusher to compete with.
+        # filesystem refuses it (tmpfs) or its device's blocks are larger than ours: no copy
+        # into the page cache, no block read back to complete a partial one, no pages for the
+        # flusher to compete with.
         self._blocks = Blocks()
         self._direct = True
         self.appended_records = 0  # records appended (the event-loop thread's count)
@@ -578,9 +564,7 @@ class Journal:
         if not group.future.done():
             group.future.set_result(None)
 
-    def _write_all(self, data: memoryview, offset: int, path: Path | None = None) -> None:
-        """Writes `data` at `offset` of the current file (named `path`, by default its
-        journal name)."""
+    def _write_all(self, data: memoryview, offset: int) -> None:
         written = 0
         size = len(data)
         while written < size:  # a short write (rare) is finished from where it stopped
@@ -590,12 +574,9 @@ class Journal:
                 if e.errno != errno.EINVAL or not self._direct:
                     raise
                 # A device whose blocks are larger than ours: on without O_DIRECT, in this
-                # file and from then on.
-                path = path or self._path / journal_file_name(self._seq)
-                log.info("journal.no_direct_io", path=str(path))
-                fd = self._disk.open(path, os.O_WRONLY)
-                self._disk.close(self._fd)
-                self._fd, self._direct = fd, False
+                # file and the next ones.
+                self._direct = self._disk.set_direct(self._fd, False)
+                log.info("journal.no_direct_io", seq=self._seq)
 
     def _open_file(self, seq: int) -> None:
         """Opens journal file `seq`: a spare overwritten in place when there is one, else a
@@ -608,14 +589,17 @@ class Journal:
             spare = self._spares.pop(0) if self._spares else None
         disk = self._disk
         if spare is not None:
-            self._fd, self._direct = _open_for_writing(disk, spare, os.O_WRONLY, self._direct)
-            self._write_all(header, 0, spare)
+            self._fd = disk.open(spare, os.O_WRONLY)
+        else:
+            self._fd = disk.open(file_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        if self._direct and not disk.set_direct(self._fd, True):
+            self._direct = False  # the filesystem has no O_DIRECT (tmpfs): from now on
+            log.info("journal.no_direct_io", seq=seq)
+        self._write_all(header, 0)
+        if spare is not None:
             disk.fdatasync(self._fd)
             disk.rename(spare, file_path)
         else:
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
-            self._fd, self._direct = _open_for_writing(disk, file_path, flags, self._direct)
-            self._write_all(header, 0, file_path)
             disk.fsync(self._fd)
         disk.fsync_dir(self._path)
         self._seq, self._offset = seq, JOURNAL_BLOCK

@@ -150,15 +150,14 @@ def test_groups_go_out_with_o_direct_in_whole_blocks(tmp_path: Path) -> None:
     assert _replayed(tmp_path / "journal") == payloads
 
 
-class _NoDirectOpen(OsDisk):
-    """A filesystem without O_DIRECT, as Linux refuses it: after creating the file."""
+class _NoDirectFilesystem(OsDisk):
+    """A filesystem without O_DIRECT: it refuses to turn it on."""
 
     @staticmethod
-    def open(path: str | Path, flags: int, mode: int = 0o777, /) -> int:  # type: ignore[override]
-        if flags & os.O_DIRECT:
-            os.close(os.open(path, flags & ~os.O_DIRECT, mode))
-            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
-        return os.open(path, flags, mode)
+    def set_direct(fd: int, on: bool) -> bool:
+        if on:
+            return False
+        return OsDisk.set_direct(fd, on)
 
 
 class _NoDirectWrite(OsDisk):
@@ -171,7 +170,7 @@ class _NoDirectWrite(OsDisk):
         return os.pwrite(fd, data, offset)
 
 
-@pytest.mark.parametrize("disk", [_NoDirectOpen(), _NoDirectWrite()], ids=["open", "write"])
+@pytest.mark.parametrize("disk", [_NoDirectFilesystem(), _NoDirectWrite()], ids=["filesystem", "device"])
 def test_without_o_direct_the_journal_writes_through_the_page_cache(
     tmp_path: Path, disk: OsDisk
 ) -> None:
