@@ -170,7 +170,9 @@ class _NoDirectWrite(OsDisk):
         return os.pwrite(fd, data, offset)
 
 
-@pytest.mark.parametrize("disk", [_NoDirectFilesystem(), _NoDirectWrite()], ids=["filesystem", "device"])
+@pytest.mark.parametrize(
+    "disk", [_NoDirectFilesystem(), _NoDirectWrite()], ids=["filesystem", "device"]
+)
 def test_without_o_direct_the_journal_writes_through_the_page_cache(
     tmp_path: Path, disk: OsDisk
 ) -> None:
