@@ -519,12 +519,17 @@ class MeasuredRun:
     # CPU microseconds of one thread waking another on another CPU, measured before the run
     # (see `wakeup_cpu_us`): what each of the processes' sleeps costs on this machine.
     wakeup_cpu_us: float | None = None
+    # The part of the client's CPU per entry that the bench's appending thread used: its
+    # pacing (a paced run's ticks each end in a sleep) and the append calls it makes (the
+    # library's work done on its caller's thread); the rest is the client's own threads.
+    appending_thread_cpu_us_per_entry: float | None = None
 
 
 @dataclass(frozen=True)
 class _Snapshot:
     """CPU seconds, bytes written, resident bytes, resident anonymous bytes and sleeps of each
-    process at one moment (perf_counter `at`)."""
+    process at one moment (perf_counter `at`), and the CPU seconds of the bench's appending
+    thread (None: not measured)."""
 
     at: float
     cpu: dict[int, float]
@@ -532,6 +537,7 @@ class _Snapshot:
     rss: dict[int, int]
     anon: dict[int, int]
     sleeps: dict[int, int]
+    appending_cpu: float | None = None
 
 
 def _positive_rate(text: str) -> float:
@@ -618,8 +624,14 @@ def _sustained(args: argparse.Namespace) -> int:
     return 0
 
 
-def _snapshot(pids: list[int]) -> _Snapshot:
-    from stream.sandbox.processes import cpu_seconds, resident_bytes, sleeps, write_bytes
+def _snapshot(pids: list[int], appending_tid: int) -> _Snapshot:
+    from stream.sandbox.processes import (
+        cpu_seconds,
+        resident_bytes,
+        sleeps,
+        thread_cpu_seconds,
+        write_bytes,
+    )
 
     resident = {pid: resident_bytes(pid) for pid in pids}
     return _Snapshot(
@@ -629,6 +641,7 @@ def _snapshot(pids: list[int]) -> _Snapshot:
         {pid: rss for pid, (rss, _) in resident.items()},
         {pid: anon for pid, (_, anon) in resident.items()},
         {pid: sleeps(pid) for pid in pids},
+        thread_cpu_seconds(os.getpid(), appending_tid),
     )
 
 
@@ -750,16 +763,18 @@ def _drive(
     counts: list[int] = []
     seconds = args.warmup + args.seconds + _TAIL_S
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        # The appending thread, by its native id: its CPU is told apart from the client's.
+        appending_tid = pool.submit(threading.get_native_id).result()
         started = time.perf_counter()
         driving = pool.submit(
             _run_writer, writer, _payload(args.size), seconds, rate, samples, counts
         )
         time.sleep(max(0.0, started + args.warmup - time.perf_counter()))
-        window = [_snapshot(pids)]
+        window = [_snapshot(pids, appending_tid)]
         end = started + args.warmup + args.seconds
         while (left := end - time.perf_counter()) > 0:
             time.sleep(min(left, RSS_SAMPLE_INTERVAL_S))
-            window.append(_snapshot(pids))
+            window.append(_snapshot(pids, appending_tid))
         driving.result()  # a writer that failed fails the run, its figures unprinted
     return samples, window
 
@@ -811,6 +826,9 @@ def _figures(
         for anon in [rss_halves([snapshot.anon[pid] for snapshot in window])]
     ]
     entries_per_s = acked / seconds
+    appending = None
+    if first.appending_cpu is not None and last.appending_cpu is not None:
+        appending = _per_entry(last.appending_cpu - first.appending_cpu, acked)
     disk = None
     if synced_mb_per_s is not None:
         bookies_written = sum(last.written[p] - first.written[p] for _, p in processes[1:])
@@ -841,6 +859,7 @@ def _figures(
         per_second_max_ms=[round(v, 1) for v in per_second],
         processes=figures,
         disk=disk,
+        appending_thread_cpu_us_per_entry=appending,
     )
 
 
@@ -921,6 +940,12 @@ def _print_measured(args: argparse.Namespace, run: MeasuredRun) -> None:
         f"{total_written:.0f}",
     )
     out.print(table)
+    if run.appending_thread_cpu_us_per_entry is not None:
+        out.print(
+            f"of the client's CPU, the bench's appending thread (its pacing and append calls): "
+            f"{run.appending_thread_cpu_us_per_entry:.1f} us/entry",
+            highlight=False,
+        )
     since = "sent" if run.target_rate is None else "due"
     latency = Table(title=f"append latency (ms, from the time each append was {since})")
     for column in ("p50", "p99", "p999", "max", "samples"):

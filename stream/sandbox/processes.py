@@ -30,7 +30,17 @@ def terminate(process: subprocess.Popen[bytes], timeout_s: float) -> bool:
 
 def cpu_seconds(pid: int) -> float:
     """Returns the user + system CPU seconds process `pid` used so far (from /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return _stat_cpu_seconds(f"/proc/{pid}/stat")
+
+
+def thread_cpu_seconds(pid: int, tid: int) -> float:
+    """Returns the user + system CPU seconds thread `tid` (its native id) of process `pid`
+    used so far (from /proc)."""
+    return _stat_cpu_seconds(f"/proc/{pid}/task/{tid}/stat")
+
+
+def _stat_cpu_seconds(path: str) -> float:
+    fields = Path(path).read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
 

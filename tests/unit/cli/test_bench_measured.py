@@ -3,8 +3,10 @@ sandbox, and the figures and output they make of a window's measurements (no pro
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
+import threading
 import time
 import tracemalloc
 from pathlib import Path
@@ -13,6 +15,7 @@ import pytest
 
 from stream.cli.bench import (
     MeasuredRun,
+    _drive,
     _figures,
     _print_measured,
     _Snapshot,
@@ -21,7 +24,7 @@ from stream.cli.bench import (
 )
 from stream.cli.bench_memory import LatencySamples, rss_halves
 from stream.cli.main import build_parser, main
-from stream.sandbox.processes import sleeps
+from stream.sandbox.processes import cpu_seconds, sleeps, thread_cpu_seconds
 
 
 def _usage_error(*argv: str) -> bool:
@@ -81,6 +84,7 @@ def _window() -> tuple[list[tuple[float, float]], list[_Snapshot]]:
         {1: 50 * mib, 2: 90 * mib, 3: 90 * mib},
         {1: 30 * mib, 2: 40 * mib, 3: 40 * mib},
         {1: 500, 2: 900, 3: 900},
+        4.0,  # the appending thread, of client 1's 10.0
     )
     middle = _Snapshot(
         101.0,
@@ -89,6 +93,7 @@ def _window() -> tuple[list[tuple[float, float]], list[_Snapshot]]:
         {1: 51 * mib, 2: 91 * mib, 3: 92 * mib},
         {1: 31 * mib, 2: 41 * mib, 3: 40 * mib},
         {1: 1500, 2: 2900, 3: 1900},
+        4.02,
     )
     written = 1000 + 16_384_000
     last = _Snapshot(
@@ -99,6 +104,7 @@ def _window() -> tuple[list[tuple[float, float]], list[_Snapshot]]:
         {1: 32 * mib, 2: 40 * mib, 3: 40 * mib},
         # bookie-2 lost a thread that had slept more than the others' since: no negative count.
         {1: 2500, 2: 4900, 3: 800},
+        4.048,
     )
     samples = [(99.5, 0.002)]  # before the window: neither counted nor timed
     # Acknowledged at 100.0005 ... 101.9995, the first two due before the window.
@@ -123,6 +129,7 @@ def test_a_window_gives_rate_cpu_per_entry_latency_and_each_seconds_maximum() ->
     assert (run.entries, run.seconds, run.entries_per_s) == (16_000, 2.0, 8000)
     by_name = {p.process: p for p in run.processes}
     assert by_name["client"].cpu_us_per_entry == 10.0  # 0.16 s / 16,000
+    assert run.appending_thread_cpu_us_per_entry == 3.0  # 0.048 s of the client's 0.16
     assert by_name["bookie-1"].cpu_us_per_entry == 5.0
     assert run.cpu_us_per_entry == 20.0
     assert by_name["bookie-2"].peak_rss_mib == 300.0
@@ -173,11 +180,13 @@ def test_json_for_scripts_and_tables_for_people(capsys: pytest.CaptureFixture[st
     assert figures["entries_per_s"] == 8000 and figures["per_second_max_ms"] == [2.0, 40.0]
     assert [p["process"] for p in figures["processes"]] == ["client", "bookie-1", "bookie-2"]
     assert figures["disk"]["written_per_payload_byte"] == 2.0
+    assert figures["appending_thread_cpu_us_per_entry"] == 3.0
     _print_measured(build_parser().parse_args(["bench", "sustained"]), run)
     text = capsys.readouterr().out
     assert figures["processes"][0]["rss_growth_mib"] == 2.0
     for expected in ("CPU us/entry", "bookie-2", "p999", "rate / ceiling", "2 40", "+2.0"):
         assert expected in text
+    assert "the bench's appending thread (its pacing and append calls): 3.0 us/entry" in text
 
 
 def test_a_paced_run_that_fell_behind_says_so(capsys: pytest.CaptureFixture[str]) -> None:
@@ -223,3 +232,48 @@ def test_what_a_wake_up_costs_is_measured_and_printed(capsys: pytest.CaptureFixt
     text = capsys.readouterr().out
     assert "a thread's wake-up by another CPU: 9.8 us of CPU" in text
     assert "sleeps/1k entries" in text
+
+
+def test_a_threads_cpu_is_its_own_not_its_processs() -> None:
+    # The client's figure splits into the bench's appending thread and the rest: the thread's
+    # CPU must not include what the process's other threads used meanwhile.
+    mine = threading.get_native_id()
+    busy_until = time.thread_time() + 0.3
+
+    def burn() -> None:
+        end = time.thread_time() + 0.3
+        while time.thread_time() < end:
+            pass
+
+    process_before = cpu_seconds(os.getpid())
+    mine_before = thread_cpu_seconds(os.getpid(), mine)
+    other = threading.Thread(target=burn)
+    other.start()
+    other.join()
+    assert cpu_seconds(os.getpid()) - process_before >= 0.2
+    assert thread_cpu_seconds(os.getpid(), mine) - mine_before < 0.1
+    while time.thread_time() < busy_until:
+        pass
+    assert thread_cpu_seconds(os.getpid(), mine) - mine_before >= 0.2
+
+
+class _InstantWriter:
+    """A writer whose appends are acknowledged at once: the bench's appending thread spins."""
+
+    def append_async(self, payload: bytes) -> concurrent.futures.Future[int]:
+        done: concurrent.futures.Future[int] = concurrent.futures.Future()
+        done.set_result(0)
+        return done
+
+    def flush(self) -> None:
+        pass
+
+
+def test_the_appending_threads_cpu_is_sampled_from_that_thread() -> None:
+    # At full speed the appending thread is busy the whole window while the sampling thread
+    # sleeps: the figure is the appending thread's only if the right thread is sampled.
+    args = build_parser().parse_args(["bench", "sustained", "--warmup", "0.1", "--seconds", "0.6"])
+    _, window = _drive(_InstantWriter(), args, None, [os.getpid()])
+    first, last = window[0], window[-1]
+    assert first.appending_cpu is not None and last.appending_cpu is not None
+    assert last.appending_cpu - first.appending_cpu >= 0.3 * (last.at - first.at)
