@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Itera
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from stream.client.answer_buffers import AnswerBuffers
 from stream.client.answers import answer_or_none
 from stream.client.attributes import HeadersArg
 from stream.client.cursor import (
@@ -154,6 +155,8 @@ class StreamClient:
         self._clock = clock or SystemClock()
         self._loop = _LoopThread("streamkeeper-client")
         self._transport = self._loop.run(self._make_transport())
+        # The payload columns its readers build from large answers, reused (on its loop).
+        self._columns = AnswerBuffers()
         self._writers: set[StreamWriter] = set()
         self._closed = False
 
@@ -338,6 +341,7 @@ class StreamClient:
             metadata=self._metadata,
             rng=self._child_rng(),
             options=options or self._reader_options,
+            columns=self._columns,
         )
         self._run(core.open(stream_id, known_lac))
         return StreamReader(self, core)
@@ -349,6 +353,7 @@ class StreamClient:
             metadata=self._metadata,
             rng=self._child_rng(),
             options=self._reader_options,
+            columns=self._columns,
         )
 
     def cursor(self, stream: str, name: str) -> Cursor:

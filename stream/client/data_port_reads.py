@@ -1,6 +1,7 @@
 """ReadRange and ReadLac over a bookie's data port (`stream.wire.frames`): a connection carries
 one request at a time, a range's answers received each straight into a buffer of its own size
-(no copy but the kernel's; gRPC copies each answer twice more and hands it over from its own
+(no copy but the kernel's; large ones reused once the reader is done with them,
+`stream.client.answer_buffers`; gRPC copies each answer twice more and hands it over from its own
 thread). Idle connections are kept per bookie for the next request. A process that reads
 only over the data ports never makes a gRPC channel, nor imports gRPC.
 
@@ -14,6 +15,7 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 
+from stream.client.answer_buffers import AnswerBuffers
 from stream.client.data_port import Connect, ResolveData
 from stream.wire import frames
 
@@ -38,13 +40,14 @@ class _Connection(asyncio.BufferedProtocol):
     """One connection to a data port for range reads: received frames are queued as
     (kind, body) until taken (`next_frame`)."""
 
-    def __init__(self, bookie_id: str) -> None:
+    def __init__(self, bookie_id: str, buffers: AnswerBuffers) -> None:
         self.bookie_id = bookie_id
         self._loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self._header = bytearray(_HEADER)
         self._kind = 0
         self._body: bytearray | None = None  # the frame being received, after its header
+        self._buffers = buffers
         self._got = 0
         self._frames: deque[tuple[int, bytearray]] = deque()
         self._waiter: asyncio.Future[None] | None = None
@@ -111,7 +114,7 @@ class _Connection(asyncio.BufferedProtocol):
                 self._protocol_error(f"a frame of {length} bytes")
                 return
             self._kind = self._header[_HEADER - 1]
-            self._body = bytearray(length - 1)
+            self._body = self._buffers.take(length - 1)
             self._got = 0
             if length > 1:
                 return
@@ -166,6 +169,7 @@ class DataPortReads:
         self._open: set[_Connection] = set()
         # Bookies whose data port does not serve range reads (older): read over gRPC.
         self._grpc_only: set[str] = set()
+        self._buffers = AnswerBuffers()
 
     async def read_range(
         self, bookie_id: str, request: bytes, timeout_s: float
@@ -254,7 +258,7 @@ class DataPortReads:
         address = await self._resolve(bookie_id, False)
         if address is None:
             return None
-        connection = _Connection(bookie_id)
+        connection = _Connection(bookie_id, self._buffers)
         try:
             try:
                 await self._connect(address, connection)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
+from stream.client.answer_buffers import AnswerBuffers
 from stream.client.entry import EntryColumns, PackedColumns, verified_columns
 from stream.framing import native
 from stream.framing.encoding import Attributes
@@ -37,15 +38,19 @@ class RangeAnswer(NamedTuple):
 
 
 def range_answer(
-    stream_id: int, first_entry_id: int, answer: bytes | pb.ReadRangeResponse
+    stream_id: int,
+    first_entry_id: int,
+    answer: bytes | pb.ReadRangeResponse,
+    buffers: AnswerBuffers | None = None,
 ) -> RangeAnswer:
     """Returns what the reader takes from `answer` (serialized or a message), a ReadRange
-    answer of stream `stream_id` from entry `first_entry_id`. A malformed serialized answer
-    raises protobuf's `DecodeError`, as decoding it in the transport would."""
+    answer of stream `stream_id` from entry `first_entry_id`, its payload column from
+    `buffers` where given. A malformed serialized answer raises protobuf's `DecodeError`, as
+    decoding it in the transport would."""
     if isinstance(answer, pb.ReadRangeResponse):
         return _from_message(stream_id, first_entry_id, answer)
     if use_walker and 0 <= stream_id < _U64_END and -_I64_END <= first_entry_id < _I64_END:
-        walked = _walk(stream_id, first_entry_id, answer)
+        walked = _walk(stream_id, first_entry_id, answer, buffers)
         if walked is not None:
             return walked
     return _from_message(stream_id, first_entry_id, pb.ReadRangeResponse.FromString(answer))
@@ -59,11 +64,15 @@ def _from_message(
     return RangeAnswer(columns, accepted, len(response.entries), response.code)
 
 
-def _walk(stream_id: int, first_entry_id: int, answer: bytes) -> RangeAnswer | None:
+def _walk(
+    stream_id: int, first_entry_id: int, answer: bytes, buffers: AnswerBuffers | None = None
+) -> RangeAnswer | None:
     """Walks `answer` with the compiled walker; None when it leaves the whole answer to
     protobuf (FALLBACK). The entries it leaves to the Python definition (DEFER: flag
-    ATTRIBUTES, fields besides the plain five) are decoded one by one and checked here."""
-    ids, stamps, offsets, data = bytearray(), bytearray(), bytearray(4), bytearray()
+    ATTRIBUTES, fields besides the plain five) are decoded one by one and checked here. The
+    payload column, as large as the answer at most, comes from `buffers` where given."""
+    ids, stamps, offsets = bytearray(), bytearray(), bytearray(4)
+    data = bytearray() if buffers is None else buffers.take(0, len(answer))
     attributes: dict[int, Attributes] = {}
     position = accepted = code = entries = 0
     stopped = False

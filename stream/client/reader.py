@@ -11,6 +11,7 @@ import random
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from stream.client.answer_buffers import AnswerBuffers
 from stream.client.answers import answer_or_none, answers_or_none
 from stream.client.entry import Entry, EntryColumns, verified_columns
 from stream.client.options import ReaderOptions
@@ -60,12 +61,17 @@ class AsyncStreamReader:
         metadata: MetadataPort,
         rng: random.Random,
         options: ReaderOptions | None = None,
+        columns: AnswerBuffers | None = None,
     ) -> None:
+        """`columns`: where the payload columns of large answers are built, reused once the
+        caller let go of them (a client's readers, on its loop, share the client's); by
+        default the reader's own."""
         self.name = name
         self._transport = transport
         self._metadata = metadata
         self._rng = rng
         self._options = options or ReaderOptions()
+        self._columns = AnswerBuffers() if columns is None else columns
         self._meta: StreamMeta | None = None
         self._version = -1
         self._fragments: list[Fragment] = []
@@ -348,7 +354,7 @@ class AsyncStreamReader:
                     data_port=options.data_port,
                 ):
                     # Serialized answers are walked by the compiled walker (range_answer).
-                    got = range_answer(stream_id, position, answer)
+                    got = range_answer(stream_id, position, answer, self._columns)
                     if got.accepted:
                         position += got.accepted
                         progressed = True

@@ -1624,6 +1624,62 @@ index_runs(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return Py_BuildValue("(nN)", count, runs);
 }
 
+/* ------------------------------------------------------------------ sized_buffer */
+
+PyDoc_STRVAR(sized_buffer_doc,
+"sized_buffer(buffer, size)\n"
+"--\n\n"
+"Returns `buffer` (a bytearray) resized to `size` bytes in place, its first bytes kept and\n"
+"any added ones left as they are in memory; with `buffer` None, a new bytearray of `size`\n"
+"bytes left as they are (not zeroed). For buffers about to be filled whole (a received\n"
+"frame): bytearray(size) zeroes every byte first. Within the bytearray's allocation nothing\n"
+"is reallocated, whatever the size. A buffer exported (a memoryview of it) raises\n"
+"BufferError and is left as it was. Defined in Python by\n"
+"stream.client.answer_buffers.sized_buffer_python.");
+
+static PyObject *
+sized_buffer(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "sized_buffer takes a buffer and a size");
+        return NULL;
+    }
+    Py_ssize_t size = PyLong_AsSsize_t(args[1]);
+    if (size == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (size < 0) {
+        PyErr_SetString(PyExc_ValueError, "the size must not be negative");
+        return NULL;
+    }
+    PyObject *buffer = args[0];
+    if (buffer == Py_None) {
+        return PyByteArray_FromStringAndSize(NULL, size);
+    }
+    if (!PyByteArray_CheckExact(buffer)) {
+        PyErr_SetString(PyExc_TypeError, "the buffer must be a bytearray or None");
+        return NULL;
+    }
+    PyByteArrayObject *array = (PyByteArrayObject *)buffer;
+    if (array->ob_exports > 0) {
+        PyErr_SetString(PyExc_BufferError, "the buffer is exported: it cannot be resized");
+        return NULL;
+    }
+    if (array->ob_bytes != NULL && array->ob_start == array->ob_bytes &&
+        size < array->ob_alloc) {
+        /* Within the allocation: the size alone changes, as PyByteArray_Resize does for
+         * sizes above half the allocation (below, it would reallocate it smaller). */
+        Py_SET_SIZE(array, size);
+        array->ob_bytes[size] = '\0';
+    }
+    else if (PyByteArray_Resize(buffer, size) < 0) {
+        return NULL;
+    }
+    Py_INCREF(buffer);
+    return buffer;
+}
+
 static PyMethodDef methods[] = {
     {"walk_range", (PyCFunction)(void (*)(void))walk_range, METH_FASTCALL, walk_range_doc},
     {"split_payloads", (PyCFunction)(void (*)(void))split_payloads, METH_FASTCALL,
@@ -1636,6 +1692,8 @@ static PyMethodDef methods[] = {
     {"log_records", (PyCFunction)(void (*)(void))log_records, METH_FASTCALL, log_records_doc},
     {"frame_spans", (PyCFunction)(void (*)(void))frame_spans, METH_FASTCALL, frame_spans_doc},
     {"index_runs", (PyCFunction)(void (*)(void))index_runs, METH_FASTCALL, index_runs_doc},
+    {"sized_buffer", (PyCFunction)(void (*)(void))sized_buffer, METH_FASTCALL,
+     sized_buffer_doc},
     {NULL, NULL, 0, NULL},
 };
 

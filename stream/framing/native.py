@@ -2,14 +2,15 @@
 docs/operations.md): the walker of ReadRange answers, the writer's entry framing
 (`prepare_entries`), the bookie's scan of Add requests (`scan_add`), its locating of a range's
 records (`index_runs`), its framing of range answers (`frame_spans`) and of entry-log records
-(`log_records`), and crc32c itself
+(`log_records`), a reader's receive buffers (`sized_buffer`), and crc32c itself
 (`crc32c`; the crc32c package's function where the module was not built: every hot path takes
 it from here). `BUILT` says whether it was built. Callers fall back to the Python definitions
 each is held to (`stream.client.entry.verified_columns`,
 `stream.framing.prepare.prepare_entries_python`, `stream.bookie.storage.scanned`,
 `stream.framing.range_answer.frame_spans_python`,
 `stream.bookie.storage.locations.index_runs_python`,
-`stream.bookie.storage.entry_log.log_records_python`), so a tree without it still works, only
+`stream.bookie.storage.entry_log.log_records_python`,
+`stream.client.answer_buffers.sized_buffer_python`), so a tree without it still works, only
 slower; tests/unit/client/test_native_walk.py fails there."""
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ try:
         prepare_entries,
         scan_add,
         set_hardware_crc,
+        sized_buffer,
         split_payloads,
         walk_range,
     )
@@ -61,6 +63,7 @@ __all__ = [
     "prepare_entries",
     "scan_add",
     "set_hardware_crc",
+    "sized_buffer",
     "split_payloads",
     "walk_range",
 ]

@@ -160,3 +160,28 @@ def test_the_data_port_refuses_what_is_not_an_add_stream(cluster: SandboxCluster
         client.create_stream("after-garbage", ensemble=3, write_quorum=3, ack_quorum=3)
         with client.open_writer("after-garbage") as writer:
             assert writer.append(b"fine") == 0
+
+
+@pytest.mark.shared_cluster
+def test_large_answers_are_received_and_walked_into_reused_buffers(
+    cluster: SandboxCluster,
+) -> None:
+    # Answers of 2.5 MiB (past `answer_buffers`' threshold): after a read, the client keeps
+    # the buffers it received them in and the reader those of its payload columns, and a
+    # second read of the same entries, into the same buffers, returns them unchanged while
+    # the first read's columns are still held.
+    payloads = [bytes([i % 251]) * 1024 for i in range(8000)]
+    with connect(cluster, True, True) as client:
+        client.create_stream("reused-buffers", fragment_max_entries=100_000)
+        with client.open_writer("reused-buffers") as writer:
+            append_all(writer, payloads)
+        reader = client.open_reader(
+            "reused-buffers", options=ReaderOptions(range_batch_bytes=5 << 19)
+        )
+        first = list(reader.read_columns(0, len(payloads) - 1))
+        second = list(reader.read_columns(0, len(payloads) - 1))
+        assert [p for c in second for p in c.payloads] == payloads
+        assert [p for c in first for p in c.payloads] == payloads
+        core = reader._core
+        assert core._columns._kept
+        assert core._transport._reads._buffers._kept  # type: ignore[attr-defined]
