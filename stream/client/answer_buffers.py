@@ -23,8 +23,9 @@ from stream.framing import native
 # Answers from this size get kept buffers: a range's first answer (`range_first_entries`) and
 # its last, short ones, get new ones.
 _KEPT_FROM_BYTES = 2 << 20
-# A range's answer being received and the two the reader has not taken yet (the data port
-# queues two before it stops reading), one of which is the reader's.
+# Buffers kept per set: one being filled while the caller still holds the last (a received
+# answer being walked, a column in an Arrow batch); more are new when all are held. Three
+# measured no better than two (docs/benchmarks.md).
 _KEPT = 2
 # Room kept above a new buffer's first size: answers end at an entry's end, so their sizes
 # differ by up to an entry from one to the next.
