@@ -529,7 +529,7 @@ class MeasuredRun:
 class _Snapshot:
     """CPU seconds, bytes written, resident bytes, resident anonymous bytes and sleeps of each
     process at one moment (perf_counter `at`), and the CPU seconds of the bench's appending
-    thread (None: not measured)."""
+    thread."""
 
     at: float
     cpu: dict[int, float]
@@ -537,7 +537,7 @@ class _Snapshot:
     rss: dict[int, int]
     anon: dict[int, int]
     sleeps: dict[int, int]
-    appending_cpu: float | None = None
+    appending_cpu: float
 
 
 def _positive_rate(text: str) -> float:
@@ -826,9 +826,6 @@ def _figures(
         for anon in [rss_halves([snapshot.anon[pid] for snapshot in window])]
     ]
     entries_per_s = acked / seconds
-    appending = None
-    if first.appending_cpu is not None and last.appending_cpu is not None:
-        appending = _per_entry(last.appending_cpu - first.appending_cpu, acked)
     disk = None
     if synced_mb_per_s is not None:
         bookies_written = sum(last.written[p] - first.written[p] for _, p in processes[1:])
@@ -859,7 +856,9 @@ def _figures(
         per_second_max_ms=[round(v, 1) for v in per_second],
         processes=figures,
         disk=disk,
-        appending_thread_cpu_us_per_entry=appending,
+        appending_thread_cpu_us_per_entry=_per_entry(
+            last.appending_cpu - first.appending_cpu, acked
+        ),
     )
 
 

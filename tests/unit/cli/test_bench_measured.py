@@ -275,5 +275,4 @@ def test_the_appending_threads_cpu_is_sampled_from_that_thread() -> None:
     args = build_parser().parse_args(["bench", "sustained", "--warmup", "0.1", "--seconds", "0.6"])
     _, window = _drive(_InstantWriter(), args, None, [os.getpid()])
     first, last = window[0], window[-1]
-    assert first.appending_cpu is not None and last.appending_cpu is not None
     assert last.appending_cpu - first.appending_cpu >= 0.3 * (last.at - first.at)
