@@ -187,7 +187,8 @@ class Bookie:
 
         preparation = await asyncio.to_thread(integrity.prepare_boot, config, cookies)
         # Storage calls belong to this (the event loop's) thread from here on.
-        storage = StreamStorage(config, unsafe=self._unsafe)
+        committer = None if config.journal_thread else asyncio.get_running_loop()
+        storage = StreamStorage(config, journal_loop=committer, unsafe=self._unsafe)
         report = storage.open()
         self._storage = storage
         start_report = StartReport(

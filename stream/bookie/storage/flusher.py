@@ -250,8 +250,9 @@ class Flusher:
                     written += part_written
                     logs.sync()
             if checkpoint is None and job.mark is not None:
-                if not store.threaded and not job.mark.done():
-                    # No journal thread to write the mark: the flush commits the group itself.
+                if not job.mark.done() and store.commits_journal_here():
+                    # No journal thread, and this thread commits: the flush commits the
+                    # mark's group itself (else the journal's committer does).
                     store.journal.commit_pending()
                 checkpoint = job.mark.result()
             with store.index_lock:

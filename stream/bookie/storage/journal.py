@@ -2,9 +2,11 @@
 for everything pending), and its replay after a restart.
 
 Appends come from one thread (the event loop) and return a `concurrent.futures.Future` shared
-by every record of the same group; the journal thread completes it after the fdatasync that
-covers those records. The futures are marked running at creation, so a waiter that cancels
-its wrapper cannot cancel the shared future under the other waiters.
+by every record of the same group; the committer completes it after the fdatasync that covers
+those records: the journal thread, or, started without it, whoever calls `commit_pending()`
+(the event loop, `stream.bookie.storage.loop_commits`; a simulator). The futures are marked
+running at creation, so a waiter that cancels its wrapper cannot cancel the shared future
+under the other waiters.
 """
 
 from __future__ import annotations
@@ -216,7 +218,8 @@ def _headerless(disk: DiskPort, path: Path, size: int, *, last: bool) -> None:
 
 class Journal:
     """The journal writer: a thread that group-commits appended records, or, started without
-    it, `commit_pending()` called by a simulator when its virtual clock says so. `clock` is
+    it, `commit_pending()` called by the event loop between its turns (`LoopCommits`) or by a
+    simulator when its virtual clock says so. `clock` is
     the monotonic clock in seconds."""
 
     def __init__(
@@ -230,14 +233,14 @@ class Journal:
         on_group: Callable[[], None] | None = None,
         ack_before_sync: bool = False,
     ) -> None:
-        """`on_group` is called (on the appending thread) each time a new group starts: a
-        caller that runs the journal without its thread schedules `commit_pending` then.
+        """`on_group` (settable later) is called on the appending thread when a new group
+        starts: a caller running the journal without its thread schedules `commit_pending`.
         `ack_before_sync` completes a group's future once it is written, before its fdatasync:
         a broken rule, for the tests that show the simulator catches it (never in
         production)."""
         self._path = path
         self._ack_before_sync = ack_before_sync
-        self._on_group = on_group
+        self.on_group = on_group
         self._disk = disk
         self._clock = clock
         self._max_file_bytes = max_file_bytes
@@ -383,8 +386,8 @@ class Journal:
             if self._sleeping:
                 self._cond.notify()
         self.appended_records += 1
-        if new_group and self._on_group is not None:
-            self._on_group()
+        if new_group and self.on_group is not None:
+            self.on_group()
         return fut
 
     def mark(self) -> Future[JournalPosition]:
@@ -403,8 +406,8 @@ class Journal:
             self._pending.append((MARK, fut))
             if self._sleeping:
                 self._cond.notify()
-        if new_group and self._on_group is not None:
-            self._on_group()
+        if new_group and self.on_group is not None:
+            self.on_group()
         return fut
 
     def _failure_error(self) -> StorageError:

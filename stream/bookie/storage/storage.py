@@ -26,6 +26,7 @@ cancelled by one of its waiters); a later request's future completes after an ea
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -40,6 +41,7 @@ from stream.bookie.storage.flusher import Flusher
 from stream.bookie.storage.gc import CompactionReport, GcReport
 from stream.bookie.storage.gc_schedule import GcSchedule
 from stream.bookie.storage.journal_replay import replay_journal
+from stream.bookie.storage.loop_commits import LoopCommits
 from stream.bookie.storage.outcomes import (
     AddOutcome,
     FenceResult,
@@ -62,6 +64,9 @@ from stream.wire import bookie_pb2 as pb
 
 log = get_logger(__name__)
 
+# How often stopping threads commits the journal for a flush that waits on it (LoopCommits).
+_JOIN_POLL_S = 0.005
+
 
 class StreamStorage:
     """A bookie's storage of many streams in `config`'s journal, ledger and index
@@ -74,13 +79,16 @@ class StreamStorage:
         disk: DiskPort = OS_DISK,
         clock: Callable[[], float] = time.monotonic,
         threads: bool = True,
+        journal_loop: asyncio.AbstractEventLoop | None = None,
         unsafe: UnsafeSkips = SAFE,
     ) -> None:
         """`disk` is where the files and the index live, `clock` the monotonic clock in
         seconds. Without `threads`, no thread is started: the caller (the simulator) runs the
         background jobs, `commit_journal()`, `run_flush_once()` and `run_gc_due()`, when
-        `on_work` tells it. `unsafe` turns protections off, in tests only
-        (`stream.bookie.unsafe`)."""
+        `on_work` tells it. With `threads` and a `journal_loop` (the running loop of the
+        thread that opens the storage and makes its requests), that loop commits the
+        journal's groups instead of a journal thread (`LoopCommits`). `unsafe` turns
+        protections off, in tests only (`stream.bookie.unsafe`)."""
         self.config = config
         self.unclean_shutdown_detected = False
         store = self._store = Store(
@@ -98,6 +106,7 @@ class StreamStorage:
         self._gc = GcSchedule(store)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._journal_loop = journal_loop if threads else None
 
     @property
     def on_work(self) -> Callable[[], None] | None:
@@ -145,7 +154,10 @@ class StreamStorage:
         store.logs.open()
         checkpoint = self._flusher.checkpoint = store.index.checkpoint()
         report = replay_journal(store, self._flusher, checkpoint, self.unclean_shutdown_detected)
-        store.journal.start(thread=store.threaded)
+        if self._journal_loop is not None:
+            store.loop_commits = LoopCommits(store.journal, self._journal_loop)
+            store.journal.on_group = store.loop_commits.schedule
+        store.journal.start(thread=store.threaded and store.loop_commits is None)
         store.opened = True
         self._gc.start()
         if store.threaded:
@@ -206,7 +218,13 @@ class StreamStorage:
         self._flusher.interrupt()
         self._gc.stop()
         for thread in self._threads:
-            thread.join()
+            thread.join(_JOIN_POLL_S)
+            while thread.is_alive():
+                # A flush on its thread may be waiting for its checkpoint's mark, which only
+                # the loop commits (LoopCommits), and this may be the loop's thread.
+                if self._store.commits_journal_here():
+                    self._store.journal.commit_pending()
+                thread.join(_JOIN_POLL_S)
         self._threads = []
 
     # -- requests (see the jobs' modules) -------------------------------------------------

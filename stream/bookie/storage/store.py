@@ -22,6 +22,7 @@ from stream.bookie.storage.disk_port import DiskPort
 from stream.bookie.storage.entry_log import EntryLogGone, EntryLogs
 from stream.bookie.storage.index import Index
 from stream.bookie.storage.journal import Journal
+from stream.bookie.storage.loop_commits import LoopCommits
 from stream.bookie.storage.state import LocalStreamState
 from stream.bookie.storage.write_cache import WriteCache
 from stream.errors import StorageError
@@ -73,6 +74,9 @@ class Store:
         self.clock = clock
         self.threaded = threaded
         self.on_work: Callable[[], None] | None = None
+        # With threads: the event loop that commits the journal's groups, None with a
+        # journal thread (set by StreamStorage.open).
+        self.loop_commits: LoopCommits | None = None
         self.journal = Journal(
             config.journal_path,
             max_file_bytes=config.journal_max_file_bytes,
@@ -122,6 +126,13 @@ class Store:
             del self._unsynced_terms[stream_id]
             return None
         return pending if self._wait_unsynced_terms else None
+
+    def commits_journal_here(self) -> bool:
+        """Returns whether the calling thread commits the journal's groups itself (no journal
+        thread: the simulator's, or the event loop's with `loop_commits`)."""
+        if not self.threaded:
+            return True
+        return self.loop_commits is not None and self.loop_commits.here()
 
     def note_work(self) -> None:
         """Tells the caller that a background job has work (without threads)."""
