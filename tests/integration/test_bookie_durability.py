@@ -52,11 +52,18 @@ def read_all(stub: object, stream_id: int, last: int) -> dict[int, bytes]:
     return found
 
 
-def test_acknowledged_entries_survive_kill9_mid_stream(bookies: BookieFactory) -> None:
-    # A slow group commit keeps records in memory for a while: an ack sent before the journal
-    # wrote and synced them would be lost by the kill.
+@pytest.mark.parametrize("journal_thread", [False, True], ids=["loop-commits", "journal-thread"])
+def test_acknowledged_entries_survive_kill9_mid_stream(
+    bookies: BookieFactory, journal_thread: bool
+) -> None:
+    # A slow group commit (with the journal's thread) keeps records in memory for a while: an
+    # ack sent before the journal wrote and synced them would be lost by the kill.
     bookie = bookies.start(
-        "bookie-1", journal_write_data=True, flush_interval_ms=60_000, journal_max_group_wait_ms=20
+        "bookie-1",
+        journal_write_data=True,
+        flush_interval_ms=60_000,
+        journal_max_group_wait_ms=20,
+        journal_thread=journal_thread,
     )
     pipeline = AddPipeline(bookie.stub(), window=32)
     batch = 100
