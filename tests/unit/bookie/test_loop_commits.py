@@ -42,6 +42,23 @@ def _open_on_loop(path: Path) -> tuple[StreamStorage, ReplayReport]:
     return storage, storage.open()
 
 
+async def _five_durable_entries(storage: StreamStorage) -> None:
+    outcome = storage.add_batch(add_request(7, 1, [entry(7, i) for i in range(5)]))
+    assert outcome.durable is not None
+    await asyncio.wrap_future(outcome.durable)
+
+
+def _reopened_with_five_entries(path: Path) -> ReplayReport:
+    """Opens the storage under `path` again (with a journal thread); checks that stream 7's
+    five entries read back; returns what the replay found."""
+    reopened, report = open_storage(make_config(path))
+    try:
+        assert [reopened.read(7, i).code for i in range(5)] == [pb.OK] * 5
+    finally:
+        reopened.close()
+    return report
+
+
 def test_the_loop_commits_the_batches_of_one_turn_as_one_group(tmp_path: Path) -> None:
     async def test() -> None:
         threads_before = threading.active_count()
@@ -75,18 +92,11 @@ def test_a_flush_on_its_thread_gets_its_checkpoint_committed_by_the_loop(
 ) -> None:
     async def test() -> None:
         storage, _ = _open_on_loop(tmp_path)
-        outcome = storage.add_batch(add_request(7, 1, [entry(7, i) for i in range(5)]))
-        assert outcome.durable is not None
-        await asyncio.wrap_future(outcome.durable)
+        await _five_durable_entries(storage)
         await asyncio.wrap_future(storage.request_flush())
         # Everything before the checkpoint is flushed: after a crash nothing is replayed.
         storage.abandon()
-        reopened, report = open_storage(make_config(tmp_path))
-        try:
-            assert report.entries_replayed == 0
-            assert [reopened.read(7, i).code for i in range(5)] == [pb.OK] * 5
-        finally:
-            reopened.close()
+        assert _reopened_with_five_entries(tmp_path).entries_replayed == 0
 
     _on_loop(test)
 
@@ -94,9 +104,7 @@ def test_a_flush_on_its_thread_gets_its_checkpoint_committed_by_the_loop(
 def test_closing_while_the_flusher_waits_for_the_loop_does_not_hang(tmp_path: Path) -> None:
     async def test() -> None:
         storage, _ = _open_on_loop(tmp_path)
-        outcome = storage.add_batch(add_request(7, 1, [entry(7, i) for i in range(5)]))
-        assert outcome.durable is not None
-        await asyncio.wrap_future(outcome.durable)
+        await _five_durable_entries(storage)
         flushed = storage.request_flush()
         # The loop does not turn: the flusher takes its snapshot and waits for its mark's
         # commit, which the loop has not made when close() stops the threads.
@@ -104,12 +112,8 @@ def test_closing_while_the_flusher_waits_for_the_loop_does_not_hang(tmp_path: Pa
         assert not flushed.done()
         storage.close()
         assert flushed.result(timeout=0) is None
-        reopened, report = open_storage(make_config(tmp_path))
-        try:
-            assert report.records_replayed == 0 and not report.unclean
-            assert [reopened.read(7, i).code for i in range(5)] == [pb.OK] * 5
-        finally:
-            reopened.close()
+        report = _reopened_with_five_entries(tmp_path)
+        assert report.records_replayed == 0 and not report.unclean
 
     _on_loop(test)
 
