@@ -219,8 +219,7 @@ def _headerless(disk: DiskPort, path: Path, size: int, *, last: bool) -> None:
 class Journal:
     """The journal writer: a thread that group-commits appended records, or, started without
     it, `commit_pending()` called by the event loop between its turns (`LoopCommits`) or by a
-    simulator when its virtual clock says so. `clock` is
-    the monotonic clock in seconds."""
+    simulator when its virtual clock says so. `clock` is the monotonic clock in seconds."""
 
     def __init__(
         self,

@@ -21,15 +21,14 @@ from stream.bookie.storage.journal import Journal
 
 
 class LoopCommits:
-    """Commits `journal` (started without its thread) on `loop`, from the thread that makes
-    it (the loop's)."""
+    """Commits `journal` (started without its thread) on `loop`; made on the loop's thread."""
 
-    __slots__ = ("_armed", "_journal", "_loop", "thread")
+    __slots__ = ("_armed", "_journal", "_loop", "_thread")
 
     def __init__(self, journal: Journal, loop: asyncio.AbstractEventLoop) -> None:
         self._journal = journal
         self._loop = loop
-        self.thread = threading.get_ident()  # the loop's: the only one that commits
+        self._thread = threading.get_ident()  # the loop's: the only one that commits
         self._armed = False
 
     def schedule(self) -> None:
@@ -39,7 +38,7 @@ class LoopCommits:
         if self._armed:
             return
         self._armed = True
-        if threading.get_ident() == self.thread:
+        if threading.get_ident() == self._thread:
             self._loop.call_soon(self._commit)
         else:
             with contextlib.suppress(RuntimeError):  # the loop closed: the storage is gone
@@ -47,7 +46,7 @@ class LoopCommits:
 
     def here(self) -> bool:
         """Returns whether the caller runs on the committing thread (it may commit itself)."""
-        return threading.get_ident() == self.thread
+        return threading.get_ident() == self._thread
 
     def _commit(self) -> None:
         # Disarmed before the commit takes the pending records: a record appended after that
