@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,14 @@ from stream.bookie.storage import ReplayReport, StreamStorage
 from stream.bookie.storage.loop_commits import LoopCommits
 from stream.wire import bookie_pb2 as pb
 
-from .storage_support import TIMEOUT_S, add_request, entry, make_config, open_storage
+from .storage_support import (
+    TIMEOUT_S,
+    add_request,
+    entry,
+    make_config,
+    open_storage,
+    wait_until,
+)
 
 
 def _on_loop(test: Callable[[], Coroutine[Any, Any, None]]) -> None:
@@ -106,9 +112,10 @@ def test_closing_while_the_flusher_waits_for_the_loop_does_not_hang(tmp_path: Pa
         storage, _ = _open_on_loop(tmp_path)
         await _five_durable_entries(storage)
         flushed = storage.request_flush()
-        # The loop does not turn: the flusher takes its snapshot and waits for its mark's
-        # commit, which the loop has not made when close() stops the threads.
-        time.sleep(0.3)
+        # The loop does not turn: the flusher takes its snapshot and its mark, writes the
+        # entry logs and waits for the mark's commit, which the loop has not made when
+        # close() stops the threads.
+        wait_until(lambda: storage.stats()["entry_log_bytes_written"] != 0)
         assert not flushed.done()
         storage.close()
         assert flushed.result(timeout=0) is None
